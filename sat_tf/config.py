@@ -1,0 +1,144 @@
+"""Every setting of a sat_tf run, its default and a one-line help string.
+
+The defaults train on the built-in `shapes` dataset; `configs/*.flags` list only what
+differs for Flickr8k, Flickr30k and COCO. Flags of `scripts/*.py` are generated from the
+fields of `Config` (see `scripts/flags_lib.py`).
+"""
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+CHOICES = {
+    "dataset": ("shapes", "flickr8k", "flickr30k", "coco", "coco_captions_tfds"),
+    "attention": ("soft", "hard", "none"),
+    "attention_score": ("additive", "dot"),
+    "optimizer": ("adam", "rmsprop"),
+    "strategy": ("default", "mirrored", "multi_worker"),
+    "mixed_precision": ("", "mixed_bfloat16", "mixed_float16"),
+    "on_missing": ("error", "skip"),
+}
+
+
+def _field(default, help_text):
+    return dataclasses.field(default=default, metadata={"help": help_text})
+
+
+@dataclasses.dataclass
+class Config:
+    """All settings of a run. `help(Config)` or `--helpfull` lists them with their help."""
+
+    dataset: str = _field("shapes", "Dataset to train on.")
+    data_dir: str = _field("data/shapes", "Folder with the dataset (generated for shapes).")
+    on_missing: str = _field("error", "Images listed but missing: stop, or skip them.")
+    num_train: int = _field(8000, "shapes: number of training images.")
+    num_val: int = _field(1000, "shapes: number of validation images.")
+    num_test: int = _field(1000, "shapes: number of test images.")
+    seed: int = _field(0, "Seed for data generation, shuffling, initialisation, sampling.")
+
+    vocab_size: int = _field(10000, "Most frequent training words kept (paper 5.1).")
+    max_caption_length: int = _field(40, "Longer training captions are cut to this many words.")
+
+    encoder: str = _field("shapes_cnn", "Backbone from the registry in encoder.py.")
+    encoder_weights: str = _field("", "'' (random), 'imagenet', or a weights file path.")
+    image_size: int = _field(112, "Square input size of the encoder.")
+    fine_tune_encoder: bool = _field(
+        False, "Train a pretrained encoder too (an encoder without weights is always trained)."
+    )
+    use_feature_cache: bool = _field(
+        False, "Read encoder features from TFRecord shards (extract_features.py)."
+    )
+    feature_dir: str = _field("", "Folder of feature shards; default <data_dir>/features_<enc>.")
+
+    attention: str = _field("soft", "Attention: soft (4.2), hard (4.1) or none (ablation).")
+    attention_score: str = _field("additive", "Score f_att: additive (Bahdanau) or dot.")
+    embed_dim: int = _field(64, "Word embedding size m.")
+    hidden_dim: int = _field(256, "LSTM size n.")
+    attention_dim: int = _field(128, "Hidden size of the additive score / deep output width.")
+    dropout: float = _field(0.2, "Dropout before the output layer L_o (paper 3.1.2).")
+    alpha_c: float = _field(
+        0.002, "Doubly stochastic penalty weight lambda (paper 4.2.1); 0 turns it off."
+    )
+    reinforce_weight: float = _field(1.0, "Hard attention: weight lambda_r of the REINFORCE term.")
+    entropy_weight: float = _field(0.002, "Hard attention: weight lambda_e of the entropy term.")
+    baseline_decay: float = _field(0.9, "Hard attention: moving-average baseline decay.")
+    hard_mix_prob: float = _field(
+        0.5, "Hard attention: probability a sequence uses the expected context instead."
+    )
+
+    optimizer: str = _field("adam", "Optimizer: adam (Flickr30k, COCO) or rmsprop (Flickr8k).")
+    learning_rate: float = _field(2e-3, "Peak learning rate.")
+    clip_norm: float = _field(5.0, "Global gradient norm clip; 0 turns it off.")
+    batch_size: int = _field(64, "Captions per batch (all of one length, paper 4.3).")
+    epochs: int = _field(8, "Training epochs.")
+    steps_per_epoch: int = _field(0, "Batches per epoch; 0 = one pass over the training set.")
+    eval_images: int = _field(500, "Validation images captioned after each epoch; 0 = all.")
+    early_stopping_patience: int = _field(0, "Stop after this many epochs without a better BLEU-4.")
+
+    beam_size: int = _field(1, "Beam size for evaluation and captioning (1 = greedy).")
+    max_decode_length: int = _field(50, "Longest caption generated.")
+    length_penalty: float = _field(0.0, "Beam length normalisation exponent; 0 = off.")
+
+    strategy: str = _field("default", "tf.distribute strategy.")
+    mixed_precision: str = _field("", "Keras mixed precision policy ('' = float32).")
+    jit_compile: bool = _field(False, "Compile the train step with XLA.")
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self):
+        """Raises ValueError naming the first setting that is out of range."""
+        for name, choices in CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"--{name}={value!r} is not one of {', '.join(map(repr, choices))}")
+        positive = ("vocab_size", "max_caption_length", "image_size", "embed_dim", "hidden_dim")
+        positive += ("attention_dim", "batch_size", "epochs", "beam_size", "max_decode_length")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name}={getattr(self, name)} must be at least 1")
+        for name in ("steps_per_epoch", "eval_images", "early_stopping_patience", "alpha_c"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name}={getattr(self, name)} must not be negative")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--dropout={self.dropout} must lie in [0, 1)")
+        for name in ("hard_mix_prob", "baseline_decay"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"--{name}={getattr(self, name)} must lie in [0, 1]")
+        if self.learning_rate <= 0:
+            raise ValueError(f"--learning_rate={self.learning_rate} must be positive")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "Config":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"unknown config keys: {', '.join(unknown)}")
+        return cls(**values)
+
+    @classmethod
+    def load(cls, path: str) -> "Config":
+        """Reads a config written by `save` (the `config.json` of a workdir)."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                values = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read config {path}: {e}") from e
+        return cls.from_dict(values)
+
+    def save(self, path: str) -> None:
+        """Writes the config as JSON atomically (temp file + rename)."""
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(self.to_json())
+        os.replace(tmp, path)
+
+
+def fields_with_help():
+    """Yields `(name, default, type, help)` for every field of `Config`."""
+    for f in dataclasses.fields(Config):
+        yield f.name, f.default, f.type, f.metadata["help"]

@@ -1,0 +1,277 @@
+"""Greedy and beam-search decoding over any step function.
+
+Nothing here knows about LSTMs or Keras. A model exposes one decoding step,
+
+    step_fn(tokens, state) -> (log_probs, new_state, alpha)
+
+with `tokens` int32 (B,), `state` a nest of tensors whose leading dimension is B,
+`log_probs` float32 (B, V) normalised log-probabilities of the next word and `alpha`
+float32 (B, L) the attention weights that produced them (paper §3.1.2, §4). The decoders
+run it inside one `tf.while_loop` over time, eagerly or under `tf.function`, with buffers
+of a fixed length `max_length` (no `TensorArray`), so that the greedy loop converts to
+TFLite with builtin ops only.
+"""
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import tensorflow as tf
+
+PAD_ID = 0
+
+StepFn = Callable[[tf.Tensor, Any], tuple[tf.Tensor, Any, tf.Tensor]]
+
+
+class DecodeResult(NamedTuple):
+    """Captions decoded for a batch of images.
+
+    T is the `max_length` the decoder was given. With `beam_search(num_return=n)`, n > 1,
+    every field gains an axis of size n after the batch axis, best hypothesis first.
+
+    Attributes:
+        tokens: int32 (B, T). Generated word ids, then `<end>` if it was emitted, then
+            0 (`<pad>`).
+        length: int32 (B,). Number of words before `<end>` (the caption length; `<end>`
+            not counted). A caption that never emitted `<end>` has length T.
+        log_prob: float32 (B,). Sum of the log-probabilities of the emitted tokens,
+            `<end>` included.
+        attention: float32 (B, T, L). The alpha that produced each emitted token
+            (`<end>` included), zeros after.
+    """
+
+    tokens: tf.Tensor
+    length: tf.Tensor
+    log_prob: tf.Tensor
+    attention: tf.Tensor
+
+
+def _check_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive Python int, got {value!r}.")
+
+
+def _time_mask(t: tf.Tensor, max_length: int, dtype: tf.DType) -> tf.Tensor:
+    """One-hot row selecting time step `t` of a (..., max_length) buffer."""
+    return tf.one_hot(t, max_length, dtype=dtype)
+
+
+def _step(
+    step_fn: StepFn, tokens: tf.Tensor, state: Any, num_locations: int
+) -> tuple[tf.Tensor, Any, tf.Tensor]:
+    """Calls `step_fn` and keeps the state's structure and static shapes stable.
+
+    `tf.while_loop` needs loop variables with the same structure (tuple vs. list) and
+    compatible shapes in every iteration; a step function may return a list for a tuple or
+    lose a static dimension, so both are restored from the incoming state.
+    """
+    log_probs, new_state, alpha = step_fn(tokens, state)
+    if not alpha.shape.is_compatible_with([None, num_locations]):
+        raise ValueError(
+            f"step_fn returned alpha of shape {alpha.shape}; expected "
+            f"(batch, num_locations={num_locations})."
+        )
+    if log_probs.shape.rank not in (None, 2):
+        raise ValueError(
+            f"step_fn returned log_probs of shape {log_probs.shape}; expected (batch, V)."
+        )
+    new_state = tf.nest.pack_sequence_as(state, tf.nest.flatten(new_state))
+    new_state = tf.nest.map_structure(_keep_shape, new_state, state)
+    return tf.cast(log_probs, tf.float32), new_state, tf.cast(alpha, tf.float32)
+
+
+def _keep_shape(new: tf.Tensor, old: tf.Tensor) -> tf.Tensor:
+    new = tf.convert_to_tensor(new)
+    new.set_shape(old.shape)
+    return new
+
+
+def greedy_decode(
+    step_fn: StepFn,
+    initial_state: Any,
+    *,
+    batch_size: int | tf.Tensor,
+    start_id: int,
+    end_id: int,
+    max_length: int,
+    num_locations: int,
+) -> DecodeResult:
+    """Decodes by taking the most likely word at every step.
+
+    Starts from `<start>`, feeds each chosen word back, and stops once every caption has
+    emitted `<end>` or after `max_length` tokens. A finished caption is fed `<pad>` and
+    its later outputs are discarded.
+
+    Args:
+        step_fn: `step_fn(tokens, state) -> (log_probs, new_state, alpha)` with tokens
+            int32 (B,), log_probs float32 (B, V), alpha float32 (B, L).
+        initial_state: Nest of tensors, each with leading dimension B.
+        batch_size: B, a Python int or a scalar int32 tensor (e.g. from `tf.shape`).
+        start_id: Id of `<start>`, fed at the first step.
+        end_id: Id of `<end>`.
+        max_length: T, the most tokens emitted per caption, `<end>` included.
+        num_locations: L, the number of attention locations.
+
+    Returns:
+        A `DecodeResult` with tokens (B, T), length (B,), log_prob (B,) and attention
+        (B, T, L); T = max_length always (fixed-size buffers, not trimmed).
+    """
+    _check_positive("max_length", max_length)
+    _check_positive("num_locations", num_locations)
+
+    def cond(t, tokens, state, finished, *unused):
+        return tf.logical_and(t < max_length, tf.reduce_any(tf.logical_not(finished)))
+
+    def body(t, tokens, state, finished, token_buf, attention_buf, length, log_prob):
+        log_probs, state, alpha = _step(step_fn, tokens, state, num_locations)
+        alive = tf.logical_not(finished)
+        next_tokens = tf.where(alive, tf.argmax(log_probs, axis=-1, output_type=tf.int32), PAD_ID)
+        log_prob += tf.where(alive, tf.reduce_max(log_probs, axis=-1), 0.0)
+        token_buf += _time_mask(t, max_length, tf.int32)[None] * next_tokens[:, None]  # (B, T)
+        alpha = tf.where(alive[:, None], alpha, 0.0)
+        attention_buf += _time_mask(t, max_length, tf.float32)[None, :, None] * alpha[:, None]
+        length += tf.cast(tf.logical_and(alive, next_tokens != end_id), tf.int32)
+        finished = tf.logical_or(finished, next_tokens == end_id)
+        return t + 1, next_tokens, state, finished, token_buf, attention_buf, length, log_prob
+
+    loop_vars = (
+        tf.constant(0),
+        tf.fill([batch_size], tf.constant(start_id, tf.int32)),
+        initial_state,
+        tf.zeros([batch_size], tf.bool),
+        tf.zeros([batch_size, max_length], tf.int32),
+        tf.zeros([batch_size, max_length, num_locations], tf.float32),
+        tf.zeros([batch_size], tf.int32),
+        tf.zeros([batch_size], tf.float32),
+    )
+    *_, tokens, attention, length, log_prob = tf.while_loop(cond, body, loop_vars)
+    return DecodeResult(tokens=tokens, length=length, log_prob=log_prob, attention=attention)
+
+
+def _length_penalty(num_tokens: tf.Tensor, alpha: float) -> tf.Tensor:
+    """GNMT length penalty ((5 + |Y|) / 6) ** alpha (Wu et al., 2016, §7); 1 for alpha=0."""
+    return tf.pow((5.0 + tf.cast(num_tokens, tf.float32)) / 6.0, alpha)
+
+
+def beam_search(
+    step_fn: StepFn,
+    initial_state: Any,
+    *,
+    batch_size: int | tf.Tensor,
+    start_id: int,
+    end_id: int,
+    max_length: int,
+    beam_size: int,
+    num_locations: int,
+    length_penalty: float = 0.0,
+    num_return: int = 1,
+) -> DecodeResult:
+    """Batched beam search keeping `beam_size` hypotheses per image.
+
+    The k hypotheses of image b sit in row b*k + j of the (B*k)-row state given to
+    `step_fn`; after every step the state, tokens and attention history are gathered by
+    parent beam, so each hypothesis carries the alpha of its own ancestors. A hypothesis
+    that emitted `<end>` stays in the beam and competes with the live ones, extended only
+    by `<pad>` at log-probability 0. Hypotheses are ranked by
+
+        score = log_prob / ((5 + n) / 6) ** length_penalty
+
+    where n is the number of tokens emitted, `<end>` included (GNMT length
+    normalisation, Wu et al., 2016, §7; `length_penalty=0` ranks by log_prob). At the
+    first step only beam 0 is expanded, so the k hypotheses are distinct. Decoding stops
+    when every hypothesis of every image has finished, or after `max_length` tokens.
+    With `beam_size=1` the result equals `greedy_decode`.
+
+    Args:
+        step_fn: `step_fn(tokens, state) -> (log_probs, new_state, alpha)` with tokens
+            int32 (N,), log_probs float32 (N, V), alpha float32 (N, L), here N = B*k.
+        initial_state: Nest of tensors, each with leading dimension B (one row per
+            image; tiled to B*k here).
+        batch_size: B, a Python int or a scalar int32 tensor (e.g. from `tf.shape`).
+        start_id: Id of `<start>`, fed at the first step.
+        end_id: Id of `<end>`.
+        max_length: T, the most tokens emitted per caption, `<end>` included.
+        beam_size: k, hypotheses kept per image.
+        num_locations: L, the number of attention locations.
+        length_penalty: Exponent of the GNMT length penalty; 0 turns it off.
+        num_return: n, how many hypotheses to return per image, best first;
+            1 <= n <= k.
+
+    Returns:
+        A `DecodeResult`. For n = 1: tokens (B, T), length (B,), log_prob (B,),
+        attention (B, T, L). For n > 1: tokens (B, n, T), length (B, n),
+        log_prob (B, n), attention (B, n, T, L).
+    """
+    _check_positive("max_length", max_length)
+    _check_positive("beam_size", beam_size)
+    _check_positive("num_locations", num_locations)
+    _check_positive("num_return", num_return)
+    if num_return > beam_size:
+        raise ValueError(f"num_return={num_return} must not exceed beam_size={beam_size}.")
+    k = beam_size
+    neg_inf = tf.constant(float("-inf"), tf.float32)
+
+    def tile(x):
+        return tf.repeat(x, k, axis=0)
+
+    def gather_beams(x, parent):
+        return tf.gather(x, parent, batch_dims=1)
+
+    def cond(t, tokens, state, finished, *unused):
+        return tf.logical_and(t < max_length, tf.reduce_any(tf.logical_not(finished)))
+
+    def body(t, tokens, state, finished, token_buf, attention_buf, length, log_prob):
+        log_probs, state, alpha = _step(step_fn, tokens, state, num_locations)
+        vocab_size = tf.shape(log_probs)[-1]
+        log_probs = tf.reshape(log_probs, [batch_size, k, vocab_size])  # (B, k, V)
+        alpha = tf.reshape(alpha, [batch_size, k, num_locations])  # (B, k, L)
+        pad_only = tf.where(tf.range(vocab_size) == PAD_ID, 0.0, neg_inf)
+        step_log_probs = tf.where(finished[..., None], pad_only, log_probs)  # (B, k, V)
+        candidates = log_prob[..., None] + step_log_probs  # (B, k, V)
+        scores = candidates / _length_penalty(length + 1, length_penalty)[..., None]
+        _, best = tf.math.top_k(tf.reshape(scores, [batch_size, k * vocab_size]), k=k)
+        parent = best // vocab_size
+        next_tokens = best % vocab_size
+        log_prob = gather_beams(tf.reshape(candidates, [batch_size, k * vocab_size]), best)
+
+        was_finished = gather_beams(finished, parent)
+        alive = tf.logical_not(was_finished)
+        next_tokens = tf.where(alive, next_tokens, PAD_ID)
+        token_buf = gather_beams(token_buf, parent)
+        token_buf += _time_mask(t, max_length, tf.int32)[None, None] * next_tokens[..., None]
+        alpha = tf.where(alive[..., None], gather_beams(alpha, parent), 0.0)
+        attention_buf = gather_beams(attention_buf, parent)
+        attention_buf += _time_mask(t, max_length, tf.float32)[:, None] * alpha[:, :, None]
+        length = gather_beams(length, parent)
+        length += tf.cast(tf.logical_and(alive, next_tokens != end_id), tf.int32)
+        finished = tf.logical_or(was_finished, next_tokens == end_id)
+
+        rows = tf.range(batch_size)[:, None] * k + parent  # (B, k)
+        rows = tf.reshape(rows, [-1])  # (B*k,)
+        state = tf.nest.map_structure(lambda s: tf.gather(s, rows), state)
+        tokens = tf.reshape(next_tokens, [-1])  # (B*k,)
+        return t + 1, tokens, state, finished, token_buf, attention_buf, length, log_prob
+
+    first_beam_only = tf.where(tf.range(k) == 0, 0.0, neg_inf)
+    loop_vars = (
+        tf.constant(0),
+        tf.fill([batch_size * k], tf.constant(start_id, tf.int32)),
+        tf.nest.map_structure(tile, initial_state),
+        tf.zeros([batch_size, k], tf.bool),
+        tf.zeros([batch_size, k, max_length], tf.int32),
+        tf.zeros([batch_size, k, max_length, num_locations], tf.float32),
+        tf.zeros([batch_size, k], tf.int32),
+        tf.tile(first_beam_only[None], [batch_size, 1]),  # (B, k)
+    )
+    _, _, _, finished, tokens, attention, length, log_prob = tf.while_loop(cond, body, loop_vars)
+
+    num_tokens = length + tf.cast(finished, tf.int32)
+    _, order = tf.math.top_k(log_prob / _length_penalty(num_tokens, length_penalty), k=num_return)
+    result = DecodeResult(
+        tokens=gather_beams(tokens, order),
+        length=gather_beams(length, order),
+        log_prob=gather_beams(log_prob, order),
+        attention=gather_beams(attention, order),
+    )
+    if num_return == 1:
+        result = DecodeResult(*(tf.squeeze(x, axis=1) for x in result))
+    return result

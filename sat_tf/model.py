@@ -1,0 +1,318 @@
+"""`ShowAttendTell`: encoder + attention decoder with its own train / test step.
+
+Batches are dicts: {"image": (B, S, S, 3) float pixels in [0, 255]} or
+{"features": (B, L, D)} for cached encoder features, plus "caption": (B, T + 1) int32
+ids `<start> w1 .. wn <end>` padded with 0.
+"""
+
+import keras
+import tensorflow as tf
+
+from sat_tf import decoding
+from sat_tf import losses as losses_lib
+from sat_tf import vocab as vocab_lib
+from sat_tf.decoder import AttentionDecoder
+from sat_tf.encoder import ImageEncoder
+
+
+@keras.saving.register_keras_serializable(package="sat_tf")
+class ShowAttendTell(keras.Model):
+    """Show, Attend and Tell (Xu et al., 2015).
+
+    Args:
+      vocab_size, embed_dim, hidden_dim, attention_dim, attention, attention_score,
+        dropout: see `AttentionDecoder`.
+      encoder: backbone name in `encoder.REGISTRY`, or None when the model reads cached
+        features.
+      image_size: encoder input size.
+      encoder_weights: see `ImageEncoder`.
+      train_encoder: update the encoder's weights too.
+      feature_dim: D of cached features (only without an encoder).
+      alpha_c: weight of the doubly stochastic penalty (soft attention, §4.2.1).
+      reinforce_weight, entropy_weight: lambda_r, lambda_e of the hard objective (§4.1).
+      baseline_decay: moving-average decay of the REINFORCE baseline.
+      hard_mix_prob: chance that a sequence uses the expected context (hard attention).
+      seed: seed of the hard-attention samples.
+    """
+
+    def __init__(
+        self,
+        vocab_size,
+        embed_dim=64,
+        hidden_dim=256,
+        attention_dim=128,
+        attention="soft",
+        attention_score="additive",
+        dropout=0.2,
+        encoder="shapes_cnn",
+        image_size=112,
+        encoder_weights=None,
+        train_encoder=True,
+        feature_dim=None,
+        alpha_c=0.0,
+        reinforce_weight=1.0,
+        entropy_weight=0.002,
+        baseline_decay=0.9,
+        hard_mix_prob=0.5,
+        seed=0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocab_size = vocab_size
+        self.embed_dim = embed_dim
+        self.hidden_dim = hidden_dim
+        self.attention_dim = attention_dim
+        self.attention = attention
+        self.attention_score = attention_score
+        self.dropout = dropout
+        self.encoder_name = encoder
+        self.image_size = image_size
+        self.encoder_weights = encoder_weights
+        self.train_encoder = train_encoder
+        self.feature_dim = feature_dim
+        self.alpha_c = alpha_c
+        self.reinforce_weight = reinforce_weight
+        self.entropy_weight = entropy_weight
+        self.baseline_decay = baseline_decay
+        self.hard_mix_prob = hard_mix_prob
+        self.seed = seed
+
+        self.encoder = None
+        if encoder:
+            self.encoder = ImageEncoder(encoder, image_size, encoder_weights, name="encoder")
+            self.encoder.trainable = train_encoder
+            height, width, self.feature_dim = self.encoder.feature_grid()
+            self.grid = (height, width)
+        elif feature_dim is None:
+            raise ValueError("a model without an encoder needs feature_dim")
+        else:
+            self.grid = None
+        self.decoder = AttentionDecoder(
+            vocab_size,
+            embed_dim=embed_dim,
+            hidden_dim=hidden_dim,
+            attention_dim=attention_dim,
+            attention=attention,
+            attention_score=attention_score,
+            dropout=dropout,
+            name="decoder",
+        )
+        self.baseline = self.add_weight(
+            shape=(),
+            initializer="zeros",
+            trainable=False,
+            aggregation="only_first_replica",
+            name="reinforce_baseline",
+        )
+        self.seed_generator = keras.random.SeedGenerator(seed, name="hard_attention_seed")
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.nll_tracker = keras.metrics.Mean(name="nll_per_word")
+        self.reward_tracker = keras.metrics.Mean(name="reward")
+
+    @property
+    def metrics(self):
+        trackers = [self.loss_tracker, self.nll_tracker]
+        if self.attention == "hard":
+            trackers.append(self.reward_tracker)
+        return trackers
+
+    def build(self, input_shape=None):
+        if self.encoder is not None:
+            size = self.image_size
+            self.encoder.build((None, size, size, 3))
+        self.decoder.build((None, None, self.feature_dim))
+        self.built = True
+
+    def encode(self, batch, training=False):
+        """(B, L, D) annotation vectors of a batch (from "image" or "features")."""
+        if "features" in batch:
+            return tf.cast(batch["features"], tf.float32)
+        if self.encoder is None:
+            raise ValueError("this model reads cached features; the batch has no 'features'")
+        return self.encoder(batch["image"], training=training and self.train_encoder)
+
+    def call(self, batch, training=False):
+        """Teacher-forced outputs (see `AttentionDecoder.call`) for batch["caption"]."""
+        features = self.encode(batch, training=training)
+        return self.decoder(features, batch["caption"][:, :-1], training=training)
+
+    def _hard_noise(self, features, steps):
+        """Gumbel noise fixing s_t for every step and the per-sequence mixing choice."""
+        batch, length = tf.shape(features)[0], tf.shape(features)[1]
+        u = keras.random.uniform(
+            tf.stack([batch, steps, length]), minval=1e-9, maxval=1.0, seed=self.seed_generator
+        )
+        mix = keras.random.uniform([batch], seed=self.seed_generator) < self.hard_mix_prob
+        return -tf.math.log(-tf.math.log(u)), mix
+
+    def loss_terms(self, batch, training=True, gumbel_noise=None, use_expected=None):
+        """Per-sequence objective and its parts.
+
+        Args:
+          batch: dict with "caption" and "image" or "features".
+          training: dropout on, and for hard attention sample locations.
+          gumbel_noise, use_expected: hard attention only; drawn here when None.
+
+        Returns:
+          dict of (B,) tensors: "objective" (what is minimised), "loss" (the reported
+          loss: -log p(y|a), plus the penalty for soft attention), "log_likelihood",
+          "words" (unmasked targets), and for hard attention "reward".
+        """
+        captions = batch["caption"]
+        targets = captions[:, 1:]
+        mask = tf.cast(tf.not_equal(targets, vocab_lib.PAD_ID), tf.float32)
+        features = self.encode(batch, training=training)
+        hard = self.attention == "hard" and training
+        if hard and gumbel_noise is None:
+            gumbel_noise, use_expected = self._hard_noise(features, tf.shape(targets)[1])
+        outputs = self.decoder(
+            features,
+            captions[:, :-1],
+            training=training,
+            gumbel_noise=gumbel_noise if hard else None,
+            use_expected=use_expected if hard else None,
+        )
+        log_likelihood = losses_lib.sequence_log_likelihood(outputs["logits"], targets, mask)
+        terms = {"log_likelihood": log_likelihood, "words": tf.reduce_sum(mask, axis=1)}
+        if hard:
+            sampled = 1.0 - tf.cast(use_expected, tf.float32)
+            terms["objective"] = losses_lib.reinforce_surrogate(
+                log_likelihood,
+                outputs["log_p_s"],
+                outputs["entropy"],
+                mask,
+                sampled,
+                self.baseline,
+                self.reinforce_weight,
+                self.entropy_weight,
+            )
+            terms["reward"] = log_likelihood
+            terms["loss"] = -log_likelihood
+        else:
+            loss = -log_likelihood
+            if self.attention == "soft" and self.alpha_c > 0:
+                penalty = losses_lib.doubly_stochastic_penalty(outputs["alpha"], mask)
+                loss += self.alpha_c * penalty
+            terms["loss"] = terms["objective"] = loss
+        return terms
+
+    def _update_trackers(self, terms):
+        self.loss_tracker.update_state(tf.reduce_mean(terms["loss"]))
+        words = tf.reduce_sum(terms["words"])
+        self.nll_tracker.update_state(-tf.reduce_sum(terms["log_likelihood"]) / words)
+        if "reward" in terms:
+            self.reward_tracker.update_state(tf.reduce_mean(terms["reward"]))
+
+    def train_step(self, batch):
+        with tf.GradientTape() as tape:
+            terms = self.loss_terms(batch, training=True)
+            loss = tf.nn.compute_average_loss(terms["objective"])
+            scaled = self.optimizer.scale_loss(loss)
+        variables = self.trainable_variables
+        grads = tape.gradient(scaled, variables)
+        self.optimizer.apply(grads, variables)
+        if self.attention == "hard":
+            mean_reward = tf.reduce_mean(terms["reward"])
+            context = tf.distribute.get_replica_context()
+            if context is not None:
+                mean_reward = context.all_reduce("mean", mean_reward)
+            decay = self.baseline_decay
+            self.baseline.assign(decay * self.baseline + (1.0 - decay) * mean_reward)
+        self._update_trackers(terms)
+        return {m.name: m.result() for m in self.metrics}
+
+    def test_step(self, batch):
+        self._update_trackers(self.loss_terms(batch, training=False))
+        return {m.name: m.result() for m in self.metrics}
+
+    def generate(self, batch, max_length=40, beam_size=1, length_penalty=0.0):
+        """Captions a batch in the graph: greedy for beam_size 1, else beam search.
+
+        Returns:
+          `decoding.DecodeResult` with tokens (B, T), length (B,), log_prob (B,) and
+          attention (B, T, L).
+        """
+        features = self.encode(batch)
+        state = self.decoder.initial_state(features)
+        common = dict(
+            batch_size=tf.shape(features)[0],
+            start_id=vocab_lib.START_ID,
+            end_id=vocab_lib.END_ID,
+            max_length=max_length,
+            num_locations=int(features.shape[1]),
+        )
+        if beam_size == 1:
+            return decoding.greedy_decode(self.decoder.step, state, **common)
+        return decoding.beam_search(
+            self.decoder.step,
+            state,
+            beam_size=beam_size,
+            length_penalty=length_penalty,
+            **common,
+        )
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "vocab_size": self.vocab_size,
+            "embed_dim": self.embed_dim,
+            "hidden_dim": self.hidden_dim,
+            "attention_dim": self.attention_dim,
+            "attention": self.attention,
+            "attention_score": self.attention_score,
+            "dropout": self.dropout,
+            "encoder": self.encoder_name,
+            "image_size": self.image_size,
+            "encoder_weights": self.encoder_weights,
+            "train_encoder": self.train_encoder,
+            "feature_dim": self.feature_dim if self.encoder is None else None,
+            "alpha_c": self.alpha_c,
+            "reinforce_weight": self.reinforce_weight,
+            "entropy_weight": self.entropy_weight,
+            "baseline_decay": self.baseline_decay,
+            "hard_mix_prob": self.hard_mix_prob,
+            "seed": self.seed,
+        }
+
+
+def build_model(config, vocab_size, feature_shape=None):
+    """Builds a `ShowAttendTell` from a `Config`.
+
+    Args:
+      config: `sat_tf.config.Config`.
+      vocab_size: number of words including the special tokens.
+      feature_shape: (L, D) of cached features when config.use_feature_cache.
+
+    Returns:
+      a built, uncompiled model.
+    """
+    weights = config.encoder_weights or None
+    kwargs = dict(
+        vocab_size=vocab_size,
+        embed_dim=config.embed_dim,
+        hidden_dim=config.hidden_dim,
+        attention_dim=config.attention_dim,
+        attention=config.attention,
+        attention_score=config.attention_score,
+        dropout=config.dropout,
+        alpha_c=config.alpha_c,
+        reinforce_weight=config.reinforce_weight,
+        entropy_weight=config.entropy_weight,
+        baseline_decay=config.baseline_decay,
+        hard_mix_prob=config.hard_mix_prob,
+        seed=config.seed,
+    )
+    if config.use_feature_cache:
+        model = ShowAttendTell(encoder=None, feature_dim=feature_shape[-1], **kwargs)
+        side = int(round(feature_shape[0] ** 0.5))
+        model.grid = (side, feature_shape[0] // side)
+    else:
+        model = ShowAttendTell(
+            encoder=config.encoder,
+            image_size=config.image_size,
+            encoder_weights=weights,
+            train_encoder=config.fine_tune_encoder or weights is None,
+            **kwargs,
+        )
+    model.build()
+    return model

@@ -1,0 +1,283 @@
+"""Per-word attention pictures, as in Fig. 3 of Xu et al. (2015).
+
+For each generated word, its attention map alpha_t (L = H * W weights over the annotation
+grid, §4.2) is upsampled to the image (x16 for 14 x 14 on 224 pixels), smoothed with a
+Gaussian and shown as a white light over the darkened image; hard attention (§4.1) can
+also mark the location it sampled. Rendering uses matplotlib's Agg canvas directly, so
+no display and no global pyplot state are involved.
+"""
+
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from PIL import Image
+
+_ROWS = ("top", "", "bottom")
+_COLS = ("left", "", "right")
+_SIGMA_PER_UPSCALE = 1.25
+_DARK = 0.25
+
+
+def gaussian_kernel(sigma: float, truncate: float = 4.0) -> np.ndarray:
+    """Normalised 1-D Gaussian weights exp(-x^2 / (2 sigma^2)) for |x| <= truncate * sigma.
+
+    Args:
+      sigma: standard deviation in samples, > 0.
+      truncate: half-width of the kernel in standard deviations.
+
+    Returns:
+      float64 array of odd length 2r + 1 (r = ceil(truncate * sigma)), summing to 1.
+    """
+    if not sigma > 0:
+        raise ValueError(f"sigma must be positive, got {sigma}")
+    radius = max(1, math.ceil(truncate * sigma))
+    x = np.arange(-radius, radius + 1, dtype=np.float64)
+    weights = np.exp(-(x**2) / (2.0 * sigma**2))
+    return weights / weights.sum()
+
+
+def gaussian_blur(values: np.ndarray, sigma: float) -> np.ndarray:
+    """2-D Gaussian smoothing as two 1-D convolutions, edges mirrored (d c b a | a b c d).
+
+    Args:
+      values: (h, w) array.
+      sigma: standard deviation in pixels; 0 returns a copy.
+
+    Returns:
+      (h, w) float64 array.
+    """
+    out = np.asarray(values, dtype=np.float64)
+    if sigma == 0:
+        return out.copy()
+    kernel = gaussian_kernel(sigma)
+    radius = len(kernel) // 2
+    for axis in (0, 1):
+        n = out.shape[axis]
+        pad = [(0, 0), (0, 0)]
+        pad[axis] = (radius, radius)
+        padded = np.pad(out, pad, mode="symmetric")
+        acc = np.zeros_like(out)
+        for k, weight in enumerate(kernel):
+            window = [slice(None), slice(None)]
+            window[axis] = slice(k, k + n)
+            acc += weight * padded[tuple(window)]
+        out = acc
+    return out
+
+
+def upsample_attention(
+    alpha: np.ndarray,
+    grid: tuple[int, int],
+    image_hw: tuple[int, int],
+    sigma: float | None = None,
+) -> np.ndarray:
+    """One attention map alpha_t over the image, smoothed, as in Fig. 3 of the paper.
+
+    Each grid cell becomes the block of image pixels it covers (nearest neighbour, so
+    x16 blocks for a 14 x 14 grid on 224 x 224), the result is smoothed with a Gaussian
+    and scaled to [0, 1] (min -> 0, max -> 1; a constant map becomes all ones, or all
+    zeros if it is zero).
+
+    Args:
+      alpha: (L,) attention weights, L = H * W, row-major (H rows).
+      grid: (H, W).
+      image_hw: (h, w) image size in pixels.
+      sigma: Gaussian standard deviation in image pixels; default 1.25 x the upsampling
+        factor (20 px for x16, the smoothing of the authors' pictures); 0 for none.
+
+    Returns:
+      (h, w) float64 array in [0, 1].
+    """
+    rows, cols = grid
+    alpha = np.asarray(alpha, dtype=np.float64)
+    if alpha.shape != (rows * cols,):
+        raise ValueError(f"alpha has shape {alpha.shape}, expected ({rows * cols},) for {grid}")
+    h, w = image_hw
+    r_index = np.minimum((np.arange(h) + 0.5) * rows / h, rows - 1).astype(int)
+    c_index = np.minimum((np.arange(w) + 0.5) * cols / w, cols - 1).astype(int)
+    heat = alpha.reshape(rows, cols)[r_index[:, None], c_index[None, :]]  # (h, w)
+    if sigma is None:
+        sigma = _SIGMA_PER_UPSCALE * max(h / rows, w / cols)
+    heat = gaussian_blur(heat, sigma)
+    low, high = heat.min(), heat.max()
+    if high - low > 1e-12 * max(abs(high), 1e-300):
+        return (heat - low) / (high - low)
+    return np.ones_like(heat) if high > 0 else np.zeros_like(heat)
+
+
+def overlay_attention(image: np.ndarray, heat: np.ndarray) -> np.ndarray:
+    """The image under a white light where `heat` is high, darkened where it is low.
+
+    Args:
+      image: (h, w, 3) uint8.
+      heat: (h, w) values in [0, 1].
+
+    Returns:
+      (h, w, 3) uint8: 25% of the image plus 75% of `heat` in grey, the look of Fig. 3.
+    """
+    light = 255.0 * heat[..., None]  # (h, w, 1)
+    return np.clip(_DARK * image + (1.0 - _DARK) * light, 0, 255).astype(np.uint8)
+
+
+def _as_rgb(image: np.ndarray) -> np.ndarray:
+    image = np.asarray(image)
+    if image.dtype != np.uint8:
+        raise ValueError(f"image must be uint8, got {image.dtype}")
+    if image.ndim == 2:
+        image = image[..., None]
+    if image.ndim != 3 or image.shape[-1] not in (1, 3, 4):
+        raise ValueError(f"image must be (H, W), (H, W, 1), (H, W, 3) or RGBA, got {image.shape}")
+    if image.shape[-1] == 1:
+        return np.repeat(image, 3, axis=-1)
+    return image[..., :3]
+
+
+def _check_alphas(words: Sequence[str], alphas: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    alphas = np.asarray(alphas, dtype=np.float64)
+    rows, cols = grid
+    if alphas.ndim != 2 or alphas.shape[1] != rows * cols:
+        raise ValueError(f"alphas has shape {alphas.shape}, expected (T, {rows * cols}) for {grid}")
+    if alphas.shape[0] < len(words):
+        raise ValueError(f"{len(words)} words but only {alphas.shape[0]} attention maps")
+    return alphas[: len(words)]
+
+
+def build_attention_figure(
+    image: np.ndarray,
+    words: Sequence[str],
+    alphas: np.ndarray,
+    grid: tuple[int, int],
+    *,
+    hard_points: Sequence[int] | None = None,
+    cols: int = 5,
+) -> Figure:
+    """The Fig. 3 picture as a matplotlib Figure: the image, then one panel per word.
+
+    Args:
+      image: (H, W, 3) uint8 (grey or RGBA are converted).
+      words: the caption's words; panel titles.
+      alphas: (T, L) attention maps, T >= len(words); row t belongs to words[t].
+      grid: (H, W) of the attention grid, L = H * W.
+      hard_points: optional cell index per word (e.g. the locations hard attention
+        sampled, or `alphas.argmax(-1)`), outlined in red.
+      cols: panels per row.
+
+    Returns:
+      A Figure with an Agg canvas and 1 + len(words) axes, in reading order.
+    """
+    image = _as_rgb(image)
+    alphas = _check_alphas(words, alphas, grid)
+    if hard_points is not None and len(hard_points) != len(words):
+        raise ValueError(f"{len(hard_points)} hard points for {len(words)} words")
+    cols = max(1, min(cols, len(words) + 1))
+    rows = math.ceil((len(words) + 1) / cols)
+    fig = Figure(figsize=(2.2 * cols, 2.4 * rows), dpi=100)
+    FigureCanvasAgg(fig)
+    h, w = image.shape[:2]
+    cell_h, cell_w = h / grid[0], w / grid[1]
+    for i in range(len(words) + 1):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        ax.set_axis_off()
+        if i == 0:
+            ax.imshow(image)
+            continue
+        heat = upsample_attention(alphas[i - 1], grid, (h, w))
+        ax.imshow(overlay_attention(image, heat))
+        ax.set_title(words[i - 1], fontsize=12)
+        if hard_points is not None:
+            r, c = divmod(int(hard_points[i - 1]), grid[1])
+            ax.add_patch(
+                Rectangle(
+                    (c * cell_w - 0.5, r * cell_h - 0.5),
+                    cell_w,
+                    cell_h,
+                    fill=False,
+                    edgecolor="red",
+                    linewidth=1.5,
+                )
+            )
+    fig.tight_layout()
+    return fig
+
+
+def render(fig: Figure) -> np.ndarray:
+    """Draws a Figure with an Agg canvas into an (h, w, 3) uint8 RGB array."""
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def attention_figure(
+    image: np.ndarray,
+    words: Sequence[str],
+    alphas: np.ndarray,
+    grid: tuple[int, int],
+    *,
+    hard_points: Sequence[int] | None = None,
+    path: str | None = None,
+    cols: int = 5,
+) -> np.ndarray:
+    """Renders `build_attention_figure` and optionally saves it as a PNG.
+
+    Args:
+      image, words, alphas, grid, hard_points, cols: as `build_attention_figure`.
+      path: if given, the PNG is written there atomically (temp file + rename).
+
+    Returns:
+      The picture as an (h, w, 3) uint8 RGB array (e.g. for `tf.summary.image`).
+    """
+    picture = render(
+        build_attention_figure(image, words, alphas, grid, hard_points=hard_points, cols=cols)
+    )
+    if path is not None:
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".png")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                Image.fromarray(picture).save(f, format="PNG")
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+    return picture
+
+
+def coarse_location(row: int, col: int, grid: tuple[int, int]) -> str:
+    """Names the third of the image a grid cell's centre falls in: "top left", "center", ...
+
+    Uses the nine location words of the shapes dataset (DESIGN.md §2).
+    """
+    vertical = _ROWS[min(2, int(3 * (row + 0.5) / grid[0]))]
+    horizontal = _COLS[min(2, int(3 * (col + 0.5) / grid[1]))]
+    return " ".join(p for p in (vertical, horizontal) if p) or "center"
+
+
+def attention_summary(words: Sequence[str], alphas: np.ndarray, grid: tuple[int, int]) -> str:
+    """A text table of where each word looked: one line per word after a header.
+
+    Args:
+      words: the caption's words.
+      alphas: (T, L) attention maps, T >= len(words).
+      grid: (H, W), L = H * W.
+
+    Returns:
+      Lines "word  (row, col)  max alpha  place", e.g. "dog  (2, 11)  0.412  top right",
+      where (row, col) is the argmax cell and place its coarse 3 x 3 location.
+    """
+    alphas = _check_alphas(words, alphas, grid)
+    width = max([len("word"), *(len(w) for w in words)])
+    lines = [f"{'word':<{width}}  {'cell':<10}  {'max α':>6}  where"]
+    for word, alpha in zip(words, alphas, strict=True):
+        row, col = divmod(int(np.argmax(alpha)), grid[1])
+        cell = f"({row}, {col})"
+        place = coarse_location(row, col, grid)
+        lines.append(f"{word:<{width}}  {cell:<10}  {alpha.max():>6.3f}  {place}")
+    return "\n".join(lines)

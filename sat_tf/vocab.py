@@ -1,0 +1,151 @@
+"""Basic tokenization and the word vocabulary (paper §5.1).
+
+Tokenization is the paper's "basic tokenization": Unicode case folding, punctuation and
+symbols replaced by spaces, split on whitespace. It runs as tensorflow-text ops so that
+the input pipeline and vocabulary building share one definition.
+"""
+
+import collections
+import hashlib
+import os
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
+SPECIALS = (PAD, START, END, UNK)
+PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3
+
+_TOKENIZER = tf_text.WhitespaceTokenizer()
+
+
+def tokenize(texts: tf.Tensor) -> tf.RaggedTensor:
+    """Splits captions into words.
+
+    Args:
+      texts: string tensor of shape (N,).
+
+    Returns:
+      Ragged string tensor of shape (N, None): lowercase words without punctuation.
+    """
+    folded = tf_text.case_fold_utf8(texts)
+    cleaned = tf.strings.regex_replace(folded, r"[\pP\pS]", " ")
+    return _TOKENIZER.tokenize(cleaned)
+
+
+def tokenize_py(texts: Sequence[str]) -> list[list[str]]:
+    """`tokenize` for Python strings; returns lists of Python words."""
+    if not texts:
+        return []
+    words = tokenize(tf.constant(list(texts), tf.string)).to_list()
+    return [[w.decode("utf-8") for w in ws] for ws in words]
+
+
+class Vocab:
+    """Word <-> id mapping with `<pad>`=0, `<start>`=1, `<end>`=2, `<unk>`=3.
+
+    Args:
+      words: every token in id order, starting with the four special tokens.
+    """
+
+    def __init__(self, words: Sequence[str]):
+        words = list(words)
+        if tuple(words[:4]) != SPECIALS:
+            raise ValueError(f"a vocabulary must start with {SPECIALS}, got {words[:4]}")
+        if len(set(words)) != len(words):
+            dupes = [w for w, n in collections.Counter(words).items() if n > 1]
+            raise ValueError(f"duplicate vocabulary entries: {dupes[:5]}")
+        self.words = words
+        self._index = {w: i for i, w in enumerate(words)}
+        self._table = None
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    @property
+    def fingerprint(self) -> str:
+        """Short hash of the word list, stored with checkpoints to detect a mismatch."""
+        return hashlib.sha256("\n".join(self.words).encode("utf-8")).hexdigest()[:16]
+
+    @classmethod
+    def build(cls, captions: Iterable[str], max_words: int = 10000, chunk: int = 4096) -> "Vocab":
+        """Keeps the `max_words` most frequent words of `captions` (ties: alphabetical)."""
+        counts = collections.Counter()
+        batch = []
+        for caption in captions:
+            batch.append(caption)
+            if len(batch) == chunk:
+                counts.update(w for ws in tokenize_py(batch) for w in ws)
+                batch = []
+        counts.update(w for ws in tokenize_py(batch) for w in ws)
+        for special in SPECIALS:
+            counts.pop(special, None)
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:max_words]
+        return cls(list(SPECIALS) + [w for w, _ in ranked])
+
+    @classmethod
+    def load(cls, path: str) -> "Vocab":
+        """Reads a vocabulary file: one token per line, in id order."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                words = f.read().split("\n")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read vocabulary {path}: {e}") from e
+        if words and words[-1] == "":
+            words.pop()
+        try:
+            return cls(words)
+        except ValueError as e:
+            raise ValueError(f"vocabulary {path}: {e}") from e
+
+    def save(self, path: str) -> None:
+        """Writes one token per line, atomically (temp file + rename)."""
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("\n".join(self.words) + "\n")
+        os.replace(tmp, path)
+
+    @property
+    def table(self) -> tf.lookup.StaticHashTable:
+        """word -> id lookup table; unknown words map to `<unk>`."""
+        if self._table is None:
+            init = tf.lookup.KeyValueTensorInitializer(
+                tf.constant(self.words), tf.range(len(self.words), dtype=tf.int64)
+            )
+            self._table = tf.lookup.StaticHashTable(init, default_value=UNK_ID)
+        return self._table
+
+    def encode(self, texts: tf.Tensor, max_length: int | None = None) -> tf.RaggedTensor:
+        """Captions -> ids framed as `<start> w1 .. wn <end>`.
+
+        Args:
+          texts: string tensor (N,).
+          max_length: keep at most this many words (before framing).
+
+        Returns:
+          int32 ragged tensor (N, None).
+        """
+        words = tokenize(texts)
+        if max_length is not None:
+            words = words[:, :max_length]
+        ids = tf.ragged.map_flat_values(self.table.lookup, words)
+        n = ids.nrows()
+        start = tf.fill([n, 1], tf.constant(START_ID, tf.int64))
+        end = tf.fill([n, 1], tf.constant(END_ID, tf.int64))
+        return tf.cast(tf.concat([start, ids, end], axis=1), tf.int32)
+
+    def ids(self, words: Sequence[str]) -> list[int]:
+        return [self._index.get(w, UNK_ID) for w in words]
+
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        """ids -> words, stopping at `<end>` and skipping `<pad>` and `<start>`."""
+        words = []
+        for i in np.asarray(list(ids)).tolist():
+            if i == END_ID:
+                break
+            if i in (PAD_ID, START_ID):
+                continue
+            words.append(self.words[i] if 0 <= i < len(self.words) else UNK)
+        return words

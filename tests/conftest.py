@@ -1,0 +1,6 @@
+"""Quiet TensorFlow's C++ logging in tests; tests run on the CPU."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")

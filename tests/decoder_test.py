@@ -1,0 +1,289 @@
+"""Tests for sat_tf.decoder against a NumPy version of the paper's equations (§3.1.2, §4)."""
+
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+from sat_tf.decoder import AttentionDecoder
+
+BATCH, STEPS, LOCATIONS = 2, 5, 4
+VOCAB, EMBED, HIDDEN, ATTENTION, FEATURES = 12, 6, 8, 5, 7
+ATTENTIONS = ("soft", "hard", "none")
+SCORES = ("additive", "dot")
+
+
+def _inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    features = rng.normal(size=(BATCH, LOCATIONS, FEATURES)).astype(np.float32)
+    captions = rng.integers(1, VOCAB, size=(BATCH, STEPS)).astype(np.int32)
+    return features, captions
+
+
+def _decoder(attention, score, dropout=0.0, seed=0):
+    """A built decoder whose weights (biases too) are random, so none of them is 0."""
+    decoder = AttentionDecoder(
+        VOCAB,
+        embed_dim=EMBED,
+        hidden_dim=HIDDEN,
+        attention_dim=ATTENTION,
+        attention=attention,
+        attention_score=score,
+        dropout=dropout,
+        name="decoder",
+    )
+    decoder.build((None, LOCATIONS, FEATURES))
+    rng = np.random.default_rng(seed)
+    for w in decoder.weights:
+        w.assign(0.5 * rng.normal(size=w.shape).astype(np.float32))
+    return decoder
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _numpy_decode(decoder, features, captions, noise=None, use_expected=None):
+    """Teacher-forced decoding written out from the paper, in float64.
+
+    Returns logits (B, T, V), alpha (B, T, L), and for hard attention log_p_s and
+    entropy (B, T). Hard attention attends at argmax(log alpha + noise), noise 0 if None.
+    """
+
+    def get(layer, name="kernel"):
+        return getattr(layer, name).numpy().astype(np.float64)
+
+    features = features.astype(np.float64)
+    batch, steps = captions.shape
+    rows = np.arange(batch)
+    embeddings = get(decoder.embedding, "embeddings")
+    mean = features.mean(1)
+    h = np.tanh(mean @ get(decoder.init_h) + get(decoder.init_h, "bias"))
+    c = np.tanh(mean @ get(decoder.init_c) + get(decoder.init_c, "bias"))
+    out = {"logits": [], "alpha": [], "log_p_s": [], "entropy": []}
+    for t in range(steps):
+        x = embeddings[captions[:, t]]
+        if decoder.attention == "none":
+            alpha = np.full((batch, features.shape[1]), 1.0 / features.shape[1])
+            z = mean
+        else:
+            att = decoder.f_att
+            if decoder.attention_score == "additive":
+                pre = np.tanh(
+                    features @ get(att.w_a) + get(att.w_a, "bias") + (h @ get(att.u_a))[:, None]
+                )
+                e = (pre @ get(att.v))[..., 0]
+            else:
+                e = np.einsum("bld,dn,bn->bl", features, get(att.w_a), h)
+            log_alpha = _log_softmax(e)
+            alpha = np.exp(log_alpha)
+            expected = np.einsum("bl,bld->bd", alpha, features)
+            if decoder.attention == "soft":
+                beta = _sigmoid(h @ get(decoder.beta) + get(decoder.beta, "bias"))
+                z = beta * expected
+            else:
+                shifted = log_alpha if noise is None else log_alpha + noise[:, t]
+                where = shifted.argmax(-1)
+                z = features[rows, where]
+                if use_expected is not None:
+                    z = np.where(use_expected[:, None], expected, z)
+                out["log_p_s"].append(log_alpha[rows, where])
+                out["entropy"].append(-(alpha * log_alpha).sum(-1))
+        gates = (
+            x @ get(decoder.lstm_embed)
+            + get(decoder.lstm_embed, "bias")
+            + h @ get(decoder.lstm_hidden)
+            + z @ get(decoder.lstm_context)
+        )
+        i, f, o, g = np.split(gates, 4, axis=-1)
+        c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(g)
+        h = _sigmoid(o) * np.tanh(c)
+        deep = np.tanh(
+            x + h @ get(decoder.out_h) + get(decoder.out_h, "bias") + z @ get(decoder.out_z)
+        )
+        logits = deep @ get(decoder.deep_output) + get(decoder.deep_output, "bias")
+        out["logits"].append(logits)
+        out["alpha"].append(alpha)
+    return {k: np.stack(v, axis=1) for k, v in out.items() if v}
+
+
+def _gumbel(shape, seed):
+    uniform = np.random.default_rng(seed).uniform(1e-9, 1.0, size=shape)
+    return (-np.log(-np.log(uniform))).astype(np.float32)
+
+
+class AttentionDecoderTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.product(attention=ATTENTIONS, score=SCORES)
+    def test_output_shapes(self, attention, score):
+        features, captions = _inputs()
+        outputs = _decoder(attention, score)(features, captions)
+        self.assertEqual(outputs["logits"].shape, (BATCH, STEPS, VOCAB))
+        self.assertEqual(outputs["alpha"].shape, (BATCH, STEPS, LOCATIONS))
+        if attention == "hard":
+            self.assertEqual(outputs["log_p_s"].shape, (BATCH, STEPS))
+            self.assertEqual(outputs["entropy"].shape, (BATCH, STEPS))
+        else:
+            self.assertNotIn("log_p_s", outputs)
+
+    @parameterized.product(attention=ATTENTIONS, score=SCORES)
+    def test_weight_count(self, attention, score):
+        m, n, a, d, v = EMBED, HIDDEN, ATTENTION, FEATURES, VOCAB
+        expected = (
+            v * m  # E
+            + 2 * (d * n + n)  # init_h, init_c
+            + (m * 4 * n + 4 * n)  # lstm_embed
+            + n * 4 * n  # lstm_hidden
+            + d * 4 * n  # lstm_context
+            + (n * m + m)  # L_h
+            + d * m  # L_z
+            + (m * v + v)  # deep_output
+        )
+        if attention != "none":
+            expected += (d * a + a) + n * a + a if score == "additive" else d * n
+        if attention == "soft":
+            expected += n + 1
+        decoder = _decoder(attention, score)
+        self.assertEqual(sum(int(np.prod(w.shape)) for w in decoder.trainable_weights), expected)
+
+    @parameterized.product(attention=ATTENTIONS, score=SCORES)
+    def test_call_matches_numpy(self, attention, score):
+        features, captions = _inputs()
+        decoder = _decoder(attention, score)
+        outputs = decoder(features, captions)
+        expected = _numpy_decode(decoder, features, captions)
+        self.assertAllClose(outputs["logits"], expected["logits"], atol=1e-4)
+        self.assertAllClose(outputs["alpha"], expected["alpha"], atol=1e-5)
+        if attention == "hard":
+            self.assertAllClose(outputs["log_p_s"], expected["log_p_s"], atol=1e-5)
+            self.assertAllClose(outputs["entropy"], expected["entropy"], atol=1e-5)
+
+    @parameterized.product(attention=ATTENTIONS, score=SCORES)
+    def test_step_matches_numpy(self, attention, score):
+        features, captions = _inputs(seed=1)
+        decoder = _decoder(attention, score, seed=1)
+        expected = _numpy_decode(decoder, features, captions)
+        state = decoder.initial_state(features)
+        for t in range(STEPS):
+            log_probs, state, alpha = decoder.step(captions[:, t], state)
+            self.assertAllClose(log_probs, _log_softmax(expected["logits"][:, t]), atol=1e-4)
+            self.assertAllClose(alpha, expected["alpha"][:, t], atol=1e-5)
+
+    @parameterized.product(attention=ATTENTIONS, score=SCORES)
+    def test_call_matches_step(self, attention, score):
+        features, captions = _inputs(seed=2)
+        decoder = _decoder(attention, score, seed=2)
+        outputs = decoder(features, captions)
+        log_probs_call = tf.nn.log_softmax(outputs["logits"])
+        state = decoder.initial_state(features)
+        for t in range(STEPS):
+            log_probs, state, alpha = decoder.step(captions[:, t], state)
+            self.assertAllClose(log_probs, log_probs_call[:, t], atol=1e-5)
+            self.assertAllClose(alpha, outputs["alpha"][:, t], atol=1e-6)
+
+    @parameterized.parameters(SCORES)
+    def test_hard_noise_fixes_the_sample(self, score):
+        features, captions = _inputs(seed=3)
+        decoder = _decoder("hard", score, seed=3)
+        noise = _gumbel((BATCH, STEPS, LOCATIONS), seed=3)
+        outputs = decoder(features, captions, gumbel_noise=noise)
+        log_alpha = np.log(outputs["alpha"].numpy())
+        where = (log_alpha + noise).argmax(-1)  # (B, T)
+        chosen = np.take_along_axis(log_alpha, where[..., None], axis=-1)[..., 0]
+        self.assertAllClose(outputs["log_p_s"], chosen, atol=1e-5)
+        expected = _numpy_decode(decoder, features, captions, noise=noise)
+        self.assertAllClose(outputs["logits"], expected["logits"], atol=1e-4)
+        self.assertAllClose(outputs["log_p_s"], expected["log_p_s"], atol=1e-5)
+        # The noise moves the sample away from the argmax somewhere, so it was used.
+        self.assertNotAllEqual(where, log_alpha.argmax(-1))
+
+    @parameterized.parameters(SCORES)
+    def test_use_expected_is_soft_context_without_beta(self, score):
+        features, captions = _inputs(seed=4)
+        hard = _decoder("hard", score, seed=4)
+        soft = _decoder("soft", score)
+        by_path = {w.path: w for w in hard.weights}
+        for w in soft.weights:
+            if w.path in by_path:
+                w.assign(by_path[w.path])
+        soft.beta.kernel.assign(tf.zeros_like(soft.beta.kernel))
+        soft.beta.bias.assign([40.0])  # beta_t = sigmoid(40) = 1 in float32.
+        noise = _gumbel((BATCH, STEPS, LOCATIONS), seed=4)
+        mixed = hard(features, captions, gumbel_noise=noise, use_expected=tf.constant([True, False]))
+        sampled = hard(features, captions, gumbel_noise=noise)
+        expected = soft(features, captions)
+        self.assertAllClose(mixed["logits"][0], expected["logits"][0], atol=1e-5)
+        self.assertAllClose(mixed["alpha"][0], expected["alpha"][0], atol=1e-6)
+        self.assertAllClose(mixed["logits"][1], sampled["logits"][1], atol=1e-6)
+        self.assertNotAllClose(mixed["logits"][0], sampled["logits"][0], atol=1e-3)
+        reference = _numpy_decode(
+            hard, features, captions, noise=noise, use_expected=np.array([True, False])
+        )
+        self.assertAllClose(mixed["logits"], reference["logits"], atol=1e-4)
+        self.assertAllClose(mixed["log_p_s"], reference["log_p_s"], atol=1e-5)
+
+    @parameterized.product(attention=ATTENTIONS, score=SCORES)
+    def test_alpha_rows_sum_to_one(self, attention, score):
+        features, captions = _inputs(seed=5)
+        alpha = _decoder(attention, score, seed=5)(features, captions)["alpha"].numpy()
+        self.assertAllClose(alpha.sum(-1), np.ones((BATCH, STEPS)), atol=1e-6)
+        self.assertAllGreaterEqual(alpha, 0.0)
+        if attention == "none":
+            self.assertAllClose(alpha, np.full_like(alpha, 1.0 / LOCATIONS))
+        else:
+            self.assertGreater(np.abs(alpha - 1.0 / LOCATIONS).max(), 0.05)
+
+    def test_dropout_only_in_training(self):
+        features, captions = _inputs()
+        decoder = _decoder("soft", "additive", dropout=0.5)
+        expected = _numpy_decode(decoder, features, captions)["logits"]
+        self.assertAllClose(decoder(features, captions)["logits"], expected, atol=1e-4)
+        trained = decoder(features, captions, training=True)["logits"]
+        self.assertNotAllClose(trained, expected, atol=1e-3)
+
+    @parameterized.product(attention=ATTENTIONS, score=SCORES)
+    def test_config_round_trip(self, attention, score):
+        features, captions = _inputs()
+        decoder = _decoder(attention, score)
+        config = decoder.get_config()
+        self.assertEqual(config["attention"], attention)
+        self.assertEqual(config["attention_score"], score)
+        clone = AttentionDecoder.from_config(config)
+        self.assertEqual(clone.get_config(), config)
+        clone.build((None, LOCATIONS, FEATURES))
+        for src, dst in zip(decoder.weights, clone.weights, strict=True):
+            self.assertEqual(src.path, dst.path)
+            dst.assign(src)
+        self.assertAllClose(
+            clone(features, captions)["logits"], decoder(features, captions)["logits"], atol=1e-6
+        )
+
+    @parameterized.product(attention=ATTENTIONS, score=SCORES)
+    def test_keras_save_load(self, attention, score):
+        features, captions = _inputs()
+        decoder = _decoder(attention, score)
+        feature_input = keras.Input((LOCATIONS, FEATURES), name="features")
+        caption_input = keras.Input((STEPS,), dtype="int32", name="captions")
+        outputs = decoder(feature_input, caption_input)
+        wrapper = keras.Model([feature_input, caption_input], outputs["logits"])
+        path = os.path.join(self.get_temp_dir(), f"{attention}_{score}.keras")
+        keras.saving.save_model(wrapper, path)
+        loaded = keras.saving.load_model(path, safe_mode=True)
+        expected = _numpy_decode(decoder, features, captions)["logits"]
+        self.assertAllClose(loaded([features, captions]), expected, atol=1e-4)
+
+    def test_bad_arguments(self):
+        with self.assertRaisesRegex(ValueError, "attention"):
+            AttentionDecoder(VOCAB, attention="stochastic")
+        with self.assertRaisesRegex(ValueError, "attention_score"):
+            AttentionDecoder(VOCAB, attention_score="cosine")
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,553 @@
+"""Tests for sat_tf.decoding with fake step functions whose answers are known."""
+
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+from sat_tf import decoding
+
+PAD, START, END, A, B = 0, 1, 2, 3, 4
+VOCAB = 5
+LOCATIONS = 3
+
+
+def _probs(end=0.0, a=0.0, b=0.0):
+    """A distribution over [pad, start, end, a, b] (pad and start impossible)."""
+    return np.array([0.0, 0.0, end, a, b])
+
+
+class TableStep:
+    """log p(y_t) = log table[image, t, y_{t-1}]; alpha = alpha_table[image, t, y_{t-1}].
+
+    The state is a dict {"image": (B,), "step": (B,)}, so the step count and the image
+    travel with each row (and must be tiled and gathered correctly by beam search).
+    """
+
+    def __init__(self, rows, num_images, max_length, default=None, seed=0):
+        default = _probs(end=0.2, a=0.45, b=0.35) if default is None else default
+        table = np.tile(default, (num_images, max_length, VOCAB, 1))
+        for (image, t, prev), probs in rows.items():
+            if t < max_length:
+                table[image, t, prev] = probs
+        with np.errstate(divide="ignore"):
+            self.log_table = np.log(table).astype(np.float32)
+        rng = np.random.default_rng(seed)
+        self.alpha_table = rng.random((num_images, max_length, VOCAB, LOCATIONS)).astype(np.float32)
+        self.calls = 0
+
+    def initial_state(self, images):
+        images = tf.convert_to_tensor(images, tf.int32)
+        return {"image": images, "step": tf.zeros_like(images)}
+
+    def __call__(self, tokens, state):
+        self.calls += 1
+        index = tf.stack([state["image"], state["step"], tokens], axis=-1)
+        log_probs = tf.gather_nd(self.log_table, index)
+        alpha = tf.gather_nd(self.alpha_table, index)
+        return log_probs, {"image": state["image"], "step": state["step"] + 1}, alpha
+
+    def alphas(self, image, tokens):
+        """Alpha rows that produced `tokens` of `image`, one per token."""
+        prevs = [START, *tokens[:-1]]
+        return np.stack([self.alpha_table[image, t, p] for t, p in enumerate(prevs)])
+
+
+class PathStep:
+    """A random step function of the whole token path.
+
+    The state is one int32 code per row, hashed from the previous code and the token fed,
+    so log-probs and alpha depend on every ancestor: a wrong gather by parent beam gives
+    other numbers. `numpy_step` is the same function in NumPy for the references below.
+    """
+
+    def __init__(self, seed, vocab_size=VOCAB, table_size=997):
+        rng = np.random.default_rng(seed)
+        logits = 2.0 * rng.normal(size=(table_size, vocab_size))
+        log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        self.log_table = log_probs.astype(np.float32)
+        self.alpha_table = rng.random((table_size, LOCATIONS)).astype(np.float32)
+        self.table_size = table_size
+        self.vocab_size = vocab_size
+
+    def __call__(self, tokens, code):
+        code = (code * 31 + tokens + 7) % self.table_size
+        return tf.gather(self.log_table, code), code, tf.gather(self.alpha_table, code)
+
+    def numpy_step(self, code, token):
+        code = (code * 31 + token + 7) % self.table_size
+        return self.log_table[code], code, self.alpha_table[code]
+
+    def path(self, code, tokens):
+        """(log-prob sum, alpha rows) of feeding `<start>` then `tokens` from `code`."""
+        log_prob, alphas, prev = np.float32(0.0), [], START
+        for token in tokens:
+            log_probs, code, alpha = self.numpy_step(code, prev)
+            log_prob = np.float32(log_prob + log_probs[token])
+            alphas.append(alpha)
+            prev = token
+        return log_prob, np.stack(alphas)
+
+
+def _penalty(num_tokens, length_penalty):
+    return np.float32(((5.0 + num_tokens) / 6.0) ** length_penalty)
+
+
+def _pad(tokens, alphas, max_length):
+    out_tokens = np.zeros(max_length, np.int32)
+    out_tokens[: len(tokens)] = tokens
+    out_alphas = np.zeros((max_length, LOCATIONS), np.float32)
+    out_alphas[: len(alphas)] = alphas
+    return out_tokens, out_alphas
+
+
+def _reference_greedy(fn, code, max_length):
+    """Greedy decoding written with Python loops."""
+    tokens, prev = [], START
+    for _ in range(max_length):
+        log_probs, code, _ = fn.numpy_step(code, prev)
+        prev = int(np.argmax(log_probs))
+        tokens.append(prev)
+        if prev == END:
+            break
+    return tokens
+
+
+def _reference_beam(fn, code, max_length, beam_size, length_penalty, num_return):
+    """Beam search written with Python lists, one image at a time.
+
+    Same rules as `decoding.beam_search`: finished hypotheses stay in the beam and are
+    extended by `<pad>` at log-prob 0; rank by GNMT-normalised score, ties to the lower
+    (beam, token) index. Returns [(tokens, log_prob)] best first.
+    """
+    beam = [([], np.float32(0.0), False, code)]
+    for _ in range(max_length):
+        if all(finished for _, _, finished, _ in beam):
+            break
+        candidates = []
+        for j, (tokens, log_prob, finished, code) in enumerate(beam):
+            if finished:
+                score = log_prob / _penalty(len(tokens), length_penalty)
+                candidates.append((score, j * fn.vocab_size, tokens, log_prob, True, code))
+                continue
+            log_probs, new_code, _ = fn.numpy_step(code, tokens[-1] if tokens else START)
+            for v in range(fn.vocab_size):
+                new_log_prob = np.float32(log_prob + log_probs[v])
+                score = new_log_prob / _penalty(len(tokens) + 1, length_penalty)
+                candidates.append(
+                    (score, j * fn.vocab_size + v, [*tokens, v], new_log_prob, v == END, new_code)
+                )
+        candidates.sort(key=lambda c: (-c[0], c[1]))
+        beam = [c[2:] for c in candidates[:beam_size]]
+    scored = [
+        (log_prob / _penalty(len(tokens), length_penalty), j, tokens, log_prob)
+        for j, (tokens, log_prob, _, _) in enumerate(beam)
+    ]
+    scored.sort(key=lambda s: (-s[0], s[1]))
+    return [(tokens, log_prob) for _, _, tokens, log_prob in scored[:num_return]]
+
+
+def _all_sequences(fn, code, max_length, length_penalty):
+    """Every caption of at most max_length tokens with its score, best first."""
+    results = []
+
+    def expand(tokens, log_prob, code):
+        if len(tokens) == max_length or (tokens and tokens[-1] == END):
+            score = log_prob / ((5.0 + len(tokens)) / 6.0) ** length_penalty
+            results.append((score, tokens, log_prob))
+            return
+        log_probs, new_code, _ = fn.numpy_step(code, tokens[-1] if tokens else START)
+        for v in range(fn.vocab_size):
+            expand([*tokens, v], log_prob + float(log_probs[v]), new_code)
+
+    expand([], 0.0, code)
+    results.sort(key=lambda r: -r[0])
+    return results
+
+
+def _greedy(step_fn, state, batch_size, max_length):
+    return decoding.greedy_decode(
+        step_fn,
+        state,
+        batch_size=batch_size,
+        start_id=START,
+        end_id=END,
+        max_length=max_length,
+        num_locations=LOCATIONS,
+    )
+
+
+def _beam(step_fn, state, batch_size, max_length, beam_size, **kwargs):
+    return decoding.beam_search(
+        step_fn,
+        state,
+        batch_size=batch_size,
+        start_id=START,
+        end_id=END,
+        max_length=max_length,
+        beam_size=beam_size,
+        num_locations=LOCATIONS,
+        **kwargs,
+    )
+
+
+GREEDY_ROWS = {
+    (0, 0, START): _probs(end=0.1, a=0.6, b=0.3),
+    (0, 1, A): _probs(end=0.2, a=0.1, b=0.7),
+    (0, 2, B): _probs(end=0.8, a=0.1, b=0.1),
+    **{(1, t, p): _probs(end=0.05, a=0.9, b=0.05) for t in range(5) for p in range(VOCAB)},
+}
+
+# Greedy takes a (0.5) then <end> (0.4): 0.20; beam 2 keeps b (0.4) and finds <end> (0.9): 0.36.
+BEAM_BEATS_GREEDY_ROWS = {
+    (0, 0, START): _probs(end=0.1, a=0.5, b=0.4),
+    (0, 1, A): _probs(end=0.4, a=0.35, b=0.25),
+    (0, 1, B): _probs(end=0.9, a=0.05, b=0.05),
+}
+
+# [<end>] has log-prob log .52 = -0.654, [a b <end>] log(.47 * .99 * .99) = -0.775, but
+# normalised by ((5 + 3) / 6) ** 1 the long caption scores -0.581 and wins.
+LENGTH_ROWS = {
+    (0, 0, START): _probs(end=0.52, a=0.47, b=0.01),
+    (0, 1, A): _probs(end=0.005, a=0.005, b=0.99),
+    (0, 2, B): _probs(end=0.99, a=0.005, b=0.005),
+    (0, 1, PAD): _probs(end=0.005, a=0.99, b=0.005),
+    (0, 2, PAD): _probs(end=0.005, a=0.99, b=0.005),
+}
+
+
+# With length_penalty=1 and beam 2, after step 1: [a b] scores ln(.7 * .357) / (7 / 6) = -1.189,
+# [<end>] ln(.3) / 1 = -1.204, [a a] ln(.7 * .343) / (7 / 6) = -1.223: [a a] is pruned.
+PRUNE_ROWS = {
+    (0, 0, START): _probs(end=0.3, a=0.7),
+    (0, 1, A): _probs(end=0.3, a=0.343, b=0.357),
+}
+
+# Greedy keeps a (0.5) and ends (0.34): 0.17. Beam 2 prefers [b a] (0.225) and [b b] (0.216)
+# at step 1, drops [a <end>], and then finds nothing better than 0.225 * 0.34 = 0.0765.
+GREEDY_BEATS_BEAM_ROWS = {
+    (0, 0, START): _probs(end=0.05, a=0.5, b=0.45),
+    (0, 1, A): _probs(end=0.34, a=0.33, b=0.33),
+    (0, 1, B): _probs(end=0.02, a=0.5, b=0.48),
+    (0, 2, A): _probs(end=0.34, a=0.33, b=0.33),
+    (0, 2, B): _probs(end=0.34, a=0.33, b=0.33),
+}
+
+
+class GreedyDecodeTest(tf.test.TestCase):
+    def test_argmax_chain_stops_at_end(self):
+        fn = TableStep(GREEDY_ROWS, num_images=2, max_length=5)
+        result = _greedy(fn, fn.initial_state([0, 1]), batch_size=2, max_length=5)
+
+        self.assertAllEqual(result.tokens, [[A, B, END, 0, 0], [A, A, A, A, A]])
+        self.assertAllEqual(result.length, [2, 5])
+        self.assertAllClose(
+            result.log_prob, [np.log(0.6) + np.log(0.7) + np.log(0.8), 5 * np.log(0.9)]
+        )
+        self.assertAllClose(result.attention[0, :3], fn.alphas(0, [A, B, END]))
+        self.assertAllEqual(result.attention[0, 3:], np.zeros((2, LOCATIONS)))
+        self.assertAllClose(result.attention[1], fn.alphas(1, [A] * 5))
+
+    def test_stops_when_all_finished(self):
+        fn = TableStep(GREEDY_ROWS, num_images=2, max_length=10)
+        result = _greedy(fn, fn.initial_state([0, 0]), batch_size=2, max_length=10)
+
+        self.assertEqual(fn.calls, 3)
+        self.assertAllEqual(result.tokens[:, :4], [[A, B, END, 0]] * 2)
+        self.assertAllEqual(result.tokens[:, 4:], np.zeros((2, 6)))
+
+    def test_never_ending_caption_stops_at_max_length(self):
+        fn = TableStep(GREEDY_ROWS, num_images=2, max_length=4)
+        result = _greedy(fn, fn.initial_state([1]), batch_size=1, max_length=4)
+
+        self.assertEqual(fn.calls, 4)
+        self.assertAllEqual(result.tokens, [[A, A, A, A]])
+        self.assertAllEqual(result.length, [4])
+        self.assertAllClose(result.log_prob, [4 * np.log(0.9)])
+
+    def test_matches_reference(self):
+        fn = PathStep(seed=3)
+        codes = np.arange(6, dtype=np.int32)
+        result = _greedy(fn, tf.constant(codes), batch_size=6, max_length=6)
+
+        for i, code in enumerate(codes):
+            tokens = _reference_greedy(fn, code, 6)
+            log_prob, alphas = fn.path(code, tokens)
+            padded_tokens, padded_alphas = _pad(tokens, alphas, 6)
+            self.assertAllEqual(result.tokens[i], padded_tokens)
+            self.assertEqual(result.length[i], len(tokens) - (tokens[-1] == END))
+            self.assertAllClose(result.log_prob[i], log_prob)
+            self.assertAllClose(result.attention[i], padded_alphas)
+
+
+class BeamSearchTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters(0, 1, 2, 3)
+    def test_beam_one_equals_greedy(self, seed):
+        fn = PathStep(seed)
+        state = tf.constant([5, 17, 3, 40], tf.int32)
+        greedy = _greedy(fn, state, batch_size=4, max_length=7)
+        beam = _beam(fn, state, batch_size=4, max_length=7, beam_size=1)
+
+        self.assertAllEqual(beam.tokens, greedy.tokens)
+        self.assertAllEqual(beam.length, greedy.length)
+        self.assertAllEqual(beam.log_prob, greedy.log_prob)
+        self.assertAllEqual(beam.attention, greedy.attention)
+
+    def test_beam_two_finds_better_caption_than_greedy(self):
+        fn = TableStep(BEAM_BEATS_GREEDY_ROWS, num_images=1, max_length=4)
+        state = fn.initial_state([0])
+        greedy = _greedy(fn, state, batch_size=1, max_length=4)
+        beam = _beam(fn, state, batch_size=1, max_length=4, beam_size=2, num_return=2)
+
+        self.assertAllEqual(greedy.tokens, [[A, END, 0, 0]])
+        self.assertAllClose(greedy.log_prob, [np.log(0.5 * 0.4)])
+        self.assertAllEqual(beam.tokens, [[[B, END, 0, 0], [A, END, 0, 0]]])
+        self.assertAllEqual(beam.length, [[1, 1]])
+        self.assertAllClose(beam.log_prob, [[np.log(0.4 * 0.9), np.log(0.5 * 0.4)]])
+        self.assertAllClose(beam.attention[0, 0, :2], fn.alphas(0, [B, END]))
+        self.assertAllClose(beam.attention[0, 1, :2], fn.alphas(0, [A, END]))
+
+    def test_first_step_expands_one_beam(self):
+        fn = TableStep(BEAM_BEATS_GREEDY_ROWS, num_images=1, max_length=1)
+        beam = _beam(
+            fn, fn.initial_state([0]), batch_size=1, max_length=1, beam_size=3, num_return=3
+        )
+
+        self.assertAllEqual(beam.tokens, [[[A], [B], [END]]])
+        self.assertAllEqual(beam.length, [[1, 1, 0]])
+        self.assertAllClose(beam.log_prob, np.log([[0.5, 0.4, 0.1]]))
+
+    @parameterized.parameters(0.0, 1.0)
+    def test_length_penalty_changes_choice(self, length_penalty):
+        fn = TableStep(LENGTH_ROWS, num_images=1, max_length=4)
+        beam = _beam(
+            fn,
+            fn.initial_state([0]),
+            batch_size=1,
+            max_length=4,
+            beam_size=2,
+            length_penalty=length_penalty,
+        )
+
+        if length_penalty:
+            self.assertAllEqual(beam.tokens, [[A, B, END, 0]])
+            self.assertAllEqual(beam.length, [2])
+            self.assertAllClose(beam.log_prob, [np.log(0.47 * 0.99 * 0.99)])
+        else:
+            self.assertAllEqual(beam.tokens, [[END, 0, 0, 0]])
+            self.assertAllEqual(beam.length, [0])
+            self.assertAllClose(beam.log_prob, [np.log(0.52)])
+
+    def test_length_penalty_used_for_pruning(self):
+        fn = TableStep(PRUNE_ROWS, num_images=1, max_length=2)
+        beam = _beam(
+            fn,
+            fn.initial_state([0]),
+            batch_size=1,
+            max_length=2,
+            beam_size=2,
+            length_penalty=1.0,
+            num_return=2,
+        )
+
+        self.assertAllEqual(beam.tokens, [[[A, B], [END, 0]]])
+        self.assertAllEqual(beam.length, [[2, 0]])
+        self.assertAllClose(beam.log_prob, np.log([[0.7 * 0.357, 0.3]]))
+
+    def test_beam_is_not_exhaustive(self):
+        fn = TableStep(GREEDY_BEATS_BEAM_ROWS, num_images=1, max_length=3)
+        state = fn.initial_state([0])
+        greedy = _greedy(fn, state, batch_size=1, max_length=3)
+        beam = _beam(fn, state, batch_size=1, max_length=3, beam_size=2)
+
+        self.assertAllEqual(greedy.tokens, [[A, END, 0]])
+        self.assertAllClose(greedy.log_prob, np.log([0.5 * 0.34]))
+        self.assertAllEqual(beam.tokens, [[B, A, END]])
+        self.assertAllClose(beam.log_prob, np.log([0.45 * 0.5 * 0.34]))
+
+    def test_finished_hypothesis_not_extended(self):
+        fn = TableStep(LENGTH_ROWS, num_images=1, max_length=4)
+        beam = _beam(fn, fn.initial_state([0]), batch_size=1, max_length=4, beam_size=2)
+
+        self.assertEqual(fn.calls, 3)
+        self.assertAllEqual(beam.tokens, [[END, 0, 0, 0]])
+        self.assertEqual(beam.log_prob[0], fn.log_table[0, 0, START, END])
+        self.assertAllClose(beam.attention[0, 0], fn.alpha_table[0, 0, START])
+        self.assertAllEqual(beam.attention[0, 1:], np.zeros((3, LOCATIONS)))
+
+    def test_never_ending_caption_stops_at_max_length(self):
+        fn = TableStep(GREEDY_ROWS, num_images=2, max_length=3)
+        beam = _beam(fn, fn.initial_state([1]), batch_size=1, max_length=3, beam_size=2)
+
+        self.assertEqual(fn.calls, 3)
+        self.assertAllEqual(beam.tokens, [[A, A, A]])
+        self.assertAllEqual(beam.length, [3])
+        self.assertAllClose(beam.log_prob, [3 * np.log(0.9)])
+
+    @parameterized.product(seed=[0, 1, 2], beam_size=[2, 4], length_penalty=[0.0, 1.5])
+    def test_matches_reference(self, seed, beam_size, length_penalty):
+        fn = PathStep(seed)
+        codes = np.array([0, 11, 230], np.int32)
+        beam = _beam(
+            fn,
+            tf.constant(codes),
+            batch_size=3,
+            max_length=6,
+            beam_size=beam_size,
+            length_penalty=length_penalty,
+            num_return=2,
+        )
+
+        for i, code in enumerate(codes):
+            reference = _reference_beam(fn, code, 6, beam_size, length_penalty, 2)
+            for n, (tokens, log_prob) in enumerate(reference):
+                padded_tokens, padded_alphas = _pad(tokens, fn.path(code, tokens)[1], 6)
+                self.assertAllEqual(beam.tokens[i, n], padded_tokens)
+                self.assertAllClose(beam.log_prob[i, n], log_prob)
+                self.assertAllClose(beam.attention[i, n], padded_alphas)
+
+    @parameterized.parameters(0.0, 1.0)
+    def test_exhaustive_beam_finds_best_caption(self, length_penalty):
+        fn = PathStep(seed=7)
+        codes = np.array([2, 9, 31, 100], np.int32)
+        wide = _beam(
+            fn,
+            tf.constant(codes),
+            batch_size=4,
+            max_length=3,
+            beam_size=25,
+            length_penalty=length_penalty,
+            num_return=3,
+        )
+        greedy = _greedy(fn, tf.constant(codes), batch_size=4, max_length=3)
+
+        for i, code in enumerate(codes):
+            best = _all_sequences(fn, code, 3, length_penalty)[:3]
+            for n, (_, tokens, log_prob) in enumerate(best):
+                padded_tokens, padded_alphas = _pad(tokens, fn.path(code, tokens)[1], 3)
+                self.assertAllEqual(wide.tokens[i, n], padded_tokens)
+                self.assertAllClose(wide.log_prob[i, n], log_prob)
+                self.assertAllClose(wide.attention[i, n], padded_alphas)
+            self.assertGreaterEqual(wide.log_prob[i, 0], greedy.log_prob[i] - 1e-6)
+
+    @parameterized.parameters(0, 1, 2, 3, 4, 5)
+    def test_beam_at_least_as_likely_as_greedy(self, seed):
+        fn = PathStep(seed)
+        state = tf.range(8, dtype=tf.int32) * 13
+        greedy = _greedy(fn, state, batch_size=8, max_length=5)
+        beam = _beam(fn, state, batch_size=8, max_length=5, beam_size=3)
+
+        self.assertAllGreaterEqual(beam.log_prob - greedy.log_prob, -1e-6)
+
+    @parameterized.parameters(1, 3)
+    def test_batch_equals_single_images(self, beam_size):
+        fn = PathStep(seed=11)
+        codes = [4, 50, 123, 7]
+        batched = _beam(fn, tf.constant(codes), 4, max_length=6, beam_size=beam_size, num_return=1)
+        for i, code in enumerate(codes):
+            single = _beam(fn, tf.constant([code]), 1, max_length=6, beam_size=beam_size)
+            for got, want in zip(batched, single, strict=True):
+                self.assertAllEqual(got[i], want[0])
+
+    def test_num_return_ordering_and_distinct(self):
+        fn = PathStep(seed=5)
+        beam = _beam(
+            fn,
+            tf.constant([1, 2, 3]),
+            batch_size=3,
+            max_length=5,
+            beam_size=4,
+            length_penalty=0.6,
+            num_return=4,
+        )
+
+        self.assertEqual(beam.tokens.shape, (3, 4, 5))
+        self.assertEqual(beam.attention.shape, (3, 4, 5, LOCATIONS))
+        num_tokens = beam.length.numpy() + np.any(beam.tokens.numpy() == END, axis=-1)
+        scores = beam.log_prob.numpy() / ((5.0 + num_tokens) / 6.0) ** 0.6
+        self.assertAllGreaterEqual(scores[:, :-1] - scores[:, 1:], 0.0)
+        for captions in beam.tokens.numpy():
+            self.assertLen({tuple(c) for c in captions}, 4)
+
+    def test_attention_follows_own_ancestors(self):
+        fn = PathStep(seed=9)
+        codes = np.array([3, 77], np.int32)
+        beam = _beam(fn, tf.constant(codes), 2, max_length=6, beam_size=3, num_return=3)
+
+        for i, code in enumerate(codes):
+            for n in range(3):
+                tokens = beam.tokens[i, n].numpy()
+                num_tokens = beam.length[i, n] + int(END in tokens)
+                log_prob, alphas = fn.path(code, tokens[:num_tokens])
+                self.assertAllClose(beam.log_prob[i, n], log_prob)
+                self.assertAllClose(beam.attention[i, n, :num_tokens], alphas)
+                self.assertAllEqual(
+                    beam.attention[i, n, num_tokens:], np.zeros((6 - num_tokens, LOCATIONS))
+                )
+
+    def test_invalid_arguments(self):
+        fn = PathStep(seed=0)
+        state = tf.constant([0])
+        with self.assertRaisesRegex(ValueError, "num_return=3 must not exceed beam_size=2"):
+            _beam(fn, state, 1, max_length=3, beam_size=2, num_return=3)
+        with self.assertRaisesRegex(ValueError, "beam_size must be a positive"):
+            _beam(fn, state, 1, max_length=3, beam_size=0)
+        with self.assertRaisesRegex(ValueError, "max_length must be a positive"):
+            _greedy(fn, state, 1, max_length=0)
+        with self.assertRaisesRegex(ValueError, "num_locations=3"):
+            _greedy(lambda t, s: (*fn(t, s)[:2], tf.ones([1, 5])), state, 1, max_length=3)
+
+
+class GraphModeTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters(1, 3)
+    def test_tf_function_with_unknown_batch(self, beam_size):
+        fn = TableStep(GREEDY_ROWS, num_images=2, max_length=5)
+        signature = [tf.TensorSpec([None], tf.int32)]
+
+        @tf.function(input_signature=signature)
+        def greedy(images):
+            batch = tf.shape(images)[0]
+            return _greedy(fn, fn.initial_state(images), batch_size=batch, max_length=5)
+
+        @tf.function(input_signature=signature)
+        def beam(images):
+            batch = tf.shape(images)[0]
+            return _beam(fn, fn.initial_state(images), batch, max_length=5, beam_size=beam_size)
+
+        images = tf.constant([0, 1, 0])
+        for decode, eager in [
+            (greedy, _greedy(fn, fn.initial_state(images), 3, max_length=5)),
+            (beam, _beam(fn, fn.initial_state(images), 3, max_length=5, beam_size=beam_size)),
+        ]:
+            self.assertEqual(
+                decode.get_concrete_function().structured_outputs.tokens.shape[0], None
+            )
+            for got, want in zip(decode(images), eager, strict=True):
+                self.assertAllEqual(got, want)
+            self.assertAllEqual(decode(images[:1]).tokens, [[A, B, END, 0, 0]])
+
+    def test_greedy_converts_to_builtin_tflite(self):
+        from ai_edge_litert.interpreter import Interpreter
+
+        fn = PathStep(seed=4)
+
+        @tf.function(input_signature=[tf.TensorSpec([3], tf.int32)])
+        def greedy(codes):
+            return _greedy(fn, codes, batch_size=3, max_length=6)._asdict()
+
+        converter = tf.lite.TFLiteConverter.from_concrete_functions(
+            [greedy.get_concrete_function()], greedy
+        )
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        interpreter = Interpreter(model_content=converter.convert())
+        interpreter.allocate_tensors()
+        codes = np.array([1, 20, 300], np.int32)
+        interpreter.set_tensor(interpreter.get_input_details()[0]["index"], codes)
+        interpreter.invoke()
+        outputs = [interpreter.get_tensor(d["index"]) for d in interpreter.get_output_details()]
+        tokens = next(o for o in outputs if o.shape == (3, 6) and o.dtype == np.int32)
+
+        self.assertAllEqual(tokens, _greedy(fn, tf.constant(codes), 3, max_length=6).tokens)
+
+
+if __name__ == "__main__":
+    tf.test.main()
