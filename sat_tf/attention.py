@@ -25,8 +25,8 @@ class AdditiveScore(keras.layers.Layer):
 
     def build(self, features_shape, hidden_shape=None):
         self.w_a.build(features_shape)
-        hidden_shape = hidden_shape or (None, self.units)
-        self.u_a.build(hidden_shape)
+        if hidden_shape is not None:
+            self.u_a.build(hidden_shape)
         self.v.build((None, None, self.units))
 
     def project(self, features):

@@ -71,7 +71,7 @@ class Config:
     learning_rate: float = _field(2e-3, "Peak learning rate.")
     clip_norm: float = _field(5.0, "Global gradient norm clip; 0 turns it off.")
     batch_size: int = _field(64, "Captions per batch (all of one length, paper 4.3).")
-    epochs: int = _field(8, "Training epochs.")
+    epochs: int = _field(5, "Training epochs.")
     steps_per_epoch: int = _field(0, "Batches per epoch; 0 = one pass over the training set.")
     eval_images: int = _field(500, "Validation images captioned after each epoch; 0 = all.")
     early_stopping_patience: int = _field(0, "Stop after this many epochs without a better BLEU-4.")
@@ -92,7 +92,9 @@ class Config:
         for name, choices in CHOICES.items():
             value = getattr(self, name)
             if value not in choices:
-                raise ValueError(f"--{name}={value!r} is not one of {', '.join(map(repr, choices))}")
+                raise ValueError(
+                    f"--{name}={value!r} is not one of {', '.join(map(repr, choices))}"
+                )
         positive = ("vocab_size", "max_caption_length", "image_size", "embed_dim", "hidden_dim")
         positive += ("attention_dim", "batch_size", "epochs", "beam_size", "max_decode_length")
         for name in positive:

@@ -70,9 +70,7 @@ class AttentionDecoder(keras.layers.Layer):
         self.beta = keras.layers.Dense(1, name="beta") if attention == "soft" else None
         self.lstm_embed = keras.layers.Dense(4 * hidden_dim, name="lstm_embed")
         self.lstm_hidden = keras.layers.Dense(4 * hidden_dim, use_bias=False, name="lstm_hidden")
-        self.lstm_context = keras.layers.Dense(
-            4 * hidden_dim, use_bias=False, name="lstm_context"
-        )
+        self.lstm_context = keras.layers.Dense(4 * hidden_dim, use_bias=False, name="lstm_context")
         self.out_h = keras.layers.Dense(embed_dim, name="L_h")
         self.out_z = keras.layers.Dense(embed_dim, use_bias=False, name="L_z")
         self.out_dropout = keras.layers.Dropout(dropout)

@@ -57,18 +57,20 @@ class AddCoords(keras.layers.Layer):
 def _shapes_cnn(weights=None, input_shape=(112, 112, 3), width=64):
     """Small stride-8 CNN for the `shapes` dataset: 112 x 112 -> 14 x 14 x (width + 2).
 
-    Three stride-2 convolutions and two more 3x3 convolutions at 14 x 14 give each cell a
-    receptive field of 47 pixels, enough to see a big object whole; about 23M
-    multiply-adds per image, so the demo trains on a CPU.
+    Three stride-2 convolutions and two more 3x3 convolutions at 14 x 14, each followed
+    by batch normalisation and ReLU, give each cell a receptive field of 47 pixels, enough
+    to see a big object whole; about 23M multiply-adds per image, so the demo trains on a
+    CPU.
     """
     inputs = keras.Input(input_shape)
     x = inputs
-    for i, filters in enumerate((width // 4, width // 2, width)):
+    specs = [(width // 4, 2), (width // 2, 2), (width, 2), (width, 1), (width, 1)]
+    for i, (filters, stride) in enumerate(specs):
         x = keras.layers.Conv2D(
-            filters, 3, strides=2, padding="same", activation="relu", name=f"conv{i}"
+            filters, 3, strides=stride, padding="same", use_bias=False, name=f"conv{i}"
         )(x)
-    for i in (3, 4):
-        x = keras.layers.Conv2D(width, 3, padding="same", activation="relu", name=f"conv{i}")(x)
+        x = keras.layers.BatchNormalization(name=f"bn{i}")(x)
+        x = keras.layers.ReLU(name=f"relu{i}")(x)
     x = AddCoords(name="features")(x)
     model = keras.Model(inputs, x, name="shapes_cnn")
     if weights:
@@ -119,9 +121,7 @@ REGISTRY = {
     "shapes_cnn": EncoderSpec(
         _shapes_cnn, "features", lambda x: x / 255.0, image_size=112, crop_fraction=1.0
     ),
-    "vgg19": EncoderSpec(
-        _applications(apps.VGG19), "block5_conv4", apps.vgg19.preprocess_input
-    ),
+    "vgg19": EncoderSpec(_applications(apps.VGG19), "block5_conv4", apps.vgg19.preprocess_input),
     "resnet50": EncoderSpec(
         _applications(apps.ResNet50), "conv4_block6_out", apps.resnet.preprocess_input
     ),

@@ -6,6 +6,7 @@ shuffled against each other by the shuffle before grouping. This module never im
 the model.
 """
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -42,6 +43,28 @@ def decode_image(data, image_size, crop_fraction=224 / 256):
     top = (new_size[0] - image_size) // 2
     left = (new_size[1] - image_size) // 2
     return image[top : top + image_size, left : left + image_size, :]
+
+
+def load_image_file(path, image_size, crop_fraction=224 / 256):
+    """Reads and decodes one image file with `decode_image`.
+
+    Raises:
+      ValueError: naming the path when it is missing, a directory, or not a decodable
+        JPEG / PNG / GIF / BMP image.
+    """
+    if not os.path.exists(path):
+        raise ValueError(f"image {path!r} does not exist")
+    if os.path.isdir(path):
+        raise ValueError(f"image {path!r} is a directory, not a file")
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data:
+        raise ValueError(f"image {path!r} is empty (0 bytes)")
+    try:
+        return decode_image(tf.constant(data), image_size, crop_fraction)
+    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
+        reason = e.message.strip().splitlines()[0]
+        raise ValueError(f"image {path!r} cannot be decoded: {reason}") from None
 
 
 def check_image_files(paths: Sequence[str]) -> None:
@@ -162,4 +185,3 @@ def teacher_forced_dataset(records, vocab, *, image_size, crop_fraction, batch_s
     captions = tf.data.Dataset.from_tensor_slices(ids)
     ds = tf.data.Dataset.zip(ds, captions).map(lambda x, c: {"image": x, "caption": c})
     return ds.padded_batch(batch_size, padding_values={"image": 0.0, "caption": 0})
-

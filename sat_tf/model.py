@@ -28,6 +28,7 @@ class ShowAttendTell(keras.Model):
       encoder_weights: see `ImageEncoder`.
       train_encoder: update the encoder's weights too.
       feature_dim: D of cached features (only without an encoder).
+      grid: (H, W) of cached features (only without an encoder), for attention maps.
       alpha_c: weight of the doubly stochastic penalty (soft attention, §4.2.1).
       reinforce_weight, entropy_weight: lambda_r, lambda_e of the hard objective (§4.1).
       baseline_decay: moving-average decay of the REINFORCE baseline.
@@ -49,6 +50,7 @@ class ShowAttendTell(keras.Model):
         encoder_weights=None,
         train_encoder=True,
         feature_dim=None,
+        grid=None,
         alpha_c=0.0,
         reinforce_weight=1.0,
         entropy_weight=0.002,
@@ -86,7 +88,7 @@ class ShowAttendTell(keras.Model):
         elif feature_dim is None:
             raise ValueError("a model without an encoder needs feature_dim")
         else:
-            self.grid = None
+            self.grid = tuple(grid) if grid else None
         self.decoder = AttentionDecoder(
             vocab_size,
             embed_dim=embed_dim,
@@ -204,6 +206,7 @@ class ShowAttendTell(keras.Model):
             self.reward_tracker.update_state(tf.reduce_mean(terms["reward"]))
 
     def train_step(self, batch):
+        batch, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
         with tf.GradientTape() as tape:
             terms = self.loss_terms(batch, training=True)
             loss = tf.nn.compute_average_loss(terms["objective"])
@@ -222,8 +225,9 @@ class ShowAttendTell(keras.Model):
         return {m.name: m.result() for m in self.metrics}
 
     def test_step(self, batch):
+        batch, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
         self._update_trackers(self.loss_terms(batch, training=False))
-        return {m.name: m.result() for m in self.metrics}
+        return {m.name: m.result() for m in (self.loss_tracker, self.nll_tracker)}
 
     def generate(self, batch, max_length=40, beam_size=1, length_penalty=0.0):
         """Captions a batch in the graph: greedy for beam_size 1, else beam search.
@@ -266,6 +270,7 @@ class ShowAttendTell(keras.Model):
             "encoder_weights": self.encoder_weights,
             "train_encoder": self.train_encoder,
             "feature_dim": self.feature_dim if self.encoder is None else None,
+            "grid": self.grid if self.encoder is None else None,
             "alpha_c": self.alpha_c,
             "reinforce_weight": self.reinforce_weight,
             "entropy_weight": self.entropy_weight,
@@ -303,9 +308,9 @@ def build_model(config, vocab_size, feature_shape=None):
         seed=config.seed,
     )
     if config.use_feature_cache:
-        model = ShowAttendTell(encoder=None, feature_dim=feature_shape[-1], **kwargs)
         side = int(round(feature_shape[0] ** 0.5))
-        model.grid = (side, feature_shape[0] // side)
+        grid = (side, feature_shape[0] // side)
+        model = ShowAttendTell(encoder=None, feature_dim=feature_shape[-1], grid=grid, **kwargs)
     else:
         model = ShowAttendTell(
             encoder=config.encoder,

@@ -46,11 +46,16 @@ class Data:
     objects: dict | None
 
 
-def _write_json(path, value):
+def write_text(path, text):
+    """Writes a text file atomically (temp file + rename)."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=2, sort_keys=True)
+        f.write(text)
     os.replace(tmp, path)
+
+
+def _write_json(path, value):
+    write_text(path, json.dumps(value, indent=2, sort_keys=True))
 
 
 def check_workdir(config: Config, workdir: str) -> None:
@@ -228,7 +233,7 @@ class EvaluationCallback(keras.callbacks.Callback):
             for key, value in logs.items():
                 if key.startswith("val_"):
                     tf.summary.scalar(key, value)
-            for i, (record, res) in enumerate(zip(self.records, results)):
+            for i, (record, res) in enumerate(zip(self.records, results, strict=True)):
                 if i == self.num_pictures:
                     break
                 picture = self._picture(record, res)
@@ -306,7 +311,7 @@ def evaluate(model, data: Data, config: Config, workdir: str, split="test", beam
     results = caption_records(model, records, data.vocab, config, beam_size)
     grid = model.grid or (14, 14)
     scores = score_captions(records, results, data.objects, grid, config.image_size, full=True)
-    captions = {r.image_id: " ".join(res["words"]) for r, res in zip(records, results)}
+    captions = {r.image_id: " ".join(res["words"]) for r, res in zip(records, results, strict=True)}
     _write_json(os.path.join(workdir, f"captions_{split}.json"), metrics.to_coco_results(captions))
     _write_json(os.path.join(workdir, f"metrics_{split}.json"), scores)
     return scores
@@ -349,9 +354,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
     ]
     if val:
         grid = model.grid
-        callbacks.append(
-            EvaluationCallback(val, data.vocab, config, data.objects, grid, log_dir)
-        )
+        callbacks.append(EvaluationCallback(val, data.vocab, config, data.objects, grid, log_dir))
         callbacks.append(
             keras.callbacks.ModelCheckpoint(
                 os.path.join(workdir, BEST_WEIGHTS),

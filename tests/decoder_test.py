@@ -187,7 +187,7 @@ class AttentionDecoderTest(tf.test.TestCase, parameterized.TestCase):
             self.assertAllClose(log_probs, log_probs_call[:, t], atol=1e-5)
             self.assertAllClose(alpha, outputs["alpha"][:, t], atol=1e-6)
 
-    @parameterized.parameters(SCORES)
+    @parameterized.parameters(*SCORES)
     def test_hard_noise_fixes_the_sample(self, score):
         features, captions = _inputs(seed=3)
         decoder = _decoder("hard", score, seed=3)
@@ -203,7 +203,7 @@ class AttentionDecoderTest(tf.test.TestCase, parameterized.TestCase):
         # The noise moves the sample away from the argmax somewhere, so it was used.
         self.assertNotAllEqual(where, log_alpha.argmax(-1))
 
-    @parameterized.parameters(SCORES)
+    @parameterized.parameters(*SCORES)
     def test_use_expected_is_soft_context_without_beta(self, score):
         features, captions = _inputs(seed=4)
         hard = _decoder("hard", score, seed=4)
@@ -215,7 +215,9 @@ class AttentionDecoderTest(tf.test.TestCase, parameterized.TestCase):
         soft.beta.kernel.assign(tf.zeros_like(soft.beta.kernel))
         soft.beta.bias.assign([40.0])  # beta_t = sigmoid(40) = 1 in float32.
         noise = _gumbel((BATCH, STEPS, LOCATIONS), seed=4)
-        mixed = hard(features, captions, gumbel_noise=noise, use_expected=tf.constant([True, False]))
+        mixed = hard(
+            features, captions, gumbel_noise=noise, use_expected=tf.constant([True, False])
+        )
         sampled = hard(features, captions, gumbel_noise=noise)
         expected = soft(features, captions)
         self.assertAllClose(mixed["logits"][0], expected["logits"][0], atol=1e-5)

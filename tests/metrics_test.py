@@ -152,6 +152,14 @@ def test_spice_without_java_is_unavailable(no_java):
 
 
 @needs_java
+def test_missing_meteor_jar_is_unavailable(monkeypatch):
+    monkeypatch.setattr(metrics._meteor_module, "METEOR_JAR", "no-such-meteor.jar")
+    scores = metrics.coco_scores(REFS, HYPS)
+    assert "no-such-meteor.jar is missing" in scores["unavailable"]["METEOR"]
+    assert scores["tokenizer"].startswith("PTBTokenizer")
+
+
+@needs_java
 def test_spice_missing_files_reported(monkeypatch, tmp_path):
     monkeypatch.setattr(metrics._spice_module, "__file__", str(tmp_path / "spice.py"))
     with pytest.raises(metrics._Unavailable, match="stanford-corenlp-3.6.0"):

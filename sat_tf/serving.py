@@ -1,0 +1,430 @@
+"""Exports a trained captioner as a SavedModel (TF Serving, other TF code) and TFLite.
+
+The SavedModel (written with `keras.export.ExportArchive`) has three signatures,
+
+  serving_default   image_bytes string (N,)        JPEG / PNG / GIF / BMP / WebP bytes
+  caption_images    images uint8 (N, H, W, 3)      pixels of any size
+  caption_features  features float32 (N, L, D)     encoder output (annotation vectors)
+
+each returning caption string (N,), tokens int32 (N, T), length int32 (N,),
+log_prob float32 (N,) and attention float32 (N, T, H', W') on the encoder's grid, with
+the fields of `decoding.DecodeResult`. Decoding, resizing (`input_pipeline`, paper §5.4),
+the encoder, greedy or beam search (paper §4) and the id -> word lookup all run in the
+graph as core TensorFlow ops, so the export loads with `tf.saved_model.load` alone; the
+vocabulary is a constant of the graph. The TFLite file captions one resized image with
+builtin ops: greedy tokens and words out, joining them is left to the app.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+
+import keras
+import tensorflow as tf
+
+from sat_tf import input_pipeline, train_lib
+from sat_tf import vocab as vocab_lib
+from sat_tf.encoder import ImageEncoder, get_spec
+
+EXPORT_INFO = "sat_tf_export.json"
+VOCAB_FILE = "vocab.txt"
+TFLITE_FILE = "caption.tflite"
+SIGNATURES = ("serving_default", "caption_images", "caption_features")
+FORMATS = "JPEG, PNG, GIF, BMP or WebP"
+
+_SIGNATURE_BYTES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportSpec:
+    """What an export computes; everything is fixed when the graph is traced.
+
+    Attributes:
+      image_size: side S of the square encoder input.
+      crop_fraction: see `input_pipeline.resize_and_crop`.
+      grid: (H, W) of the attention grid, L = H * W.
+      feature_dim: D of the annotation vectors.
+      max_length: T, tokens decoded per caption (`<end>` included).
+      beam_size: 1 for greedy decoding, else beam search.
+      length_penalty: GNMT length penalty exponent of beam search.
+    """
+
+    image_size: int
+    crop_fraction: float
+    grid: tuple[int, int]
+    feature_dim: int
+    max_length: int
+    beam_size: int = 1
+    length_penalty: float = 0.0
+
+    @property
+    def num_locations(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+
+def _known_format(data):
+    """True when `data` starts with the signature of an image format decode_image reads."""
+    head = tf.strings.substr(data + b"\0" * 12, 0, 12)
+    webp = tf.logical_and(
+        tf.equal(tf.strings.substr(head, 0, 4), b"RIFF"),
+        tf.equal(tf.strings.substr(head, 8, 4), b"WEBP"),
+    )
+    matches = [tf.equal(tf.strings.substr(head, 0, len(s)), s) for s in _SIGNATURE_BYTES]
+    return tf.reduce_any(tf.stack([webp, *matches]))
+
+
+def check_image_bytes(data, index):
+    """Fails with InvalidArgumentError unless `data` is non-empty bytes of a known format.
+
+    Args:
+      data: scalar string tensor, one request's image.
+      index: its position in the request, named in the error.
+
+    Returns:
+      `data`, after the check has run.
+    """
+    size = tf.strings.length(data)
+    empty = tf.strings.format("image_bytes[{}] is empty (0 bytes)", index)
+    unknown = tf.strings.format(
+        "image_bytes[{}] ({} bytes) is not a " + FORMATS + " image", (index, size)
+    )
+    message = tf.where(size > 0, unknown, empty)
+    check = tf.debugging.Assert(tf.logical_and(size > 0, _known_format(data)), [message])
+    with tf.control_dependencies([check]):
+        return tf.identity(data)
+
+
+def _require_batch(inputs, name):
+    """Fails with InvalidArgumentError when a request holds no images."""
+    check = tf.debugging.Assert(
+        tf.shape(inputs)[0] > 0, [f"{name} holds no images: send at least one"]
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(inputs)
+
+
+def decode_images(image_bytes, image_size, crop_fraction):
+    """A batch of encoded images -> (N, S, S, 3) float32 pixels via `decode_image`.
+
+    Each image is checked by `check_image_bytes` first and decoded on its own, so a
+    request may mix sizes and formats; grayscale and alpha are converted to RGB.
+    """
+    index = tf.range(tf.size(image_bytes))
+
+    def decode(args):
+        data, i = args
+        data = check_image_bytes(data, i)
+        return input_pipeline.decode_image(data, image_size, crop_fraction)
+
+    return tf.map_fn(
+        decode,
+        (image_bytes, index),
+        fn_output_signature=tf.TensorSpec([image_size, image_size, 3], tf.float32),
+    )
+
+
+def resize_images(images, image_size, crop_fraction):
+    """(N, H, W, 3) pixels of any size -> (N, S, S, 3) float32, as `decode_image` resizes."""
+    height, width = tf.shape(images)[1], tf.shape(images)[2]
+    check = tf.debugging.Assert(
+        tf.logical_and(height > 0, width > 0),
+        [
+            tf.strings.format(
+                "images have size {}x{}; both sides must be at least 1", (height, width)
+            )
+        ],
+    )
+    with tf.control_dependencies([check]):
+        images = tf.identity(images)
+    return input_pipeline.resize_and_crop(images, image_size, crop_fraction)
+
+
+def join_words(words, tokens, length):
+    """Caption strings from token ids.
+
+    Args:
+      words: string (V,), the vocabulary in id order.
+      tokens: int32 (N, T) ids.
+      length: int32 (N,) words per caption; later tokens (`<end>`, `<pad>`) are dropped.
+
+    Returns:
+      string (N,): the first `length` words of each row joined by single spaces.
+    """
+    ragged = tf.RaggedTensor.from_tensor(tf.gather(words, tokens), lengths=length)
+    return tf.strings.reduce_join(ragged, axis=1, separator=" ")
+
+
+def _decode(model, features, spec):
+    return model.generate(
+        {"features": features},
+        max_length=spec.max_length,
+        beam_size=spec.beam_size,
+        length_penalty=spec.length_penalty,
+    )
+
+
+def _serving_outputs(result, words, spec):
+    attention = tf.reshape(result.attention, [-1, spec.max_length, *spec.grid])  # (N, T, H, W)
+    return {
+        "caption": join_words(words, result.tokens, result.length),
+        "tokens": result.tokens,
+        "length": result.length,
+        "log_prob": result.log_prob,
+        "attention": attention,
+    }
+
+
+def serving_functions(model, encoder, vocab, spec):
+    """The three signatures as Python functions with their input signatures.
+
+    Args:
+      model: a built `ShowAttendTell`.
+      encoder: the `ImageEncoder` whose features the model reads (`model.encoder`, or
+        the one that produced a feature cache).
+      vocab: the model's `Vocab`.
+      spec: `ExportSpec`.
+
+    Returns:
+      {signature name: (function, [tf.TensorSpec])}, in `SIGNATURES` order.
+    """
+    size, crop = spec.image_size, spec.crop_fraction
+
+    def caption(features):
+        words = tf.constant(vocab.words, tf.string)
+        return _serving_outputs(_decode(model, features, spec), words, spec)
+
+    def caption_features(features):
+        return caption(_require_batch(features, "features"))
+
+    def caption_images(images):
+        images = resize_images(_require_batch(images, "images"), size, crop)
+        return caption(encoder(images, training=False))
+
+    def serving_default(image_bytes):
+        images = decode_images(_require_batch(image_bytes, "image_bytes"), size, crop)
+        return caption(encoder(images, training=False))
+
+    shape = [None, spec.num_locations, spec.feature_dim]
+    return {
+        "serving_default": (
+            serving_default,
+            [tf.TensorSpec([None], tf.string, name="image_bytes")],
+        ),
+        "caption_images": (
+            caption_images,
+            [tf.TensorSpec([None, None, None, 3], tf.uint8, name="images")],
+        ),
+        "caption_features": (
+            caption_features,
+            [tf.TensorSpec(shape, tf.float32, name="features")],
+        ),
+    }
+
+
+def tflite_function(model, encoder, vocab, spec):
+    """A `tf.function` captioning one resized image greedily, for the TFLite converter.
+
+    The weights enter the graph as constants (a `keras.StatelessScope`): TFLite does not
+    freeze variables read inside the decoding loop.
+
+    Input: image float32 (1, S, S, 3), pixels in [0, 255] already resized and cropped.
+    Outputs: tokens int32 (1, T), words string (1, T), length int32 (1,), log_prob
+    float32 (1,), attention float32 (1, T, H, W).
+    """
+    size = spec.image_size
+    greedy = dataclasses.replace(spec, beam_size=1)
+    weights = {id(v): v for v in model.weights + encoder.weights}.values()
+    values = [(v, v.numpy()) for v in weights]
+
+    @tf.function(input_signature=[tf.TensorSpec([1, size, size, 3], tf.float32, name="image")])
+    def caption(image):
+        constants = [(v, tf.constant(value)) for v, value in values]
+        with keras.StatelessScope(state_mapping=constants):
+            result = _decode(model, encoder(image, training=False), greedy)
+        words = tf.constant(vocab.words, tf.string)
+        attention = tf.reshape(result.attention, [1, spec.max_length, *spec.grid])  # (1, T, H, W)
+        return {
+            "tokens": result.tokens,
+            "words": tf.gather(words, result.tokens),
+            "length": result.length,
+            "log_prob": result.log_prob,
+            "attention": attention,
+        }
+
+    return caption
+
+
+def convert_tflite(model, encoder, vocab, spec) -> bytes:
+    """A TFLite flatbuffer of `tflite_function` with builtin ops only (no Flex ops)."""
+    holder = tf.Module()
+    holder.caption = tflite_function(model, encoder, vocab, spec)
+    concrete = holder.caption.get_concrete_function()
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], holder)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    return converter.convert()
+
+
+def export_encoder(model, config):
+    """The encoder of the export: the model's own, or for a model trained on cached
+    features the backbone that produced them (rebuilt from `config`).
+
+    Raises:
+      ValueError: when the backbone cannot be rebuilt or its features do not fit.
+    """
+    if model.encoder is not None:
+        return model.encoder
+    if not config.encoder_weights:
+        raise ValueError(
+            "the model reads cached features of a randomly initialised encoder; the "
+            "export needs the encoder that made them (--encoder_weights of the run)"
+        )
+    encoder = ImageEncoder(config.encoder, config.image_size, config.encoder_weights)
+    height, width, depth = encoder.feature_grid()
+    if depth != model.feature_dim or (
+        model.grid and height * width != model.grid[0] * model.grid[1]
+    ):
+        raise ValueError(
+            f"encoder {config.encoder} at {config.image_size} gives {height}x{width}x{depth} "
+            f"features; the model was trained on {model.grid} x {model.feature_dim}"
+        )
+    return encoder
+
+
+def export_spec(model, encoder, config, beam_size=None, max_length=None) -> ExportSpec:
+    """The `ExportSpec` of a model and its config; None means the config's setting."""
+    height, width, depth = encoder.feature_grid()
+    spec = ExportSpec(
+        image_size=config.image_size,
+        crop_fraction=get_spec(config.encoder).crop_fraction,
+        grid=(int(height), int(width)),
+        feature_dim=int(depth),
+        max_length=max_length or config.max_decode_length,
+        beam_size=beam_size or config.beam_size,
+        length_penalty=config.length_penalty,
+    )
+    for name in ("max_length", "beam_size"):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"--{name}={value!r} must be a positive integer")
+    return spec
+
+
+def export_archive(model, encoder, vocab, spec) -> keras.export.ExportArchive:
+    """An `ExportArchive` holding the model's variables and the three signatures."""
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    if encoder is not model.encoder:
+        archive.track(encoder)
+    for name, (fn, signature) in serving_functions(model, encoder, vocab, spec).items():
+        archive.add_endpoint(name, fn, input_signature=signature)
+    return archive
+
+
+def _is_export(path):
+    return any(os.path.exists(os.path.join(path, f)) for f in (EXPORT_INFO, "saved_model.pb"))
+
+
+def _replace_dir(tmp, output):
+    """Moves the finished `tmp` to `output`, replacing an earlier export there."""
+    if not os.path.exists(output):
+        os.replace(tmp, output)
+        return
+    old = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.old", dir=os.path.dirname(output))
+    os.replace(output, old)
+    os.replace(tmp, output)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def export(
+    model,
+    vocab,
+    config,
+    output,
+    *,
+    beam_size=None,
+    max_length=None,
+    tflite=False,
+    overwrite=False,
+) -> dict:
+    """Writes the SavedModel (and optionally the TFLite file) of a trained model.
+
+    The directory is assembled next to `output` and renamed into place when complete,
+    so a reader (a model server watching the folder) never sees a partial export. It
+    holds the SavedModel, `vocab.txt`, `sat_tf_export.json` (the returned info) and,
+    with `tflite`, `caption.tflite`.
+
+    Args:
+      model: a built `ShowAttendTell` with trained weights.
+      vocab: its `Vocab`.
+      config: the `Config` it was trained with.
+      output: the export directory, e.g. `exports/sat/1` for TF Serving.
+      beam_size, max_length: decoding settings fixed in the graph; None takes
+        `config.beam_size` / `config.max_decode_length`.
+      tflite: also write the TFLite file (greedy decoding).
+      overwrite: replace an earlier export at `output`.
+
+    Returns:
+      the info dict written to `sat_tf_export.json`.
+
+    Raises:
+      ValueError: for a bad setting, or when `output` exists and may not be replaced.
+    """
+    if len(vocab) != model.vocab_size:
+        raise ValueError(f"the vocabulary has {len(vocab)} words but the model {model.vocab_size}")
+    output = os.path.abspath(output)
+    if os.path.exists(output):
+        if not overwrite:
+            raise ValueError(f"{output} exists; pass --overwrite to replace it")
+        if not _is_export(output):
+            raise ValueError(f"{output} exists and is not an export; refusing to replace it")
+    encoder = export_encoder(model, config)
+    spec = export_spec(model, encoder, config, beam_size, max_length)
+    parent = os.path.dirname(output)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.tmp", dir=parent)
+    try:
+        os.chmod(tmp, 0o755)
+        export_archive(model, encoder, vocab, spec).write_out(tmp, verbose=False)
+        vocab.save(os.path.join(tmp, VOCAB_FILE))
+        info = {
+            "signatures": list(SIGNATURES),
+            "vocab_size": len(vocab),
+            "vocab_fingerprint": vocab.fingerprint,
+            "vocab_file": VOCAB_FILE,
+            "grid": list(spec.grid),
+            "feature_dim": spec.feature_dim,
+            "image_size": spec.image_size,
+            "crop_fraction": spec.crop_fraction,
+            "beam_size": spec.beam_size,
+            "max_length": spec.max_length,
+            "length_penalty": spec.length_penalty,
+            "special_tokens": dict(zip(vocab_lib.SPECIALS, range(4), strict=True)),
+            "tflite": None,
+            "config": dataclasses.asdict(config),
+        }
+        if tflite:
+            flatbuffer = convert_tflite(model, encoder, vocab, spec)
+            with open(os.path.join(tmp, TFLITE_FILE), "wb") as f:
+                f.write(flatbuffer)
+            size = spec.image_size
+            info["tflite"] = {
+                "file": TFLITE_FILE,
+                "bytes": len(flatbuffer),
+                "input": {"image": [1, size, size, 3], "dtype": "float32", "range": [0, 255]},
+                "decoding": "greedy",
+            }
+        with open(os.path.join(tmp, EXPORT_INFO), "w", encoding="utf-8") as f:
+            json.dump(info, f, indent=2, sort_keys=True)
+        _replace_dir(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return info
+
+
+def export_workdir(workdir, output, **kwargs) -> dict:
+    """`export` of the trained model in a workdir (see `train_lib.load_trained`)."""
+    model, vocab, config = train_lib.load_trained(workdir)
+    return export(model, vocab, config, output, **kwargs)

@@ -1,0 +1,55 @@
+"""Captions image files with a trained model and shows where it looked for every word.
+
+  python scripts/caption.py photo.jpg other.png --workdir=runs/shapes --visualize=out/
+
+Prints each caption with a per-word attention summary (argmax cell and weight); with
+--visualize writes one PNG per image with a panel per word (paper Fig. 3).
+"""
+
+import os
+
+import numpy as np
+from absl import flags
+from flags_lib import run
+
+from sat_tf import input_pipeline, train_lib, visualize
+from sat_tf import vocab as vocab_lib
+from sat_tf.encoder import get_spec
+
+flags.DEFINE_string("workdir", "runs/shapes", "A trained workdir (scripts/train.py).")
+flags.DEFINE_integer("beam_size", 0, "Beam size; 0 = the workdir's setting.")
+flags.DEFINE_string("visualize", "", "Folder for one attention picture per image.")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    paths = argv[1:]
+    if not paths:
+        raise ValueError("give one or more image files to caption")
+    model, vocab, config = train_lib.load_trained(FLAGS.workdir)
+    if FLAGS.beam_size < 0:
+        raise ValueError(f"--beam_size={FLAGS.beam_size} must be 0 (workdir default) or more")
+    crop = get_spec(config.encoder).crop_fraction
+    images = [input_pipeline.load_image_file(p, config.image_size, crop) for p in paths]
+    caption = train_lib.make_caption_fn(model, config, FLAGS.beam_size or None)
+    out = caption({"image": np.stack([i.numpy() for i in images])})
+    if FLAGS.visualize:
+        os.makedirs(FLAGS.visualize, exist_ok=True)
+    for i, path in enumerate(paths):
+        n = int(out.length[i])
+        words = vocab.decode(out.tokens[i][:n].numpy())
+        alphas = out.attention[i, : n + 1].numpy()
+        print(f"{path}: {' '.join(words)}")
+        print(visualize.attention_summary(words + [vocab_lib.END], alphas, model.grid))
+        if FLAGS.visualize:
+            pixels = np.clip(images[i].numpy(), 0, 255).astype(np.uint8)
+            stem = os.path.splitext(os.path.basename(path))[0]
+            target = os.path.join(FLAGS.visualize, f"{stem}_attention.png")
+            visualize.attention_figure(
+                pixels, words + [vocab_lib.END], alphas, model.grid, path=target
+            )
+            print(f"attention picture: {target}")
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,42 @@
+"""Captions a split with a trained model and scores it with the coco-caption metrics.
+
+  python scripts/evaluate.py --workdir=runs/shapes --split=test --beam_size=3
+
+Writes captions_<split>.json (COCO results format), metrics_<split>.json and
+table_<split>.md (laid out like the paper's Table 1) into the workdir.
+"""
+
+import json
+import os
+
+from absl import flags
+from flags_lib import run
+
+from sat_tf import metrics, train_lib
+
+flags.DEFINE_string("workdir", "runs/shapes", "A trained workdir (scripts/train.py).")
+flags.DEFINE_enum("split", "test", ["train", "val", "test"], "Split to caption.")
+flags.DEFINE_integer("beam_size", 0, "Beam size; 0 = the workdir's setting.")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if FLAGS.beam_size < 0:
+        raise ValueError(f"--beam_size={FLAGS.beam_size} must be 0 (workdir default) or more")
+    model, vocab, config = train_lib.load_trained(FLAGS.workdir)
+    data = train_lib.prepare_data(config, FLAGS.workdir)
+    scores = train_lib.evaluate(
+        model, data, config, FLAGS.workdir, FLAGS.split, FLAGS.beam_size or None
+    )
+    beam = FLAGS.beam_size or config.beam_size
+    name = f"this model ({config.attention} attention, {config.attention_score}, beam {beam})"
+    table = metrics.format_table1(scores, config.dataset, name)
+    train_lib.write_text(os.path.join(FLAGS.workdir, f"table_{FLAGS.split}.md"), table)
+    print(json.dumps(scores, indent=2, sort_keys=True))
+    print(table)
+
+
+if __name__ == "__main__":
+    run(main)

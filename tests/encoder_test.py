@@ -1,0 +1,157 @@
+"""Tests for sat_tf.encoder: the backbone registry, AddCoords and ImageEncoder."""
+
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+from sat_tf import encoder
+from sat_tf.encoder import AddCoords, ImageEncoder
+
+# name -> (input size, feature grid (H, W, D)), from the published architectures: VGG and
+# ResNet conv4 / EfficientNet stage 5 have stride 16; InceptionV3 mixed7 is 17 x 17 at 299;
+# EfficientNet-Lite2 has width 1.1 (112 * 1.1 rounded to 8 = 120).
+GRIDS = {
+    "shapes_cnn": (112, (14, 14, 66)),
+    "vgg19": (224, (14, 14, 512)),
+    "resnet50": (224, (14, 14, 1024)),
+    "resnet101": (224, (14, 14, 1024)),
+    "inception_v3": (299, (17, 17, 768)),
+    "efficientnet_b0": (224, (14, 14, 112)),
+    "efficientnet_lite0": (224, (14, 14, 112)),
+    "efficientnet_lite2": (260, (17, 17, 120)),
+}
+
+
+class RegistryTest(tf.test.TestCase, parameterized.TestCase):
+    def test_every_entry_is_listed_here(self):
+        self.assertEqual(set(encoder.REGISTRY), set(GRIDS))
+
+    @parameterized.parameters(*GRIDS)
+    def test_entry_builds_and_cuts_at_its_layer(self, name):
+        spec = encoder.get_spec(name)
+        self.assertTrue(spec.layer)
+        size, grid = GRIDS[name]
+        self.assertEqual(spec.image_size, size)
+        self.assertGreater(spec.crop_fraction, 0.0)
+        self.assertLessEqual(spec.crop_fraction, 1.0)
+        layer = ImageEncoder(name, size, weights=None)
+        self.assertEqual(layer.feature_grid(), grid)
+        self.assertFalse(layer.pretrained)
+        if name in ("vgg19", "resnet50"):
+            out = layer(tf.random.stateless_uniform((1, size, size, 3), (0, 1), maxval=255.0))
+            self.assertEqual(out.shape, (1, grid[0] * grid[1], grid[2]))
+            self.assertTrue(np.all(np.isfinite(out)))
+
+    def test_unknown_backbone_lists_the_known_ones(self):
+        with self.assertRaisesRegex(ValueError, "alexnet") as raised:
+            encoder.get_spec("alexnet")
+        for name in GRIDS:
+            self.assertIn(name, str(raised.exception))
+        with self.assertRaisesRegex(ValueError, "alexnet.*shapes_cnn.*vgg19"):
+            ImageEncoder("alexnet", 224)
+
+    def test_missing_weights_file_is_named(self):
+        path = os.path.join(self.get_temp_dir(), "no_such_weights.weights.h5")
+        with self.assertRaisesRegex(ValueError, "no_such_weights.weights.h5"):
+            ImageEncoder("shapes_cnn", 112, weights=path)
+
+
+class AddCoordsTest(tf.test.TestCase):
+    def test_three_by_three(self):
+        x = tf.reshape(tf.range(2 * 3 * 3 * 1, dtype=tf.float32), (2, 3, 3, 1))
+        out = AddCoords()(x).numpy()
+        self.assertEqual(out.shape, (2, 3, 3, 3))
+        self.assertAllEqual(out[..., 0], x.numpy()[..., 0])
+        rows = [[-1, -1, -1], [0, 0, 0], [1, 1, 1]]
+        cols = [[-1, 0, 1], [-1, 0, 1], [-1, 0, 1]]
+        for b in range(2):
+            self.assertAllClose(out[b, :, :, 1], rows)
+            self.assertAllClose(out[b, :, :, 2], cols)
+
+    def test_rows_and_columns_differ_on_a_wide_grid(self):
+        out = AddCoords()(tf.zeros((1, 2, 4, 2))).numpy()
+        self.assertAllClose(out[0, :, :, 2], [[-1, -1, -1, -1], [1, 1, 1, 1]])
+        third = 1.0 / 3.0
+        self.assertAllClose(out[0, :, :, 3], [[-1, -third, third, 1]] * 2)
+        self.assertEqual(AddCoords().compute_output_shape((None, 2, 4, 2)), (None, 2, 4, 4))
+
+    def test_mixed_precision(self):
+        out = AddCoords(dtype="mixed_float16")(tf.zeros((1, 3, 3, 1), tf.float16))
+        self.assertEqual(out.dtype, tf.float16)
+        self.assertAllEqual(out[0, :, 0, 1], [-1.0, 0.0, 1.0])
+
+
+class ImageEncoderTest(tf.test.TestCase, parameterized.TestCase):
+    def test_shapes_cnn(self):
+        layer = ImageEncoder("shapes_cnn", 112)
+        images = tf.random.stateless_uniform((2, 112, 112, 3), (1, 2), maxval=255.0)
+        out = layer(images)
+        self.assertEqual(out.shape, (2, 196, 66))
+        self.assertEqual(layer.feature_grid(), (14, 14, 66))
+        # 3x3 convolutions without bias to 16, 32, 64, 64, 64 channels, each with batch
+        # normalisation (4 numbers per channel).
+        convs = 9 * (3 * 16 + 16 * 32 + 32 * 64 + 64 * 64 + 64 * 64)
+        self.assertEqual(layer.count_params(), convs + 4 * (16 + 32 + 64 + 64 + 64))
+
+    def test_locations_are_row_major(self):
+        layer = ImageEncoder("shapes_cnn", 112)
+        images = tf.random.stateless_uniform((1, 112, 112, 3), (3, 4), maxval=255.0)
+        out = layer(images).numpy()
+        grid = layer.net(images / 255.0).numpy()
+        coords = np.linspace(-1.0, 1.0, 14)
+        for location in (0, 1, 13, 14, 100, 195):
+            row, col = divmod(location, 14)
+            self.assertAllClose(out[0, location], grid[0, row, col])
+            self.assertAllClose(out[0, location, 64:], [coords[row], coords[col]])
+
+    def test_config_round_trip(self):
+        layer = ImageEncoder("shapes_cnn", 96, name="encoder")
+        config = layer.get_config()
+        self.assertEqual(
+            {k: config[k] for k in ("backbone", "image_size", "weights", "name")},
+            {"backbone": "shapes_cnn", "image_size": 96, "weights": None, "name": "encoder"},
+        )
+        clone = ImageEncoder.from_config(config)
+        self.assertEqual(clone.get_config(), config)
+        self.assertEqual(clone.feature_grid(), (12, 12, 66))
+
+    def test_weights_file_is_loaded(self):
+        source = ImageEncoder("shapes_cnn", 112)
+        path = os.path.join(self.get_temp_dir(), "shapes.weights.h5")
+        source.net.save_weights(path)
+        loaded = ImageEncoder("shapes_cnn", 112, weights=path)
+        self.assertTrue(loaded.pretrained)
+        images = tf.random.stateless_uniform((1, 112, 112, 3), (5, 6), maxval=255.0)
+        self.assertAllClose(loaded(images), source(images))
+
+    def _save_and_load(self, layer):
+        inputs = keras.Input((112, 112, 3))
+        model = keras.Model(inputs, layer(inputs))
+        images = tf.random.stateless_uniform((2, 112, 112, 3), (7, 8), maxval=255.0)
+        expected = model(images).numpy()
+        path = os.path.join(self.get_temp_dir(), "wrapper.keras")
+        model.save(path)
+        return expected, keras.saving.load_model(path, safe_mode=True), images
+
+    def test_keras_save_load(self):
+        expected, loaded, images = self._save_and_load(ImageEncoder("shapes_cnn", 112))
+        self.assertIsInstance(loaded.layers[-1], ImageEncoder)
+        self.assertAllEqual(loaded(images).numpy(), expected)
+
+    def test_keras_load_does_not_need_the_initial_weights_file(self):
+        path = os.path.join(self.get_temp_dir(), "initial.weights.h5")
+        ImageEncoder("shapes_cnn", 112).net.save_weights(path)
+        expected, _, _ = self._save_and_load(ImageEncoder("shapes_cnn", 112, weights=path))
+        os.remove(path)
+        loaded = keras.saving.load_model(
+            os.path.join(self.get_temp_dir(), "wrapper.keras"), safe_mode=True
+        )
+        images = tf.random.stateless_uniform((2, 112, 112, 3), (7, 8), maxval=255.0)
+        self.assertAllEqual(loaded(images).numpy(), expected)
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,265 @@
+"""Tests for sat_tf.model.ShowAttendTell on cached features and on the shapes encoder."""
+
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+from sat_tf import decoding
+from sat_tf.model import ShowAttendTell
+
+VOCAB, WIDTH, LOCATIONS, FEATURES = 12, 8, 4, 8
+START, END = 1, 2
+ATTENTIONS = ("soft", "hard", "none")
+
+
+def _batch(seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "features": rng.normal(size=(2, LOCATIONS, FEATURES)).astype(np.float32),
+        "caption": np.array([[1, 5, 6, 7, 2, 0], [1, 8, 9, 2, 0, 0]], np.int32),
+    }
+
+
+def _model(attention="soft", score="additive", dropout=0.0, **kwargs):
+    model = ShowAttendTell(
+        VOCAB,
+        embed_dim=WIDTH,
+        hidden_dim=WIDTH,
+        attention_dim=WIDTH,
+        attention=attention,
+        attention_score=score,
+        dropout=dropout,
+        encoder=None,
+        feature_dim=FEATURES,
+        **kwargs,
+    )
+    model.build()
+    return model
+
+
+def _log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _numpy_log_likelihood(logits, captions):
+    """(B,) sum of log p(y_t) over the non-pad targets captions[:, 1:]."""
+    targets = captions[:, 1:]
+    log_probs = np.take_along_axis(_log_softmax(logits), targets[..., None], -1)[..., 0]
+    return (log_probs * (targets != 0)).sum(-1)
+
+
+class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
+    def setUp(self):
+        super().setUp()
+        keras.utils.set_random_seed(0)
+
+    @parameterized.parameters(*ATTENTIONS)
+    def test_fit_lowers_loss(self, attention):
+        batch = _batch()
+        model = _model(attention, dropout=0.1)
+        model.compile(optimizer=keras.optimizers.Adam(0.02))
+        before = -_numpy_log_likelihood(model(batch)["logits"].numpy(), batch["caption"])
+        dataset = tf.data.Dataset.from_tensors(batch).repeat(25)
+        history = model.fit(dataset, epochs=1, verbose=0)
+        after = -_numpy_log_likelihood(model(batch)["logits"].numpy(), batch["caption"])
+        self.assertLess(after.mean(), 0.5 * before.mean())
+        expected_metrics = {"loss", "nll_per_word"} | ({"reward"} if attention == "hard" else set())
+        self.assertEqual(set(history.history), expected_metrics)
+
+    def test_hard_baseline_moving_average(self):
+        batch = _batch()
+        model = _model("hard", seed=3)
+        model.compile(optimizer=keras.optimizers.SGD(0.5))
+        self.assertEqual(float(model.baseline), 0.0)
+        expected = 0.0
+        for _ in range(2):
+            # Draw the step's samples here, then again from the same seed state in fit.
+            seed_state = model.seed_generator.state.numpy()
+            reward = float(tf.reduce_mean(model.loss_terms(batch, training=True)["reward"]))
+            model.seed_generator.state.assign(seed_state)
+            history = model.fit(tf.data.Dataset.from_tensors(batch), epochs=1, verbose=0)
+            expected = 0.9 * expected + 0.1 * reward
+            self.assertAllClose(float(model.baseline), expected, atol=1e-5)
+            self.assertAllClose(history.history["reward"][0], reward, atol=1e-5)
+            self.assertLess(reward, 0.0)
+
+    def test_train_and_test_on_batch(self):
+        batch = _batch()
+        model = _model("soft")
+        model.compile(optimizer=keras.optimizers.SGD(0.1))
+        log_likelihood = _numpy_log_likelihood(model(batch)["logits"].numpy(), batch["caption"])
+        logs = model.test_on_batch(batch, return_dict=True)
+        self.assertAllClose(logs["loss"], -log_likelihood.mean(), atol=1e-5)
+        logs = model.train_on_batch(batch, return_dict=True)
+        self.assertAllClose(logs["loss"], -log_likelihood.mean(), atol=1e-5)
+
+    def test_soft_loss_terms(self):
+        batch = _batch(seed=1)
+        model = _model("soft", alpha_c=0.7)
+        outputs = model(batch)
+        log_likelihood = _numpy_log_likelihood(outputs["logits"].numpy(), batch["caption"])
+        mask = (batch["caption"][:, 1:] != 0).astype(np.float32)
+        coverage = (outputs["alpha"].numpy() * mask[..., None]).sum(1)
+        penalty = ((1.0 - coverage) ** 2).sum(-1)
+        terms = model.loss_terms(batch, training=False)
+        self.assertAllClose(terms["log_likelihood"], log_likelihood, atol=1e-5)
+        self.assertAllClose(terms["loss"], -log_likelihood + 0.7 * penalty, atol=1e-5)
+        self.assertAllClose(terms["objective"], terms["loss"])
+        self.assertAllEqual(terms["words"], [4.0, 3.0])
+
+    def test_hard_loss_terms_use_the_given_samples(self):
+        batch = _batch(seed=2)
+        model = _model("hard", entropy_weight=0.01)
+        model.baseline.assign(-2.0)
+        noise = np.random.default_rng(2).gumbel(size=(2, 5, LOCATIONS)).astype(np.float32)
+        use_expected = tf.constant([False, True])
+        terms = model.loss_terms(
+            batch, training=True, gumbel_noise=noise, use_expected=use_expected
+        )
+        outputs = model.decoder(
+            batch["features"],
+            batch["caption"][:, :-1],
+            gumbel_noise=noise,
+            use_expected=use_expected,
+        )
+        log_likelihood = _numpy_log_likelihood(outputs["logits"].numpy(), batch["caption"])
+        mask = (batch["caption"][:, 1:] != 0).astype(np.float32)
+        log_p_path = (outputs["log_p_s"].numpy() * mask).sum(-1)
+        entropy = (outputs["entropy"].numpy() * mask).sum(-1)
+        # Row 0 sampled: -(r + (r - b) log p(s) + 0.01 H); row 1 used the expected context.
+        expected = -log_likelihood
+        expected[0] -= (log_likelihood[0] + 2.0) * log_p_path[0] + 0.01 * entropy[0]
+        self.assertAllClose(terms["reward"], log_likelihood, atol=1e-5)
+        self.assertAllClose(terms["objective"], expected, atol=1e-4)
+        self.assertAllClose(terms["loss"], -log_likelihood, atol=1e-5)
+
+    def test_evaluate_metrics(self):
+        batch = _batch(seed=3)
+        model = _model("soft")
+        model.compile(optimizer="adam")
+        log_likelihood = _numpy_log_likelihood(model(batch)["logits"].numpy(), batch["caption"])
+        logs = model.evaluate(tf.data.Dataset.from_tensors(batch), verbose=0, return_dict=True)
+        self.assertAllClose(logs["loss"], -log_likelihood.mean(), atol=1e-5)
+        # 4 + 3 target words.
+        self.assertAllClose(logs["nll_per_word"], -log_likelihood.sum() / 7.0, atol=1e-5)
+
+    @parameterized.parameters(*ATTENTIONS)
+    def test_config_round_trip(self, attention):
+        model = _model(attention, alpha_c=0.5, entropy_weight=0.01, seed=7)
+        config = model.get_config()
+        self.assertEqual(config["feature_dim"], FEATURES)
+        self.assertIsNone(config["encoder"])
+        clone = ShowAttendTell.from_config(config)
+        self.assertEqual(clone.get_config(), config)
+
+    @parameterized.product(attention=ATTENTIONS, score=("additive", "dot"))
+    def test_keras_save_load(self, attention, score):
+        batch = _batch()
+        model = _model(attention, score)
+        rng = np.random.default_rng(0)
+        for w in model.trainable_weights:
+            w.assign(0.5 * rng.normal(size=w.shape).astype(np.float32))
+        model.baseline.assign(-3.5)
+        path = os.path.join(self.get_temp_dir(), f"{attention}_{score}.keras")
+        keras.saving.save_model(model, path)
+        loaded = keras.saving.load_model(path, safe_mode=True)
+        self.assertIsInstance(loaded, ShowAttendTell)
+        self.assertEqual(loaded.get_config(), model.get_config())
+        self.assertAllClose(loaded(batch)["logits"], model(batch)["logits"], atol=1e-6)
+        self.assertAllClose(loaded(batch)["alpha"], model(batch)["alpha"], atol=1e-6)
+        self.assertEqual(float(loaded.baseline), -3.5)
+
+    @parameterized.parameters(*ATTENTIONS)
+    def test_generate(self, attention):
+        batch = _batch(seed=4)
+        model = _model(attention)
+        rng = np.random.default_rng(4)
+        for w in model.trainable_weights:
+            w.assign(0.5 * rng.normal(size=w.shape).astype(np.float32))
+        # A likely <end> so that captions of several lengths come out.
+        model.decoder.deep_output.bias.assign(np.eye(VOCAB, dtype=np.float32)[END] * 2.5)
+        max_length = 6
+        result = model.generate(batch, max_length=max_length)
+        self.assertIsInstance(result, decoding.DecodeResult)
+        self.assertEqual(result.tokens.shape, (2, max_length))
+        self.assertEqual(result.length.shape, (2,))
+        self.assertEqual(result.log_prob.shape, (2,))
+        self.assertEqual(result.attention.shape, (2, max_length, LOCATIONS))
+
+        # Greedy decoding written out with the decoder's step.
+        state = model.decoder.initial_state(tf.constant(batch["features"]))
+        token = tf.fill([2], START)
+        tokens, log_prob, alphas = [], np.zeros(2), []
+        done = np.zeros(2, bool)
+        for _ in range(max_length):
+            log_probs, state, alpha = model.decoder.step(token, state)
+            word = log_probs.numpy().argmax(-1)
+            log_prob += np.where(done, 0.0, log_probs.numpy()[np.arange(2), word])
+            tokens.append(np.where(done, 0, word))
+            alphas.append(np.where(done[:, None], 0.0, alpha.numpy()))
+            done |= word == END
+            token = tf.constant(word, tf.int32)
+        tokens = np.stack(tokens, 1)
+        self.assertAllEqual(result.tokens, tokens)
+        self.assertAllClose(result.log_prob, log_prob, atol=1e-5)
+        self.assertAllClose(result.attention, np.stack(alphas, 1), atol=1e-6)
+        ended = (tokens == END).any(-1)
+        self.assertTrue(ended.any())
+        lengths = np.where(ended, (tokens == END).argmax(-1), max_length)
+        self.assertAllEqual(result.length, lengths)
+
+        beam_1 = model.generate(batch, max_length=max_length, beam_size=1)
+        self.assertAllEqual(beam_1.tokens, result.tokens)
+
+    @parameterized.parameters(*ATTENTIONS)
+    def test_beam_search_scores_match_teacher_forcing(self, attention):
+        batch = _batch(seed=5)
+        model = _model(attention)
+        rng = np.random.default_rng(5)
+        for w in model.trainable_weights:
+            w.assign(rng.normal(size=w.shape).astype(np.float32))
+        result = model.generate(batch, max_length=5, beam_size=3)
+        tokens = result.tokens.numpy()
+        captions = np.concatenate([np.full((2, 1), START, np.int32), tokens], axis=1)
+        outputs = model({"features": batch["features"], "caption": captions})
+        log_likelihood = _numpy_log_likelihood(outputs["logits"].numpy(), captions)
+        self.assertAllClose(result.log_prob, log_likelihood, atol=1e-4)
+        emitted = (tokens != 0)[..., None]
+        self.assertAllClose(result.attention, outputs["alpha"].numpy() * emitted, atol=1e-5)
+
+
+class ShapesEncoderTest(tf.test.TestCase):
+    def test_features_and_coordinates(self):
+        keras.utils.set_random_seed(0)
+        model = ShowAttendTell(
+            VOCAB,
+            embed_dim=WIDTH,
+            hidden_dim=WIDTH,
+            attention_dim=WIDTH,
+            encoder="shapes_cnn",
+            image_size=112,
+        )
+        model.build()
+        self.assertEqual(model.grid, (14, 14))
+        self.assertEqual(model.feature_dim, 66)
+        images = np.random.default_rng(0).uniform(0, 255, size=(2, 112, 112, 3))
+        features = model.encode({"image": images.astype(np.float32)}).numpy()
+        self.assertEqual(features.shape, (2, 196, 66))
+        self.assertAllGreaterEqual(features[..., :64], 0.0)
+        # Cell i = 14 r + c carries (row, column) coordinates in [-1, 1].
+        line = np.linspace(-1.0, 1.0, 14)
+        rows, cols = np.meshgrid(line, line, indexing="ij")
+        self.assertAllClose(features[0, :, 64], rows.ravel(), atol=1e-6)
+        self.assertAllClose(features[1, :, 65], cols.ravel(), atol=1e-6)
+        captions = np.array([[1, 5, 2], [1, 6, 2]], np.int32)
+        outputs = model({"image": images.astype(np.float32), "caption": captions})
+        self.assertEqual(outputs["logits"].shape, (2, 2, VOCAB))
+        self.assertEqual(outputs["alpha"].shape, (2, 2, 196))
+
+
+if __name__ == "__main__":
+    tf.test.main()
