@@ -53,7 +53,7 @@ def reinforce_surrogate(
       mask: (B, T) float32.
       sampled: (B,) float32, 1.0 for sequences that used a sample, 0.0 for those that
         used the expected context (they carry no score-function term).
-      baseline: scalar moving-average baseline b.
+      baseline: moving-average baseline b, a scalar or one value per sequence (B,).
       reinforce_weight: lambda_r.
       entropy_weight: lambda_e.
 

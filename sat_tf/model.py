@@ -14,6 +14,8 @@ from sat_tf import vocab as vocab_lib
 from sat_tf.decoder import AttentionDecoder
 from sat_tf.encoder import ImageEncoder
 
+BASELINE_SLOTS = 128
+
 
 @keras.saving.register_keras_serializable(package="sat_tf")
 class ShowAttendTell(keras.Model):
@@ -31,7 +33,9 @@ class ShowAttendTell(keras.Model):
       grid: (H, W) of cached features (only without an encoder), for attention maps.
       alpha_c: weight of the doubly stochastic penalty (soft attention, §4.2.1).
       reinforce_weight, entropy_weight: lambda_r, lambda_e of the hard objective (§4.1).
-      baseline_decay: moving-average decay of the REINFORCE baseline.
+      baseline_decay: moving-average decay of the REINFORCE baselines, one per caption
+        length (rewards `log p(y|s,a)` of captions of different lengths differ by far
+        more than the samples make them differ, and batches hold one length).
       hard_mix_prob: chance that a sequence uses the expected context (hard attention).
       seed: seed of the hard-attention samples.
     """
@@ -100,11 +104,18 @@ class ShowAttendTell(keras.Model):
             name="decoder",
         )
         self.baseline = self.add_weight(
-            shape=(),
+            shape=(BASELINE_SLOTS,),
             initializer="zeros",
             trainable=False,
             aggregation="only_first_replica",
             name="reinforce_baseline",
+        )
+        self.baseline_seen = self.add_weight(
+            shape=(BASELINE_SLOTS,),
+            initializer="zeros",
+            trainable=False,
+            aggregation="only_first_replica",
+            name="reinforce_baseline_seen",
         )
         self.seed_generator = keras.random.SeedGenerator(seed, name="hard_attention_seed")
         self.loss_tracker = keras.metrics.Mean(name="loss")
@@ -178,17 +189,19 @@ class ShowAttendTell(keras.Model):
         terms = {"log_likelihood": log_likelihood, "words": tf.reduce_sum(mask, axis=1)}
         if hard:
             sampled = 1.0 - tf.cast(use_expected, tf.float32)
+            slots = self._baseline_slots(terms["words"])
             terms["objective"] = losses_lib.reinforce_surrogate(
                 log_likelihood,
                 outputs["log_p_s"],
                 outputs["entropy"],
                 mask,
                 sampled,
-                self.baseline,
+                tf.gather(self.baseline, slots),
                 self.reinforce_weight,
                 self.entropy_weight,
             )
             terms["reward"] = log_likelihood
+            terms["baseline_slot"] = slots
             terms["loss"] = -log_likelihood
         else:
             loss = -log_likelihood
@@ -205,6 +218,29 @@ class ShowAttendTell(keras.Model):
         if "reward" in terms:
             self.reward_tracker.update_state(tf.reduce_mean(terms["reward"]))
 
+    @staticmethod
+    def _baseline_slots(words):
+        """Baseline slot of each caption: its number of target words (capped)."""
+        return tf.minimum(tf.cast(words, tf.int32), BASELINE_SLOTS - 1)
+
+    def _update_baseline(self, reward, slots):
+        """`b_n <- d b_n + (1 - d) mean(r)` for every caption length n in the batch.
+
+        The first batch of a length sets its baseline to the batch mean. Means are over
+        the global batch when training under a `tf.distribute` strategy.
+        """
+        sums = tf.math.unsorted_segment_sum(reward, slots, BASELINE_SLOTS)
+        counts = tf.math.unsorted_segment_sum(tf.ones_like(reward), slots, BASELINE_SLOTS)
+        context = tf.distribute.get_replica_context()
+        if context is not None:
+            sums, counts = context.all_reduce("sum", [sums, counts])
+        present = counts > 0
+        mean = sums / tf.maximum(counts, 1.0)
+        decay = self.baseline_decay
+        moved = tf.where(self.baseline_seen > 0, decay * self.baseline + (1 - decay) * mean, mean)
+        self.baseline.assign(tf.where(present, moved, self.baseline))
+        self.baseline_seen.assign(tf.maximum(self.baseline_seen, tf.cast(present, tf.float32)))
+
     def train_step(self, batch):
         batch, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
         with tf.GradientTape() as tape:
@@ -215,12 +251,7 @@ class ShowAttendTell(keras.Model):
         grads = tape.gradient(scaled, variables)
         self.optimizer.apply(grads, variables)
         if self.attention == "hard":
-            mean_reward = tf.reduce_mean(terms["reward"])
-            context = tf.distribute.get_replica_context()
-            if context is not None:
-                mean_reward = context.all_reduce("mean", mean_reward)
-            decay = self.baseline_decay
-            self.baseline.assign(decay * self.baseline + (1.0 - decay) * mean_reward)
+            self._update_baseline(terms["reward"], terms["baseline_slot"])
         self._update_trackers(terms)
         return {m.name: m.result() for m in self.metrics}
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 from sat_tf import decoding
-from sat_tf.model import ShowAttendTell
+from sat_tf.model import BASELINE_SLOTS, ShowAttendTell
 
 VOCAB, WIDTH, LOCATIONS, FEATURES = 12, 8, 4, 8
 START, END = 1, 2
@@ -74,18 +74,27 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         batch = _batch()
         model = _model("hard", seed=3)
         model.compile(optimizer=keras.optimizers.SGD(0.5))
-        self.assertEqual(float(model.baseline), 0.0)
-        expected = 0.0
-        for _ in range(2):
+        self.assertAllEqual(model.baseline.numpy(), np.zeros(BASELINE_SLOTS))
+        expected = np.zeros(BASELINE_SLOTS)
+        for step in range(2):
             # Draw the step's samples here, then again from the same seed state in fit.
             seed_state = model.seed_generator.state.numpy()
-            reward = float(tf.reduce_mean(model.loss_terms(batch, training=True)["reward"]))
+            terms = model.loss_terms(batch, training=True)
+            reward = terms["reward"].numpy()
             model.seed_generator.state.assign(seed_state)
             history = model.fit(tf.data.Dataset.from_tensors(batch), epochs=1, verbose=0)
-            expected = 0.9 * expected + 0.1 * reward
-            self.assertAllClose(float(model.baseline), expected, atol=1e-5)
-            self.assertAllClose(history.history["reward"][0], reward, atol=1e-5)
-            self.assertLess(reward, 0.0)
+            # One baseline per caption length: the two captions have 4 and 3 target words;
+            # the first batch of a length sets its baseline, later ones move it by 0.1.
+            for row, words in enumerate((4, 3)):
+                self.assertEqual(int(terms["baseline_slot"][row]), words)
+                expected[words] = (
+                    reward[row] if step == 0 else 0.9 * expected[words] + 0.1 * reward[row]
+                )
+            self.assertAllClose(model.baseline.numpy(), expected, atol=1e-5)
+            self.assertAllEqual(model.baseline_seen.numpy()[[3, 4]], [1.0, 1.0])
+            self.assertEqual(model.baseline_seen.numpy().sum(), 2.0)
+            self.assertAllClose(history.history["reward"][0], reward.mean(), atol=1e-5)
+            self.assertLess(reward.mean(), 0.0)
 
     def test_train_and_test_on_batch(self):
         batch = _batch()
@@ -114,7 +123,7 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
     def test_hard_loss_terms_use_the_given_samples(self):
         batch = _batch(seed=2)
         model = _model("hard", entropy_weight=0.01)
-        model.baseline.assign(-2.0)
+        model.baseline.assign(np.full(BASELINE_SLOTS, -2.0, np.float32))
         noise = np.random.default_rng(2).gumbel(size=(2, 5, LOCATIONS)).astype(np.float32)
         use_expected = tf.constant([False, True])
         terms = model.loss_terms(
@@ -163,7 +172,7 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         rng = np.random.default_rng(0)
         for w in model.trainable_weights:
             w.assign(0.5 * rng.normal(size=w.shape).astype(np.float32))
-        model.baseline.assign(-3.5)
+        model.baseline.assign(np.full(BASELINE_SLOTS, -3.5, np.float32))
         path = os.path.join(self.get_temp_dir(), f"{attention}_{score}.keras")
         keras.saving.save_model(model, path)
         loaded = keras.saving.load_model(path, safe_mode=True)
@@ -171,7 +180,7 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(loaded.get_config(), model.get_config())
         self.assertAllClose(loaded(batch)["logits"], model(batch)["logits"], atol=1e-6)
         self.assertAllClose(loaded(batch)["alpha"], model(batch)["alpha"], atol=1e-6)
-        self.assertEqual(float(loaded.baseline), -3.5)
+        self.assertAllEqual(loaded.baseline.numpy(), model.baseline.numpy())
 
     @parameterized.parameters(*ATTENTIONS)
     def test_generate(self, attention):
