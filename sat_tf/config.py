@@ -88,7 +88,12 @@ class Config:
         self.validate()
 
     def validate(self):
-        """Raises ValueError naming the first setting that is out of range."""
+        """Raises ValueError naming the first setting of the wrong type or out of range."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            kinds = (int, float) if f.type is float else (f.type,)
+            if isinstance(value, bool) != (f.type is bool) or not isinstance(value, kinds):
+                raise ValueError(f"--{f.name}={value!r} is not a {f.type.__name__}")
         for name, choices in CHOICES.items():
             value = getattr(self, name)
             if value not in choices:
@@ -100,7 +105,10 @@ class Config:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name}={getattr(self, name)} must be at least 1")
-        for name in ("steps_per_epoch", "eval_images", "early_stopping_patience", "alpha_c"):
+        non_negative = ("steps_per_epoch", "eval_images", "early_stopping_patience", "alpha_c")
+        non_negative += ("clip_norm", "num_train", "num_val", "num_test", "seed")
+        non_negative += ("reinforce_weight", "entropy_weight")
+        for name in non_negative:
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name}={getattr(self, name)} must not be negative")
         if not 0.0 <= self.dropout < 1.0:
@@ -128,7 +136,7 @@ class Config:
         try:
             with open(path, encoding="utf-8") as f:
                 values = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError) as e:
             raise ValueError(f"cannot read config {path}: {e}") from e
         return cls.from_dict(values)
 

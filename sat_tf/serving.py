@@ -7,12 +7,13 @@ The SavedModel (written with `keras.export.ExportArchive`) has three signatures,
   caption_features  features float32 (N, L, D)     encoder output (annotation vectors)
 
 each returning caption string (N,), tokens int32 (N, T), length int32 (N,),
-log_prob float32 (N,) and attention float32 (N, T, H', W') on the encoder's grid, with
-the fields of `decoding.DecodeResult`. Decoding, resizing (`input_pipeline`, paper §5.4),
-the encoder, greedy or beam search (paper §4) and the id -> word lookup all run in the
-graph as core TensorFlow ops, so the export loads with `tf.saved_model.load` alone; the
-vocabulary is a constant of the graph. The TFLite file captions one resized image with
-builtin ops: greedy tokens and words out, joining them is left to the app.
+log_prob float32 (N,) and attention float32 (N, T, H, W) on the encoder's grid: the
+fields of `decoding.DecodeResult`, T the export's max_length. Decoding, resizing
+(`input_pipeline`, paper §5.4), the encoder, greedy or beam search (paper §4) and the
+id -> word lookup all run in the graph as core TensorFlow ops, so the export loads with
+`tf.saved_model.load` alone; the vocabulary is a constant of the graph. The TFLite file
+captions one resized image with builtin ops: greedy tokens and words out, joining them
+is left to the app.
 """
 
 import dataclasses
@@ -327,7 +328,11 @@ def _is_export(path):
 
 
 def _replace_dir(tmp, output):
-    """Moves the finished `tmp` to `output`, replacing an earlier export there."""
+    """Moves the finished `tmp` to `output`, replacing an earlier export there.
+
+    A replaced export is moved aside first, so `output` is briefly absent; a model
+    server is better given a new version folder than an overwritten one.
+    """
     if not os.path.exists(output):
         os.replace(tmp, output)
         return

@@ -2,7 +2,11 @@
 
 A workdir holds `config.json`, `vocab.txt`, `best.weights.h5` (best validation BLEU-4,
 paper §4.3), `backup/` (the state `BackupAndRestore` resumes from), `tensorboard/`, and
-the evaluation outputs `captions_<split>.json` and `metrics_<split>.json`.
+the evaluation outputs `captions_<split>.json` and `metrics_<split>.json`; a run on cached
+features (`--use_feature_cache`) also keeps `features.json`, the settings of its features.
+
+The vocabulary of a downloaded dataset is built once and kept beside it as
+`<data_dir>/vocab_<vocab_size>.txt`; each workdir gets a copy.
 """
 
 import dataclasses
@@ -16,13 +20,15 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from sat_tf import datasets, input_pipeline, metrics, shapes, visualize
+from sat_tf import datasets, features, input_pipeline, metrics, shapes, visualize
 from sat_tf import vocab as vocab_lib
 from sat_tf.config import Config
 from sat_tf.encoder import get_spec
 from sat_tf.model import build_model
 
 CONFIG_FILE, VOCAB_FILE, BEST_WEIGHTS = "config.json", "vocab.txt", "best.weights.h5"
+HISTORY_FILE = "val_history.json"
+FEATURES_FILE = "features.json"
 MODEL_FIELDS = (
     "dataset",
     "vocab_size",
@@ -89,8 +95,32 @@ def check_workdir(config: Config, workdir: str) -> None:
     config.save(path)
 
 
+def dataset_vocab(config: Config, train_records) -> vocab_lib.Vocab:
+    """The `config.vocab_size` most frequent training words (paper §5.1).
+
+    For a downloaded dataset it is built once and kept as `<data_dir>/vocab_<vocab_size>.txt`
+    (when data_dir is writable); shapes, regenerated when its settings change, builds it
+    afresh.
+    """
+    captions = (c for r in train_records for c in r.captions)
+    if config.dataset == "shapes":
+        return vocab_lib.Vocab.build(captions, max_words=config.vocab_size)
+    path = os.path.join(config.data_dir, f"vocab_{config.vocab_size}.txt")
+    if os.path.exists(path):
+        return vocab_lib.Vocab.load(path)
+    vocab = vocab_lib.Vocab.build(captions, max_words=config.vocab_size)
+    try:
+        vocab.save(path)
+    except OSError as e:
+        logging.warning("cannot keep the vocabulary in %s (%s); the workdir has it", path, e)
+    return vocab
+
+
 def prepare_data(config: Config, workdir: str) -> Data:
-    """Reads (for shapes: first generates) the dataset and loads or builds the vocabulary."""
+    """Reads (for shapes: first generates) the dataset and loads or builds the vocabulary.
+
+    With `--use_feature_cache`, images that feature extraction skipped are left out.
+    """
     objects = None
     if config.dataset == "shapes":
         json_path = shapes.generate(
@@ -103,6 +133,13 @@ def prepare_data(config: Config, workdir: str) -> Data:
         )
         objects = shapes.load_objects(json_path)
     records = datasets.load_records(config.dataset, config.data_dir, on_missing=config.on_missing)
+    if config.use_feature_cache:
+        if config.fine_tune_encoder:
+            raise ValueError(
+                "--fine_tune_encoder trains the encoder, which needs images: "
+                "set --use_feature_cache=false"
+            )
+        records = features.drop_skipped(records, features.feature_dir_of(config))
     splits = {s: [r for r in records if r.split == s] for s in ("train", "val", "test")}
     if not splits["train"]:
         raise ValueError(f"dataset {config.dataset} in {config.data_dir} has no training images")
@@ -110,8 +147,7 @@ def prepare_data(config: Config, workdir: str) -> Data:
     if os.path.exists(vocab_path):
         vocab = vocab_lib.Vocab.load(vocab_path)
     else:
-        captions = (c for r in splits["train"] for c in r.captions)
-        vocab = vocab_lib.Vocab.build(captions, max_words=config.vocab_size)
+        vocab = dataset_vocab(config, splits["train"])
         vocab.save(vocab_path)
     return Data(splits, vocab, objects)
 
@@ -139,24 +175,36 @@ def make_caption_fn(model, config: Config, beam_size=None):
     return caption
 
 
+def cached_features(config: Config, records):
+    """(dataset of (L, D) features in record order, (L, D)) from the feature cache when
+    `config.use_feature_cache`, else (None, None)."""
+    if not config.use_feature_cache:
+        return None, None
+    return features.feature_dataset_for(config, records)
+
+
 def caption_records(model, records, vocab, config: Config, beam_size=None, batch_size=100):
-    """Captions every record's image.
+    """Captions every record's image (its cached features with `--use_feature_cache`).
 
     Returns:
       list of dicts {"words": [...], "alpha": (n_words + 1, L) array (the last row made
-      `<end>`), "log_prob": float}, in record order.
+      `<end>`; n_words rows when the caption reached the length limit without `<end>`),
+      "log_prob": float}, in record order.
     """
     spec = get_spec(config.encoder)
+    cached, _ = cached_features(config, records)
     ds = input_pipeline.eval_dataset(
         records,
         image_size=config.image_size,
         crop_fraction=spec.crop_fraction,
         batch_size=batch_size,
+        features=cached,
     )
+    key = "image" if cached is None else "features"
     caption = make_caption_fn(model, config, beam_size)
     results = []
     for batch in ds:
-        out = caption({"image": batch["image"]})
+        out = caption({key: batch[key]})
         tokens, lengths = out.tokens.numpy(), out.length.numpy()
         for i in range(len(tokens)):
             n = int(lengths[i])
@@ -209,8 +257,11 @@ class EvaluationCallback(keras.callbacks.Callback):
     Also writes attention pictures of a few images to TensorBoard.
     """
 
-    def __init__(self, records, vocab, config, objects, grid, log_dir, num_pictures=3):
+    def __init__(
+        self, records, vocab, config, objects, grid, log_dir, history_path, num_pictures=3
+    ):
         super().__init__()
+        self.history_path = history_path
         self.records = records
         self.vocab = vocab
         self.config = config
@@ -229,6 +280,11 @@ class EvaluationCallback(keras.callbacks.Callback):
         for key in ("pointing_accuracy", "location_accuracy"):
             if key in scores:
                 logs[f"val_{key}"] = scores[key]
+        history = read_history(self.history_path)
+        history.append(
+            {"epoch": epoch + 1, **{k: v for k, v in logs.items() if k.startswith("val_")}}
+        )
+        _write_json(self.history_path, history)
         with self.writer.as_default(step=epoch):
             for key, value in logs.items():
                 if key.startswith("val_"):
@@ -253,8 +309,42 @@ class EvaluationCallback(keras.callbacks.Callback):
         data = tf.io.read_file(record.image_path)
         image = input_pipeline.decode_image(data, self.config.image_size, spec.crop_fraction)
         image = np.clip(image.numpy(), 0, 255).astype(np.uint8)
-        words = res["words"] + [vocab_lib.END]
+        words = (res["words"] + [vocab_lib.END])[: len(res["alpha"])]
         return visualize.attention_figure(image, words, res["alpha"], self.grid)
+
+
+def read_history(path):
+    """Per-epoch validation scores written by `EvaluationCallback` ([] if none yet)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+class TrainingDiverged(ValueError):
+    """The loss became NaN or infinite."""
+
+
+class StopOnNonFinite(keras.callbacks.Callback):
+    """Stops training at the first non-finite loss, before anything saves that state.
+
+    Raising (rather than `stop_training`) skips the end-of-epoch backup, so
+    `backup/` and `best.weights.h5` keep the last good weights.
+    """
+
+    def __init__(self, workdir):
+        super().__init__()
+        self.workdir = workdir
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            step = int(self.model.optimizer.iterations.numpy())
+            raise TrainingDiverged(
+                f"training diverged at step {step}: the loss is {float(loss)}; the last good "
+                f"state is kept in {os.path.join(self.workdir, 'backup')} and "
+                f"{os.path.join(self.workdir, BEST_WEIGHTS)}"
+            )
 
 
 def _optimizer(config: Config):
@@ -286,7 +376,14 @@ def load_trained(workdir: str):
         raise ValueError(f"{workdir} is not a sat_tf workdir: {CONFIG_FILE} is missing")
     config = Config.load(config_path)
     vocab = vocab_lib.Vocab.load(os.path.join(workdir, VOCAB_FILE))
-    model = build_model(config, len(vocab))
+    feature_shape = None
+    if config.use_feature_cache:
+        features_path = os.path.join(workdir, FEATURES_FILE)
+        if not os.path.exists(features_path):
+            raise ValueError(f"{workdir} trained on cached features lacks {FEATURES_FILE}")
+        with open(features_path, encoding="utf-8") as f:
+            feature_shape = tuple(json.load(f)["feature_shape"])
+    model = build_model(config, len(vocab), feature_shape, load_encoder_weights=False)
     for path in (
         os.path.join(workdir, BEST_WEIGHTS),
         os.path.join(workdir, "backup", "latest.weights.h5"),
@@ -330,7 +427,14 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
     data = prepare_data(config, workdir)
     train = data.splits["train"]
     spec = get_spec(config.encoder)
-    input_pipeline.check_image_files([r.image_path for r in train + data.splits["val"]])
+    cached, feature_shape = cached_features(config, train)
+    checked = data.splits["val"] if config.use_feature_cache else train + data.splits["val"]
+    input_pipeline.check_image_files([r.image_path for r in checked])
+    if config.use_feature_cache:
+        index = features.read_index(features.feature_dir_of(config))
+        keys = ("feature_dir", "encoder", "encoder_weights", "image_size", "feature_shape", "grid")
+        index["feature_dir"] = os.path.abspath(features.feature_dir_of(config))
+        _write_json(os.path.join(workdir, FEATURES_FILE), {k: index[k] for k in keys})
     num_captions = sum(len(r.captions) for r in train)
     steps = config.steps_per_epoch or math.ceil(num_captions / config.batch_size)
     train_ds = input_pipeline.train_dataset(
@@ -341,20 +445,30 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         batch_size=config.batch_size,
         max_length=config.max_caption_length,
         seed=config.seed,
+        features=cached,
     )
     strategy = _strategy(config)
     with strategy.scope():
-        model = build_model(config, len(data.vocab))
+        model = build_model(config, len(data.vocab), feature_shape)
         model.compile(optimizer=_optimizer(config), jit_compile=config.jit_compile)
     val = data.splits["val"][: config.eval_images or None]
     log_dir = os.path.join(workdir, "tensorboard")
     callbacks = [
-        keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup"), double_checkpoint=True),
-        keras.callbacks.TerminateOnNaN(),
+        keras.callbacks.BackupAndRestore(
+            os.path.join(workdir, "backup"), double_checkpoint=True, delete_checkpoint=False
+        ),
+        StopOnNonFinite(workdir),
     ]
     if val:
-        grid = model.grid
-        callbacks.append(EvaluationCallback(val, data.vocab, config, data.objects, grid, log_dir))
+        history_path = os.path.join(workdir, HISTORY_FILE)
+        best_so_far = None
+        if os.path.exists(os.path.join(workdir, BEST_WEIGHTS)):
+            best_so_far = max((h["val_bleu4"] for h in read_history(history_path)), default=None)
+        callbacks.append(
+            EvaluationCallback(
+                val, data.vocab, config, data.objects, model.grid, log_dir, history_path
+            )
+        )
         callbacks.append(
             keras.callbacks.ModelCheckpoint(
                 os.path.join(workdir, BEST_WEIGHTS),
@@ -362,6 +476,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
                 mode="max",
                 save_best_only=True,
                 save_weights_only=True,
+                initial_value_threshold=best_so_far,
             )
         )
         if config.early_stopping_patience:

@@ -1,8 +1,9 @@
 """Basic tokenization and the word vocabulary (paper §5.1).
 
-Tokenization is the paper's "basic tokenization": Unicode case folding, punctuation and
-symbols replaced by spaces, split on whitespace. It runs as tensorflow-text ops so that
-the input pipeline and vocabulary building share one definition.
+Tokenization is the paper's "basic tokenization": Unicode case folding, punctuation,
+symbols and Unicode separators replaced by spaces, split on whitespace. It runs as
+tensorflow-text ops so that the input pipeline and vocabulary building share one
+definition.
 """
 
 import collections
@@ -31,7 +32,7 @@ def tokenize(texts: tf.Tensor) -> tf.RaggedTensor:
       Ragged string tensor of shape (N, None): lowercase words without punctuation.
     """
     folded = tf_text.case_fold_utf8(texts)
-    cleaned = tf.strings.regex_replace(folded, r"[\pP\pS]", " ")
+    cleaned = tf.strings.regex_replace(folded, r"[\pP\pS\pZ\x{85}]", " ")
     return _TOKENIZER.tokenize(cleaned)
 
 

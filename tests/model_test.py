@@ -182,6 +182,15 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllClose(loaded(batch)["alpha"], model(batch)["alpha"], atol=1e-6)
         self.assertAllEqual(loaded.baseline.numpy(), model.baseline.numpy())
 
+    def test_beam_search_in_tf_function_with_a_batch_of_one(self):
+        # The state gathered by parent beam once lost its static shape for a static
+        # batch of one, which tf.while_loop refuses.
+        model = _model("soft")
+        features = tf.random.stateless_normal([1, LOCATIONS, FEATURES], seed=[1, 2])
+        beam = tf.function(lambda x: model.generate({"features": x}, max_length=5, beam_size=3))
+        eager = model.generate({"features": features}, max_length=5, beam_size=3)
+        self.assertAllEqual(beam(features).tokens, eager.tokens)
+
     @parameterized.parameters(*ATTENTIONS)
     def test_generate(self, attention):
         batch = _batch(seed=4)

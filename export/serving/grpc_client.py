@@ -12,9 +12,6 @@ import tensorflow as tf
 from absl import app, flags
 from tensorflow_serving.apis import predict_pb2
 
-flags.DEFINE_string("server", "localhost:8500", "host:port of the model server's gRPC API.")
-flags.DEFINE_string("model_name", "sat", "Model name in models.config.")
-flags.DEFINE_float("timeout", 30.0, "Seconds to wait for the answer.")
 FLAGS = flags.FLAGS
 
 
@@ -58,6 +55,13 @@ def parse_response(response):
     return results
 
 
+def define_flags():
+    """Command-line flags; defined only when run as a script, not on import."""
+    flags.DEFINE_string("server", "localhost:8500", "host:port of the model server's gRPC API.")
+    flags.DEFINE_string("model_name", "sat", "Model name in models.config.")
+    flags.DEFINE_float("timeout", 30.0, "Seconds to wait for the answer.")
+
+
 def main(argv):
     import grpc
     from tensorflow_serving.apis import prediction_service_pb2_grpc
@@ -80,4 +84,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -5,7 +5,7 @@
 
 The body is TF Serving's row format with the bytes base64-encoded:
   {"signature_name": "serving_default", "instances": [{"image_bytes": {"b64": "..."}}]}
-Only the standard library is used, so the client runs anywhere.
+Needs only the standard library and absl-py, so it runs without TensorFlow.
 """
 
 import base64
@@ -16,16 +16,14 @@ import urllib.request
 
 from absl import app, flags
 
-flags.DEFINE_string("server", "http://localhost:8501", "Base URL of the REST API.")
-flags.DEFINE_string("model_name", "sat", "Model name in models.config.")
-flags.DEFINE_string("write_body", "", "Write the request body to this file instead of sending.")
-flags.DEFINE_float("timeout", 30.0, "Seconds to wait for the answer.")
 FLAGS = flags.FLAGS
 
 
 def request_body(images, signature_name="serving_default"):
     """The JSON body (as a dict) of a predict request for encoded images."""
-    instances = [{"image_bytes": {"b64": base64.b64encode(data).decode("ascii")}} for data in images]
+    instances = [
+        {"image_bytes": {"b64": base64.b64encode(data).decode("ascii")}} for data in images
+    ]
     return {"signature_name": signature_name, "instances": instances}
 
 
@@ -43,6 +41,14 @@ def predict(url, body, timeout=30.0):
             return json.load(answer)
     except urllib.error.HTTPError as e:
         raise RuntimeError(f"{url}: HTTP {e.code}: {e.read().decode('utf-8', 'replace')}") from None
+
+
+def define_flags():
+    """Command-line flags; defined only when run as a script, not on import."""
+    flags.DEFINE_string("server", "http://localhost:8501", "Base URL of the REST API.")
+    flags.DEFINE_string("model_name", "sat", "Model name in models.config.")
+    flags.DEFINE_string("write_body", "", "Write the request body to this file instead of sending.")
+    flags.DEFINE_float("timeout", 30.0, "Seconds to wait for the answer.")
 
 
 def main(argv):
@@ -69,4 +75,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -1,0 +1,189 @@
+"""Analytic work counts of the decoder (paper §3.1.2, §4) for the benchmarks.
+
+Notation as in DESIGN.md §1: L annotation vectors of size D, word embedding m, LSTM size
+n, additive-score width A, output vocabulary V, batch B, T decoder steps (the caption's
+words and `<end>`). A matrix product of (r, k) by (k, c) costs 2 r k c FLOPs; every
+elementwise operation (add, multiply, tanh, sigmoid, exp, log, compare) costs 1 FLOP per
+element.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """Sizes of one decoder configuration.
+
+    Attributes:
+      locations: L.
+      feature_dim: D.
+      embed_dim: m.
+      hidden_dim: n.
+      attention_dim: A (used by the additive score only).
+      vocab_size: V, including the four special tokens.
+      attention: "soft", "hard" or "none".
+      score: "additive" or "dot".
+    """
+
+    locations: int
+    feature_dim: int
+    embed_dim: int
+    hidden_dim: int
+    attention_dim: int
+    vocab_size: int
+    attention: str = "soft"
+    score: str = "additive"
+
+    def hidden_projection_width(self):
+        """Columns of the fused h_{t-1} kernel [U | U_a | w_beta] (decoder._hidden_kernel)."""
+        width = 4 * self.hidden_dim
+        if self.attention != "none" and self.score == "additive":
+            width += self.attention_dim
+        if self.attention == "soft":
+            width += 1
+        return width
+
+    def parameters(self):
+        """Trainable parameters of the decoder."""
+        L, D, m, n, A, V = self._sizes()
+        count = V * m + 2 * (D * n + n)  # embedding, init_h, init_c
+        count += (m * 4 * n + 4 * n) + n * 4 * n + D * 4 * n  # LSTM: embed, hidden, context
+        count += (n * m + m) + D * m + (m * V + V)  # L_h, L_z, L_o
+        if self.attention != "none":
+            if self.score == "additive":
+                count += (D * A + A) + n * A + A  # W_a, U_a, v
+            else:
+                count += D * n  # W_a
+        if self.attention == "soft":
+            count += n + 1  # beta
+        return count
+
+    def _sizes(self):
+        return (
+            self.locations,
+            self.feature_dim,
+            self.embed_dim,
+            self.hidden_dim,
+            self.attention_dim,
+            self.vocab_size,
+        )
+
+
+def train_step_flops(shape: Shape, batch: int, steps: int, optimizer_flops_per_param=12):
+    """FLOPs of one teacher-forced training step (`ShowAttendTell.train_step`).
+
+    Forward, per caption, once (outside the recurrence):
+      matmul: init_h, init_c                      2 * 2 D n
+              W_a a (additive)                    2 L D A     (dot: 2 L D n)
+              embedding half of the gates, all t  2 T m 4n
+      elementwise: mean of a                      L D
+              init tanh + bias                    4 n
+              W_a bias (additive)                 L A
+    Forward, per caption and step (x T):
+      matmul: [U | U_a | w_beta] h_{t-1}          2 n W, W = hidden_projection_width()
+              score v^T tanh(.) (additive)        2 L A       (dot: a^T W_a h: 2 L n)
+              expected context sum_i alpha_i a_i  2 L D       (soft and hard)
+              Z z_t (context half of the gates)   2 D 4n      (none: hoisted, x1 not x T)
+      elementwise: score add + tanh (additive)    2 L A
+              log-softmax + exp of alpha          4 L
+              beta gate sigmoid + scale (soft)    D + 1
+              Gumbel add, argmax, select, entropy (hard)  2 L + D + 3 L
+              gate sums                           2 * 4n
+              LSTM cell: 3 sigmoid, 2 tanh, 3 mul, 1 add   9 n
+    Forward, per caption and step, after the recurrence (deep output, eq. 7):
+      matmul: L_h h_t, L_z z_t                    2 n m + 2 D m
+              L_o                                 2 m V
+      elementwise: sum of three + bias + tanh     4 m
+              L_o bias                            V
+              softmax cross-entropy (max, sub, exp, sum, log, pick)  4 V
+    Loss per caption: masked sum over T (2 T), doubly stochastic penalty (soft):
+      2 T L + 3 L.
+    Backward: twice the forward FLOPs, matmuls and elementwise alike (each matmul
+    has two gradient products of its own size; elementwise gradients take about two
+    operations per element).
+    Optimizer: `optimizer_flops_per_param` per parameter (Adam moments, bias correction,
+    update, and the global-norm clip: about 12).
+
+    Args:
+      shape: the decoder sizes.
+      batch: B.
+      steps: T.
+      optimizer_flops_per_param: FLOPs of the update per parameter.
+
+    Returns:
+      dict of FLOP counts: "forward_matmul", "forward_elementwise", "forward",
+      "backward", "optimizer", "total".
+    """
+    L, D, m, n, A, V = shape._sizes()
+    T = steps
+    attend = shape.attention != "none"
+    additive = attend and shape.score == "additive"
+
+    once_mm = 2 * 2 * D * n + 2 * T * m * 4 * n
+    once_ew = L * D + 4 * n
+    if attend:
+        once_mm += 2 * L * D * (A if additive else n)
+        once_ew += L * A if additive else 0
+
+    step_mm = 2 * n * shape.hidden_projection_width()
+    step_ew = 2 * 4 * n + 9 * n
+    if attend:
+        step_mm += (2 * L * A if additive else 2 * L * n) + 2 * L * D + 2 * D * 4 * n
+        step_ew += (2 * L * A if additive else 0) + 4 * L
+        if shape.attention == "soft":
+            step_ew += D + 1
+        else:
+            step_ew += 2 * L + D + 3 * L
+    else:
+        once_mm += 2 * D * 4 * n
+
+    out_mm = 2 * n * m + 2 * D * m + 2 * m * V
+    out_ew = 4 * m + V + 4 * V
+
+    loss_ew = 2 * T + (2 * T * L + 3 * L if shape.attention == "soft" else 0)
+
+    forward_mm = batch * (once_mm + T * (step_mm + out_mm))
+    forward_ew = batch * (once_ew + T * (step_ew + out_ew) + loss_ew)
+    forward = forward_mm + forward_ew
+    optimizer = optimizer_flops_per_param * shape.parameters()
+    return {
+        "forward_matmul": forward_mm,
+        "forward_elementwise": forward_ew,
+        "forward": forward,
+        "backward": 2 * forward,
+        "optimizer": optimizer,
+        "total": 3 * forward + optimizer,
+    }
+
+
+def decode_step_bytes(shape: Shape, bytes_per_value=4):
+    """Bytes one greedy step at batch 1 must read (`AttentionDecoder.step`).
+
+    At batch 1 every product is a matrix-vector product, so a step streams each weight
+    it uses once; activations are negligible except the per-image tensors the
+    attention reads every step:
+      weights: [U | U_a | w_beta]  n W
+               embedding half of the gates  m 4n + 4n
+               context half of the gates    D 4n
+               L_h, L_z, L_o                n m + m + D m + m V + V
+               v (additive)                 A
+      per image: W_a a (additive: L A; dot: L n) and a itself (L D).
+
+    Returns:
+      dict: "weights", "per_image", "total" (bytes per step), and "hidden_kernel_concat",
+      the extra bytes of building [U | U_a | w_beta] by `tf.concat` inside the step
+      (read and write: 2 n W) when the graph does not hoist it out of the loop.
+    """
+    L, D, m, n, A, V = shape._sizes()
+    width = shape.hidden_projection_width()
+    weights = n * width + (m * 4 * n + 4 * n) + D * 4 * n + n * m + m + D * m + m * V + V
+    per_image = 0
+    if shape.attention != "none":
+        per_image = L * D + (L * A if shape.score == "additive" else L * n)
+        weights += A if shape.score == "additive" else 0
+    return {
+        "weights": bytes_per_value * weights,
+        "per_image": bytes_per_value * per_image,
+        "total": bytes_per_value * (weights + per_image),
+        "hidden_kernel_concat": bytes_per_value * 2 * n * width,
+    }

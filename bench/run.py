@@ -1,0 +1,566 @@
+"""Benchmarks of sat_tf on this machine; prints one JSON document.
+
+    python bench/run.py           # paper-scale shapes, ~10 minutes on 2 cores
+    python bench/run.py --quick   # small shapes and few repeats, ~1-2 minutes
+
+Cases: the machine's float32 matmul rate and memory bandwidth (the yardsticks), the
+training step at paper scale (VGG19 features L=196 x D=512 as in paper §4.3, m=512,
+n=1024, A=512, V=10,000 words + 4 special tokens, B=64 captions of 16 words) with its
+analytic FLOPs (`flops.py`), decoding latency and throughput, encoder throughput, the
+input pipeline against the training step, the exported SavedModel / TFLite file, and
+peak resident memory. Every timing is a median over repeats after warm-up, with min,
+max and interquartile range; a case that fails reports its error instead. The machine's
+load average is recorded: on a shared machine the spread shows how far to trust a
+median. Never run as a test.
+"""
+
+import argparse
+import datetime
+import io
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from unittest import mock
+
+import flops
+import keras
+import numpy as np
+import tensorflow as tf
+
+from sat_tf import input_pipeline
+from sat_tf import vocab as vocab_lib
+from sat_tf.config import Config
+from sat_tf.datasets import Record
+from sat_tf.encoder import ImageEncoder
+from sat_tf.model import build_model
+
+SPECIALS = len(vocab_lib.SPECIALS)
+
+FULL = {
+    "grid": (14, 14),
+    "feature_dim": 512,
+    "embed_dim": 512,
+    "hidden_dim": 1024,
+    "attention_dim": 512,
+    "vocab_words": 10000,
+    "batch": 64,
+    "words": 16,
+    "decode_batch": 32,
+    "matmul_n": 2048,
+    "bandwidth_mb": 256,
+    "extract_size": 224,
+    "extract_batch": 16,
+    "pipeline_images": 256,
+    "serve_encoder": "vgg19",
+    "serve_image_size": 224,
+    "serve_batch": 16,
+    "warmup": 2,
+    "repeats": 7,
+}
+QUICK = {
+    **FULL,
+    "grid": (7, 7),
+    "feature_dim": 128,
+    "embed_dim": 64,
+    "hidden_dim": 128,
+    "attention_dim": 64,
+    "vocab_words": 1000,
+    "batch": 16,
+    "words": 8,
+    "decode_batch": 8,
+    "matmul_n": 1024,
+    "bandwidth_mb": 64,
+    "extract_size": 112,
+    "extract_batch": 4,
+    "pipeline_images": 64,
+    "serve_encoder": "shapes_cnn",
+    "serve_image_size": 112,
+    "serve_batch": 4,
+    "warmup": 1,
+    "repeats": 3,
+}
+TRAIN_CASES = {
+    "soft_additive": ("soft", "additive", False),
+    "hard_additive": ("hard", "additive", False),
+    "soft_dot": ("soft", "dot", False),
+    "soft_additive_jit": ("soft", "additive", True),
+    "hard_additive_jit": ("hard", "additive", True),
+}
+
+
+def stats(values):
+    """Median, min, max and interquartile range of a list of numbers."""
+    q1, _, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "iqr": q3 - q1,
+        "n": len(values),
+    }
+
+
+def time_calls(fn, warmup, repeats, number=1):
+    """Seconds per call of `fn` (which must block until its result is ready).
+
+    Calls it `warmup` times (tracing, compiling, caches), then times `repeats` rounds
+    of `number` calls each.
+
+    Returns:
+      list of seconds per call, one per round.
+    """
+    for _ in range(warmup):
+        fn()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        seconds.append((time.perf_counter() - start) / number)
+    return seconds
+
+
+def rate(seconds, amount):
+    """Stats of `amount / s` over timed rounds (min rate from the slowest round)."""
+    return stats([amount / s for s in seconds])
+
+
+def blocking(fn, *args):
+    """`fn(*args)`, with every output tensor fetched to the host."""
+    return lambda: tf.nest.map_structure(lambda t: getattr(t, "numpy", lambda: t)(), fn(*args))
+
+
+def guarded(case):
+    """Runs one case; an exception becomes {"error": ...} in the report."""
+    try:
+        return case()
+    except Exception as e:  # noqa: BLE001 - a failing case is reported, not fatal
+        return error_report(e)
+
+
+def error_report(error):
+    """{"error": type and first line of the message, "where": the last frames}."""
+    lines = str(error).strip().splitlines() or [""]
+    frames = traceback.extract_tb(error.__traceback__)
+    return {
+        "error": f"{type(error).__name__}: {lines[0]}"[:500],
+        "where": [f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in frames[-3:]],
+    }
+
+
+def peak_rss_mb():
+    """Peak resident memory of this process so far (ru_maxrss is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def machine_info():
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "numpy": np.__version__,
+        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def decoder_shape(p, attention="soft", score="additive"):
+    return flops.Shape(
+        locations=p["grid"][0] * p["grid"][1],
+        feature_dim=p["feature_dim"],
+        embed_dim=p["embed_dim"],
+        hidden_dim=p["hidden_dim"],
+        attention_dim=p["attention_dim"],
+        vocab_size=p["vocab_words"] + SPECIALS,
+        attention=attention,
+        score=score,
+    )
+
+
+def feature_model(p, attention="soft", score="additive"):
+    """A `build_model` captioner on cached (L, D) features, as train_lib builds it."""
+    config = Config(
+        use_feature_cache=True,
+        vocab_size=p["vocab_words"],
+        embed_dim=p["embed_dim"],
+        hidden_dim=p["hidden_dim"],
+        attention_dim=p["attention_dim"],
+        attention=attention,
+        attention_score=score,
+    )
+    locations = p["grid"][0] * p["grid"][1]
+    model = build_model(config, p["vocab_words"] + SPECIALS, (locations, p["feature_dim"]))
+    optimizer = keras.optimizers.Adam(config.learning_rate, global_clipnorm=config.clip_norm)
+    model.compile(optimizer=optimizer)
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
+def train_batch(p, seed=0):
+    """Fixed batch: random features and captions of exactly `words` words."""
+    rng = np.random.default_rng(seed)
+    locations = p["grid"][0] * p["grid"][1]
+    batch, words = p["batch"], p["words"]
+    middle = rng.integers(SPECIALS, p["vocab_words"] + SPECIALS, (batch, words))
+    captions = np.concatenate(
+        [
+            np.full((batch, 1), vocab_lib.START_ID),
+            middle,
+            np.full((batch, 1), vocab_lib.END_ID),
+        ],
+        axis=1,
+    )
+    features = rng.normal(size=(batch, locations, p["feature_dim"]))
+    return {
+        "features": tf.constant(features, tf.float32),
+        "caption": tf.constant(captions, tf.int32),
+    }
+
+
+def case_matmul(p):
+    n = p["matmul_n"]
+    a = tf.random.normal([n, n])
+    b = tf.random.normal([n, n])
+    product = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)))
+    seconds = time_calls(blocking(product), p["warmup"], p["repeats"], number=3)
+    return {
+        "n": n,
+        "seconds": stats(seconds),
+        "gflops": rate(seconds, 2 * n**3 / 1e9),
+    }
+
+
+def case_memory_bandwidth(p):
+    """GB/s of streaming a large float32 tensor: a full read (reduce_sum), and a scaled
+    copy into another variable (one read and one write)."""
+    count = p["bandwidth_mb"] * 2**20 // 4
+    x = tf.Variable(tf.random.uniform([count]))
+    y = tf.Variable(tf.zeros([count]))
+    read = tf.function(lambda: tf.reduce_sum(x))
+
+    @tf.function
+    def scale():
+        y.assign(2.0 * x)
+
+    size = count * 4
+    read_s = time_calls(blocking(read), p["warmup"], p["repeats"], number=3)
+    scale_s = time_calls(blocking(scale), p["warmup"], p["repeats"], number=3)
+    return {
+        "megabytes": p["bandwidth_mb"],
+        "read_gbps": rate(read_s, size / 1e9),
+        "read_write_gbps": rate(scale_s, 2 * size / 1e9),
+    }
+
+
+def case_train_step(p, attention, score, jit, matmul_gflops):
+    model = feature_model(p, attention, score)
+    batch = train_batch(p)
+    step = tf.function(model.train_step, jit_compile=jit)
+    try:
+        seconds = time_calls(blocking(step, batch), p["warmup"], p["repeats"])
+    except Exception as e:  # noqa: BLE001 - XLA may reject the while loop: report it
+        return error_report(e)
+    counts = flops.train_step_flops(decoder_shape(p, attention, score), p["batch"], p["words"] + 1)
+    achieved = rate(seconds, counts["total"] / 1e9)
+    return {
+        "seconds_per_step": stats(seconds),
+        "captions_per_s": rate(seconds, p["batch"]),
+        "batches_per_s": rate(seconds, 1),
+        "flops_per_step": counts,
+        "gflops": achieved,
+        "fraction_of_matmul_rate": achieved["median"] / matmul_gflops if matmul_gflops else None,
+        "parameters": int(sum(np.prod(v.shape) for v in model.trainable_weights)),
+        "parameters_analytic": decoder_shape(p, attention, score).parameters(),
+    }
+
+
+def case_decode(p, bandwidth_gbps):
+    """Greedy and beam-3 decoding from features with the paper-scale decoder.
+
+    `<end>` is made impossible (its output bias set to -1e4) so that every caption runs
+    the full `words` steps and the timings do not depend on random weights.
+    """
+    model = feature_model(p)
+    bias = model.decoder.deep_output.bias.numpy()
+    bias[vocab_lib.END_ID] = -1e4
+    model.decoder.deep_output.bias.assign(bias)
+    steps = p["words"]
+    locations = p["grid"][0] * p["grid"][1]
+    rng = np.random.default_rng(1)
+    result = {"steps": steps}
+
+    spec = tf.TensorSpec([None, locations, p["feature_dim"]], tf.float32)
+
+    def generate(beam, hoist=False):
+        # A dynamic batch dimension, as in the exported signatures.
+        @tf.function(input_signature=[spec])
+        def run(features):
+            if not hoist:
+                return model.generate({"features": features}, max_length=steps, beam_size=beam)
+            kernel = model.decoder._hidden_kernel()
+            with mock.patch.object(model.decoder, "_hidden_kernel", lambda: kernel):
+                return model.generate({"features": features}, max_length=steps, beam_size=beam)
+
+        return run
+
+    def timed(fn, batch):
+        features = tf.constant(rng.normal(size=(batch, locations, p["feature_dim"])), tf.float32)
+        seconds = time_calls(blocking(fn, features), p["warmup"], p["repeats"])
+        out = {"seconds": stats(seconds), "images_per_s": rate(seconds, batch)}
+        if batch == 1:
+            out["ms_per_image"] = stats([1e3 * s for s in seconds])
+        return out
+
+    for beam in (1, 3):
+        name = "greedy" if beam == 1 else f"beam{beam}"
+        fn = generate(beam)
+        for batch in (1, p["decode_batch"]):
+            result[f"{name}_batch{batch}"] = guarded(lambda f=fn, b=batch: timed(f, b))
+    result["greedy_batch1_hidden_kernel_hoisted"] = {
+        "note": "what-if: [U | U_a | w_beta] concatenated once per call, not in every step",
+        **guarded(lambda: timed(generate(1, hoist=True), 1)),
+    }
+    step_bytes = flops.decode_step_bytes(decoder_shape(p))
+    if not bandwidth_gbps:
+        result["bandwidth_bound_greedy_batch1"] = {"bytes_per_step": step_bytes}
+        return result
+    seconds_per_step_byte = steps / (bandwidth_gbps * 1e9)
+    bound_ms = 1e3 * step_bytes["total"] * seconds_per_step_byte
+    concat_ms = (
+        1e3 * (step_bytes["total"] + step_bytes["hidden_kernel_concat"]) * seconds_per_step_byte
+    )
+    measured = result["greedy_batch1"].get("ms_per_image", {}).get("median")
+    result["bandwidth_bound_greedy_batch1"] = {
+        "bytes_per_step": step_bytes,
+        "read_gbps": bandwidth_gbps,
+        "ms_per_image": bound_ms,
+        "ms_per_image_with_concat": concat_ms,
+        "measured_over_bound": measured / bound_ms if measured else None,
+    }
+    return result
+
+
+def case_extract(p):
+    size, batch = p["extract_size"], p["extract_batch"]
+    images = tf.random.uniform([batch, size, size, 3], 0, 255)
+    result = {"image_size": size, "batch": batch}
+    encoders = {"vgg19": None, "efficientnet_lite0": "imagenet"}
+    for name, weights in encoders.items():
+
+        def run(name=name, weights=weights):
+            try:
+                encoder = ImageEncoder(name, size, weights)
+                source = weights or "random"
+            except (FileNotFoundError, ValueError) as e:
+                encoder, source = ImageEncoder(name, size, None), f"random ({e})"
+            fn = tf.function(lambda x: encoder(x, training=False))
+            seconds = time_calls(blocking(fn, images), p["warmup"], p["repeats"])
+            return {
+                "weights": source,
+                "features": list(encoder.feature_grid()),
+                "images_per_s": rate(seconds, batch),
+            }
+
+        result[name] = guarded(run)
+    return result
+
+
+def _synthetic_records(p, rng):
+    words = [f"w{i}" for i in range(p["vocab_words"])]
+    ranks = np.arange(1, len(words) + 1)
+    zipf = (1.0 / ranks) / (1.0 / ranks).sum()
+    records = []
+    for i in range(p["pipeline_images"]):
+        captions = tuple(
+            " ".join(rng.choice(words, size=rng.integers(8, 21), p=zipf)) for _ in range(5)
+        )
+        records.append(
+            Record(image_id=str(i), image_path=f"{i}.jpg", captions=captions, split="train")
+        )
+    return records
+
+
+def case_input_pipeline(p, train_batches_per_s):
+    """Batches/s of `train_dataset` on in-memory float16 features, length-bucketed."""
+    rng = np.random.default_rng(2)
+    records = _synthetic_records(p, rng)
+    vocab = vocab_lib.Vocab.build(
+        (c for r in records for c in r.captions), max_words=p["vocab_words"]
+    )
+    locations = p["grid"][0] * p["grid"][1]
+    features = rng.normal(size=(len(records), locations, p["feature_dim"])).astype(np.float16)
+    ds = input_pipeline.train_dataset(
+        records,
+        vocab,
+        image_size=224,
+        crop_fraction=224 / 256,
+        batch_size=p["batch"],
+        max_length=40,
+        features=tf.data.Dataset.from_tensor_slices(features),
+    )
+    iterator = iter(ds)
+    lengths = set()
+
+    def next_batch():
+        batch = next(iterator)
+        lengths.add(int(batch["caption"].shape[1]))
+
+    number = 10
+    seconds = time_calls(next_batch, 3 * number, p["repeats"], number=number)
+    batches = rate(seconds, 1)
+    return {
+        "images": len(records),
+        "feature_dtype": "float16",
+        "batch": p["batch"],
+        "batches_per_s": batches,
+        "caption_lengths_seen": len(lengths),
+        "train_step_batches_per_s": train_batches_per_s,
+        "pipeline_over_train_step": batches["median"] / train_batches_per_s
+        if train_batches_per_s
+        else None,
+    }
+
+
+def _jpeg(size, seed):
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def case_serve(p):
+    """The exported SavedModel's serving_default on JPEG bytes, and the TFLite file."""
+    try:
+        from sat_tf import serving
+    except ImportError as e:
+        return {"skipped": f"sat_tf.serving cannot be imported: {e}"}
+    words = [f"w{i}" for i in range(p["vocab_words"])]
+    vocab = vocab_lib.Vocab(list(vocab_lib.SPECIALS) + words)
+    config = Config(
+        encoder=p["serve_encoder"],
+        image_size=p["serve_image_size"],
+        vocab_size=p["vocab_words"],
+        embed_dim=p["embed_dim"],
+        hidden_dim=p["hidden_dim"],
+        attention_dim=p["attention_dim"],
+        max_decode_length=p["words"],
+    )
+    model = build_model(config, len(vocab))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "export")
+        try:
+            start = time.perf_counter()
+            info = serving.export(model, vocab, config, path, tflite=True)
+            export_seconds = time.perf_counter() - start
+        except Exception as e:  # noqa: BLE001 - the export belongs to another module
+            return {"skipped": "export failed", **error_report(e)}
+        result = {
+            "encoder": config.encoder,
+            "image_size": config.image_size,
+            "max_length": config.max_decode_length,
+            "export_seconds": export_seconds,
+        }
+        signature = tf.saved_model.load(path).signatures["serving_default"]
+        for batch in (1, p["serve_batch"]):
+            data = tf.constant([_jpeg((320, 240), i) for i in range(batch)])
+            seconds = time_calls(
+                blocking(lambda d: signature(image_bytes=d), data), p["warmup"], p["repeats"]
+            )
+            result[f"saved_model_batch{batch}"] = {
+                "ms_per_request": stats([1e3 * s for s in seconds]),
+                "images_per_s": rate(seconds, batch),
+            }
+        result["tflite_batch1"] = guarded(lambda: _tflite(p, path, info))
+    return result
+
+
+def _tflite(p, path, info):
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=os.path.join(path, info["tflite"]["file"]))
+    interpreter.allocate_tensors()
+    size = info["image_size"]
+    detail = interpreter.get_input_details()[0]
+    image = np.random.default_rng(3).uniform(0, 255, (1, size, size, 3)).astype(np.float32)
+
+    def invoke():
+        interpreter.set_tensor(detail["index"], image)
+        interpreter.invoke()
+
+    seconds = time_calls(invoke, p["warmup"], p["repeats"])
+    return {
+        "bytes": info["tflite"]["bytes"],
+        "ms_per_image": stats([1e3 * s for s in seconds]),
+    }
+
+
+def run(quick):
+    p = QUICK if quick else FULL
+    start = time.perf_counter()
+    report = {
+        "machine": machine_info(),
+        "mode": "quick" if quick else "full",
+        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in p.items()},
+        "train_cases": {
+            name: {"attention": attention, "score": score, "jit_compile": jit}
+            for name, (attention, score, jit) in TRAIN_CASES.items()
+        },
+        "cases": {},
+    }
+    cases = report["cases"]
+    keras.utils.set_random_seed(0)
+    cases["matmul"] = guarded(lambda: case_matmul(p))
+    matmul_gflops = cases["matmul"].get("gflops", {}).get("median")
+    train = cases["train_step"] = {}
+    for name, (attention, score, jit) in TRAIN_CASES.items():
+        train[name] = guarded(
+            lambda a=attention, s=score, j=jit: case_train_step(p, a, s, j, matmul_gflops)
+        )
+    cases["peak_rss_mb_after_train_step"] = peak_rss_mb()
+    cases["memory_bandwidth"] = guarded(lambda: case_memory_bandwidth(p))
+    bandwidth = cases["memory_bandwidth"].get("read_gbps", {}).get("median")
+    cases["decode"] = guarded(lambda: case_decode(p, bandwidth))
+    cases["extract"] = guarded(lambda: case_extract(p))
+    train_rate = train["soft_additive"].get("batches_per_s", {}).get("median")
+    cases["input_pipeline"] = guarded(lambda: case_input_pipeline(p, train_rate))
+    cases["serve"] = guarded(lambda: case_serve(p))
+    cases["peak_rss_mb_at_end"] = peak_rss_mb()
+    report["wall_seconds"] = time.perf_counter() - start
+    report["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    return report
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small shapes, few repeats")
+    args = parser.parse_args(argv)
+    report = run(args.quick)
+    json.dump(report, sys.stdout, indent=2, default=float)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

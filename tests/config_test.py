@@ -1,0 +1,195 @@
+"""Tests for sat_tf.config: defaults, validation, the JSON file and the help strings."""
+
+import dataclasses
+import json
+import os
+import tempfile
+
+from absl.testing import parameterized
+
+from sat_tf import config as config_lib
+from sat_tf.config import CHOICES, Config
+
+POSITIVE = (
+    "vocab_size",
+    "max_caption_length",
+    "image_size",
+    "embed_dim",
+    "hidden_dim",
+    "attention_dim",
+    "batch_size",
+    "epochs",
+    "beam_size",
+    "max_decode_length",
+)
+NON_NEGATIVE = (
+    "steps_per_epoch",
+    "eval_images",
+    "early_stopping_patience",
+    "alpha_c",
+    "clip_norm",
+    "num_train",
+    "num_val",
+    "num_test",
+    "seed",
+    "reinforce_weight",
+    "entropy_weight",
+)
+
+
+class ValidateTest(parameterized.TestCase):
+    def test_defaults_are_valid(self):
+        config = Config()
+        config.validate()
+        self.assertEqual(
+            (config.dataset, config.encoder, config.image_size), ("shapes", "shapes_cnn", 112)
+        )
+        self.assertEqual((config.attention, config.batch_size), ("soft", 64))
+
+    def test_choices_are_fields(self):
+        names = {f.name for f in dataclasses.fields(Config)}
+        self.assertContainsSubset(set(CHOICES), names)
+
+    @parameterized.parameters(
+        *[(name, value) for name, values in CHOICES.items() for value in values]
+    )
+    def test_every_choice_is_accepted(self, name, value):
+        self.assertEqual(getattr(Config(**{name: value}), name), value)
+
+    @parameterized.named_parameters(*[(name, name) for name in CHOICES])
+    def test_bad_choice_names_the_flag_and_the_choices(self, name):
+        with self.assertRaises(ValueError) as raised:
+            Config(**{name: "bogus"})
+        message = str(raised.exception)
+        self.assertIn(f"--{name}='bogus'", message)
+        for value in CHOICES[name]:
+            self.assertIn(repr(value), message)
+
+    @parameterized.parameters(*[(name, value) for name in POSITIVE for value in (0, -1)])
+    def test_positive(self, name, value):
+        with self.assertRaisesRegex(ValueError, f"--{name}={value}"):
+            Config(**{name: value})
+        self.assertEqual(getattr(Config(**{name: 1}), name), 1)
+
+    @parameterized.named_parameters(*[(name, name) for name in NON_NEGATIVE])
+    def test_non_negative(self, name):
+        with self.assertRaisesRegex(ValueError, f"--{name}=-1"):
+            Config(**{name: -1})
+        self.assertEqual(getattr(Config(**{name: 0}), name), 0)
+
+    @parameterized.parameters(
+        ("dropout", -0.1, 0.0),
+        ("dropout", 1.0, 0.99),
+        ("hard_mix_prob", -0.01, 0.0),
+        ("hard_mix_prob", 1.01, 1.0),
+        ("baseline_decay", -0.01, 0.0),
+        ("baseline_decay", 1.01, 1.0),
+        ("learning_rate", 0.0, 1e-6),
+        ("learning_rate", -1e-3, 1.0),
+    )
+    def test_ranges(self, name, bad, good):
+        with self.assertRaisesRegex(ValueError, f"--{name}={bad}"):
+            Config(**{name: bad})
+        self.assertEqual(getattr(Config(**{name: good}), name), good)
+
+    def test_validate_after_a_change(self):
+        config = Config()
+        config.batch_size = 0
+        with self.assertRaisesRegex(ValueError, "--batch_size=0"):
+            config.validate()
+
+    @parameterized.named_parameters(
+        ("int_as_string", "batch_size", "8"),
+        ("int_as_float", "batch_size", 8.5),
+        ("float_as_string", "dropout", "0.1"),
+        ("bool_as_string", "jit_compile", "false"),
+        ("string_as_int", "data_dir", 3),
+    )
+    def test_wrong_type_names_the_key(self, name, value):
+        with self.assertRaisesRegex(ValueError, name):
+            Config.from_dict({name: value})
+
+    def test_int_for_float_is_accepted(self):
+        self.assertEqual(Config.from_dict({"dropout": 0, "learning_rate": 1}).learning_rate, 1)
+
+
+class FileTest(parameterized.TestCase):
+    def setUp(self):
+        super().setUp()
+        self.dir = tempfile.mkdtemp()
+
+    def test_round_trip(self):
+        config = Config(
+            dataset="coco",
+            data_dir="/data/coco",
+            encoder="resnet50",
+            encoder_weights="/w/resnet.weights.h5",
+            image_size=224,
+            batch_size=3,
+            dropout=0.5,
+            learning_rate=4e-4,
+            jit_compile=True,
+            mixed_precision="mixed_float16",
+            attention="hard",
+        )
+        path = os.path.join(self.dir, "config.json")
+        config.save(path)
+        self.assertEqual(Config.load(path), config)
+        self.assertEqual(os.listdir(self.dir), ["config.json"])
+        with open(path, encoding="utf-8") as f:
+            values = json.load(f)
+        self.assertEqual(values, dataclasses.asdict(config))
+        self.assertEqual(list(values), sorted(values))
+        self.assertIs(values["jit_compile"], True)
+
+    def test_missing_keys_take_defaults(self):
+        path = os.path.join(self.dir, "partial.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"batch_size": 3}, f)
+        self.assertEqual(Config.load(path), Config(batch_size=3))
+
+    def test_unknown_key_is_named(self):
+        path = os.path.join(self.dir, "config.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"batch_size": 3, "colour": "red", "zoom": 2}, f)
+        with self.assertRaisesRegex(ValueError, "colour, zoom"):
+            Config.load(path)
+
+    def test_bad_value_in_file(self):
+        path = os.path.join(self.dir, "config.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"attention": "loud"}, f)
+        with self.assertRaisesRegex(ValueError, "--attention='loud'"):
+            Config.load(path)
+
+    @parameterized.named_parameters(
+        ("missing", None),
+        ("not_json", b"{batch_size: 3"),
+        ("not_utf8", b'{"data_dir": "caf\xe9"}'),
+    )
+    def test_unreadable_file_is_named(self, data):
+        path = os.path.join(self.dir, "broken_config.json")
+        if data is not None:
+            with open(path, "wb") as f:
+                f.write(data)
+        with self.assertRaisesRegex(ValueError, "broken_config.json"):
+            Config.load(path)
+
+
+class HelpTest(parameterized.TestCase):
+    def test_every_field_has_help(self):
+        rows = list(config_lib.fields_with_help())
+        fields = dataclasses.fields(Config)
+        self.assertEqual([name for name, *_ in rows], [f.name for f in fields])
+        defaults = Config()
+        for name, default, kind, help_text in rows:
+            self.assertIn(kind, (str, int, float, bool), name)
+            self.assertIsInstance(default, kind, name)
+            self.assertEqual(default, getattr(defaults, name))
+            self.assertIsInstance(help_text, str)
+            self.assertGreater(len(help_text.strip()), 5, name)
+            self.assertNotIn("\n", help_text, name)
+
+
+if __name__ == "__main__":
+    parameterized.absltest.main()

@@ -1,0 +1,321 @@
+"""Round trips of the export: a fresh TensorFlow-only process, TF Serving's load-and-predict
+path (emulated with the session loader), the TFLite interpreter, and the export CLI."""
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from ai_edge_litert.interpreter import Interpreter
+from serving_test import MAX_LENGTH, encode, scenes, tiny_model
+from tensorflow_serving.apis import predict_pb2
+
+from sat_tf import input_pipeline, serving, train_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "export", "serving"))
+
+import grpc_client  # noqa: E402
+import rest_client  # noqa: E402
+
+GRID = (14, 14)
+
+# Runs in a fresh interpreter. `import tensorflow` imports Keras whenever it is installed,
+# so the script first marks the packages as absent (an import of them then fails) and
+# checks at the end that none of them was loaded.
+LOAD_SCRIPT = """
+import sys
+PACKAGES = ("sat_tf", "keras", "tensorflow_text", "tf_keras")
+for name in PACKAGES:
+    sys.modules[name] = None
+
+import json
+import numpy as np
+import tensorflow as tf
+
+exports, pngs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+arrays, out = np.load(sys.argv[3]), sys.argv[4]
+image_bytes = []
+for path in pngs:
+    with open(path, "rb") as f:
+        image_bytes.append(f.read())
+calls = {
+    "serving_default": {"image_bytes": tf.constant(image_bytes)},
+    "caption_images": {"images": tf.constant(arrays["images"])},
+    "caption_features": {"features": tf.constant(arrays["features"])},
+}
+results = {}
+for name, path in exports.items():
+    signatures = tf.saved_model.load(path).signatures
+    for signature, inputs in calls.items():
+        for key, value in signatures[signature](**inputs).items():
+            value = value.numpy()
+            if value.dtype == object:
+                value = np.array([v.decode("utf-8") for v in value])
+            results[f"{name}/{signature}/{key}"] = value
+foreign = [m for m, v in sys.modules.items() if v is not None and m.split(".")[0] in PACKAGES]
+results["foreign_modules"] = np.array(sorted(foreign), dtype=str)
+np.savez(out, **results)
+"""
+
+
+def session_predict(session, meta_graph, request):
+    """What the model server does with a `PredictRequest`: feed, run, `PredictResponse`."""
+    signature = meta_graph.signature_def[request.model_spec.signature_name or "serving_default"]
+    feed = {signature.inputs[k].name: tf.make_ndarray(v) for k, v in request.inputs.items()}
+    names = sorted(signature.outputs)
+    values = session.run([signature.outputs[k].name for k in names], feed)
+    response = predict_pb2.PredictResponse()
+    response.model_spec.CopyFrom(request.model_spec)
+    for name, value in zip(names, values, strict=True):
+        response.outputs[name].CopyFrom(tf.make_tensor_proto(value))
+    return predict_pb2.PredictResponse.FromString(response.SerializeToString())
+
+
+def session_rest_predict(session, meta_graph, body):
+    """What the model server does with a REST body in row format: JSON predictions."""
+    signature = meta_graph.signature_def[body.get("signature_name", "serving_default")]
+    columns = {name: [] for name in signature.inputs}
+    for instance in body["instances"]:
+        for name, value in instance.items():
+            columns[name].append(base64.b64decode(value["b64"]) if "b64" in value else value)
+    feed = {signature.inputs[k].name: np.array(v, dtype=object) for k, v in columns.items()}
+    names = sorted(signature.outputs)
+    values = session.run([signature.outputs[k].name for k in names], feed)
+    rows = [
+        {
+            name: (v[i].decode() if v.dtype == object else v[i].tolist())
+            for name, v in zip(names, values, strict=True)
+        }
+        for i in range(len(body["instances"]))
+    ]
+    return json.loads(json.dumps({"predictions": rows}))
+
+
+class ExportTest(tf.test.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.root = tempfile.mkdtemp()
+        cls.model, cls.vocab, cls.config = tiny_model()
+        cls.workdir = os.path.join(cls.root, "workdir")
+        os.makedirs(cls.workdir)
+        cls.config.save(os.path.join(cls.workdir, train_lib.CONFIG_FILE))
+        cls.vocab.save(os.path.join(cls.workdir, train_lib.VOCAB_FILE))
+        cls.model.save_weights(os.path.join(cls.workdir, train_lib.BEST_WEIGHTS))
+        cls.exports = os.path.join(cls.root, "exports", "sat")
+        cls.greedy_dir = os.path.join(cls.exports, "1")
+        cls.beam_dir = os.path.join(cls.exports, "2")
+        cls.info = serving.export_workdir(cls.workdir, cls.greedy_dir, tflite=True)
+        serving.export(cls.model, cls.vocab, cls.config, cls.beam_dir, beam_size=2)
+
+        cls.images = scenes(0, 4)
+        cls.png = [encode(x, "PNG") for x in cls.images]
+        cls.other_size = scenes(5, 4, 140, 120)
+        pixels = cls.images.astype(np.float32)
+        resized = input_pipeline.resize_and_crop(cls.other_size, 112, 1.0)
+        cls.features = cls.model.encoder(pixels).numpy()
+        cls.want, cls.want_resized = {}, {}
+        for beam in (1, 2):
+            cls.want[beam] = cls.generate({"image": pixels}, beam)
+            cls.want_resized[beam] = cls.generate({"image": resized}, beam)
+
+    @classmethod
+    def generate(cls, batch, beam_size):
+        """`ShowAttendTell.generate` with NumPy fields (usable inside a v1 graph too)."""
+        result = cls.model.generate(batch, max_length=MAX_LENGTH, beam_size=beam_size)
+        return type(result)(*(x.numpy() for x in result))
+
+    def captions(self, result):
+        pairs = zip(result.tokens, result.length, strict=True)
+        return [" ".join(self.vocab.decode(t[:n])) for t, n in pairs]
+
+    def assertMatches(self, got, want, captions=True):
+        self.assertAllEqual(got["tokens"], want.tokens)
+        self.assertAllEqual(got["length"], want.length)
+        self.assertAllClose(got["log_prob"], want.log_prob, atol=1e-4)
+        attention = np.reshape(want.attention, [-1, MAX_LENGTH, *GRID])  # (N, T, H, W)
+        self.assertAllClose(got["attention"], attention, atol=1e-5)
+        if captions:
+            got_captions = [c.decode() if isinstance(c, bytes) else c for c in got["caption"]]
+            self.assertEqual(got_captions, self.captions(want))
+
+    def test_fresh_process_without_sat_tf_matches_generate(self):
+        pngs = []
+        for i, data in enumerate(self.png):
+            pngs.append(os.path.join(self.root, f"image{i}.png"))
+            with open(pngs[-1], "wb") as f:
+                f.write(data)
+        arrays = os.path.join(self.root, "inputs.npz")
+        np.savez(arrays, images=self.other_size, features=self.features)
+        out = os.path.join(self.root, "outputs.npz")
+        exports = json.dumps({"greedy": self.greedy_dir, "beam": self.beam_dir})
+        subprocess.run(
+            [sys.executable, "-c", LOAD_SCRIPT, exports, json.dumps(pngs), arrays, out],
+            check=True,
+            cwd=self.root,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""},
+        )
+        results = np.load(out)
+        self.assertEqual(results["foreign_modules"].tolist(), [])
+        for name, beam in (("greedy", 1), ("beam", 2)):
+            for signature in serving.SIGNATURES:
+                got = {
+                    k.rsplit("/", 1)[1]: results[k]
+                    for k in results.files
+                    if k.startswith(f"{name}/{signature}/")
+                }
+                self.assertCountEqual(got, ["caption", "tokens", "length", "log_prob", "attention"])
+                want = self.want_resized if signature == "caption_images" else self.want
+                self.assertMatches(got, want[beam])
+        self.assertNotAllEqual(self.want[1].tokens, self.want[2].tokens)
+        self.assertGreater(len(set(self.captions(self.want[1]))), 1)
+
+    def test_model_server_load_and_predict_path(self):
+        with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph) as session:
+            meta_graph = tf.compat.v1.saved_model.loader.load(
+                session, [tf.saved_model.SERVING], self.greedy_dir
+            )
+            for name in serving.SIGNATURES:
+                method = meta_graph.signature_def[name].method_name
+                self.assertEqual(method, "tensorflow/serving/predict")
+
+            request = grpc_client.predict_request(self.png, model_name="sat")
+            request = predict_pb2.PredictRequest.FromString(request.SerializeToString())
+            results = grpc_client.parse_response(session_predict(session, meta_graph, request))
+            want = self.want[1]
+            for i, result in enumerate(results):
+                n = int(want.length[i])
+                self.assertEqual(result["tokens"], want.tokens[i][: n + 1].tolist())
+                self.assertEqual(result["caption"], self.captions(want)[i])
+                self.assertAllClose(result["log_prob"], want.log_prob[i], atol=1e-4)
+
+            body = json.loads(json.dumps(rest_client.request_body(self.png)))
+            self.assertEqual(body["signature_name"], "serving_default")
+            predictions = session_rest_predict(session, meta_graph, body)["predictions"]
+            columns = {k: np.array([p[k] for p in predictions]) for k in predictions[0]}
+            self.assertMatches(columns, want)
+
+            bad = grpc_client.predict_request([self.png[0], b"GIF87"], model_name="sat")
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r"image_bytes\[1\]"):
+                session_predict(session, meta_graph, bad)
+            again = grpc_client.parse_response(session_predict(session, meta_graph, request))
+            self.assertEqual([r["caption"] for r in again], self.captions(want))
+
+    def test_bad_requests(self):
+        serve = tf.saved_model.load(self.greedy_dir).signatures["serving_default"]
+        good = self.png[0]
+        cases = [
+            ([good, b"\x00garbage\x00"], r"image_bytes\[1\] \(9 bytes\) is not a JPEG, PNG"),
+            ([b""], r"image_bytes\[0\] is empty"),
+            ([good, good, b"not an image"], r"image_bytes\[2\] \(12 bytes\)"),
+            ([good, good[: len(good) // 2]], r"PNG"),
+            ([], r"image_bytes holds no images"),
+        ]
+        for images, message in cases:
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, message):
+                serve(image_bytes=tf.constant(images, tf.string))
+
+        rgba = np.concatenate([self.images[:2], np.full((2, 112, 112, 1), 99, np.uint8)], -1)
+        gray_jpeg = encode(self.images[2], "JPEG", mode="L")
+        got = serve(image_bytes=tf.constant([encode(x, "PNG") for x in rgba] + [gray_jpeg]))
+        gray = input_pipeline.decode_image(gray_jpeg, 112, 1.0)
+        self.assertAllEqual(got["tokens"][:2], self.want[1].tokens[:2])
+        self.assertAllEqual(got["tokens"][2:], self.generate({"image": gray[None]}, 1).tokens)
+
+    def test_tflite_matches_saved_model(self):
+        path = os.path.join(self.greedy_dir, serving.TFLITE_FILE)
+        self.assertEqual(os.path.getsize(path), self.info["tflite"]["bytes"])
+        runner = Interpreter(model_path=path).get_signature_runner()
+        words = np.array(self.vocab.words, dtype=object)
+        want = self.want[1]
+        for i, data in enumerate(self.png):
+            pixels = input_pipeline.decode_image(data, 112, 1.0)[None].numpy()
+            out = runner(image=pixels)
+            self.assertAllEqual(out["tokens"], want.tokens[i : i + 1])
+            self.assertEqual(out["words"].tolist(), [[w.encode() for w in words[want.tokens[i]]]])
+            self.assertAllEqual(out["length"], want.length[i : i + 1])
+            self.assertAllClose(out["log_prob"], want.log_prob[i : i + 1], atol=1e-4)
+            attention = np.reshape(want.attention[i], [1, MAX_LENGTH, *GRID])
+            self.assertAllClose(out["attention"], attention, atol=1e-5)
+
+    def test_export_directory(self):
+        with open(os.path.join(self.greedy_dir, serving.EXPORT_INFO)) as f:
+            info = json.load(f)
+        self.assertEqual(info, json.loads(json.dumps(self.info)))
+        self.assertEqual(info["vocab_size"], len(self.vocab))
+        self.assertEqual(info["vocab_fingerprint"], self.vocab.fingerprint)
+        self.assertEqual((info["grid"], info["beam_size"], info["max_length"]), ([14, 14], 1, 8))
+        self.assertEqual(info["config"]["hidden_dim"], 16)
+        with open(os.path.join(self.beam_dir, serving.EXPORT_INFO)) as f:
+            self.assertEqual(json.load(f)["beam_size"], 2)
+        saved = os.path.join(self.greedy_dir, serving.VOCAB_FILE)
+        self.assertEqual(self.vocab.load(saved).words, self.vocab.words)
+        self.assertEqual(sorted(os.listdir(self.exports)), ["1", "2"])
+        with self.assertRaisesRegex(ValueError, "exists; pass --overwrite"):
+            serving.export(self.model, self.vocab, self.config, self.greedy_dir)
+
+    def test_failed_export_leaves_nothing_behind(self):
+        class Broken:
+            def write_out(self, path, **kwargs):
+                with open(os.path.join(path, "saved_model.pb"), "w") as f:
+                    f.write("partial")
+                raise RuntimeError("disk full")
+
+        before = sorted(os.listdir(self.beam_dir))
+        original = serving.export_archive
+        serving.export_archive = lambda *args: Broken()
+        try:
+            with self.assertRaisesRegex(RuntimeError, "disk full"):
+                serving.export(self.model, self.vocab, self.config, self.beam_dir, overwrite=True)
+        finally:
+            serving.export_archive = original
+        self.assertEqual(sorted(os.listdir(self.exports)), ["1", "2"])
+        self.assertEqual(sorted(os.listdir(self.beam_dir)), before)
+
+    def test_replace_dir(self):
+        parent = tempfile.mkdtemp(dir=self.root)
+        old, new = os.path.join(parent, "1"), os.path.join(parent, ".1.tmp")
+        for folder, text in ((old, "old"), (new, "new")):
+            os.makedirs(folder)
+            with open(os.path.join(folder, "saved_model.pb"), "w") as f:
+                f.write(text)
+        serving._replace_dir(new, old)
+        self.assertEqual(os.listdir(parent), ["1"])
+        with open(os.path.join(old, "saved_model.pb")) as f:
+            self.assertEqual(f.read(), "new")
+
+    @pytest.mark.slow
+    def test_cli(self):
+        script = os.path.join(REPO, "export", "export.py")
+        output = os.path.join(self.root, "cli", "1")
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+
+        def run(*flags):
+            return subprocess.run(
+                [sys.executable, script, *flags], capture_output=True, text=True, env=env
+            )
+
+        done = run(f"--workdir={self.workdir}", f"--output={output}", "--beam_size=2")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        printed = json.loads(done.stdout[done.stdout.index("{") :])
+        self.assertEqual((printed["output"], printed["beam_size"]), (output, 2))
+        self.assertTrue(os.path.exists(os.path.join(output, "saved_model.pb")))
+        for flags, message in (
+            ([f"--workdir={self.workdir}", f"--output={output}"], "exists; pass --overwrite"),
+            ([f"--workdir={self.workdir}", "--output=x", "--beam_size=-1"], "--beam_size=-1"),
+            ([f"--workdir={self.root}", "--output=x"], "config.json is missing"),
+        ):
+            failed = run(*flags)
+            self.assertEqual(failed.returncode, 1)
+            self.assertIn("error: ", failed.stderr)
+            self.assertIn(message, failed.stderr)
+
+
+if __name__ == "__main__":
+    tf.test.main()

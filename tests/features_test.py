@@ -1,0 +1,333 @@
+"""Tests for sat_tf.features and the feature-cache path of train_lib, on tiny datasets
+written in the exact on-disk formats: read -> vocabulary -> extract -> train -> decode."""
+
+import collections
+import io
+import json
+import os
+from unittest import mock
+
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+from PIL import Image
+
+from sat_tf import datasets, features, input_pipeline, metrics, train_lib
+from sat_tf.config import Config
+from sat_tf.encoder import ImageEncoder
+from sat_tf.vocab import Vocab
+
+IMAGE_SIZE = 32  # shapes_cnn has stride 8: a 4 x 4 grid of 64 + 2 channels.
+GRID, DEPTH = (4, 4), 66
+# (file stem, width, height, split) in caption-file order; splits are interleaved.
+IMAGES = (
+    ("dog", 48, 40, "train"),
+    ("cat", 30, 52, "val"),
+    ("bird", 64, 64, "train"),
+    ("fish", 40, 24, "test"),
+    ("frog", 33, 47, "val"),
+    ("cow", 50, 36, "train"),
+)
+LONG_CAPTION = "a dog runs on the green grass near a red house and a tree"
+
+
+def _captions(stem):
+    captions = [
+        f"a {stem} sits here",
+        f"the {stem} is small",
+        f"A {stem}, outside.",
+        f"one {stem} on grass",
+        f"a brown {stem}",
+    ]
+    if stem == "dog":
+        captions[0] = LONG_CAPTION
+    return captions
+
+
+def _jpeg(path, width, height, seed):
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=90)
+    with open(path, "wb") as f:
+        f.write(buffer.getvalue())
+
+
+def write_flickr8k(root, raw=False):
+    """Flickr8k as distributed: `Flicker8k_Dataset/*.jpg` plus Karpathy's
+    `dataset_flickr8k.json`, or (raw) `Flickr8k.token.txt` and the three split files."""
+    image_dir = os.path.join(root, "Flicker8k_Dataset")
+    os.makedirs(image_dir)
+    for seed, (stem, width, height, _) in enumerate(IMAGES):
+        _jpeg(os.path.join(image_dir, f"{stem}.jpg"), width, height, seed)
+    if raw:
+        lines = [
+            f"{stem}.jpg#{n}\t{caption}"
+            for stem, *_ in IMAGES
+            for n, caption in enumerate(_captions(stem))
+        ]
+        with open(os.path.join(root, datasets.FLICKR8K_TOKEN_FILE), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        for split, name in datasets.FLICKR8K_SPLIT_FILES.items():
+            with open(os.path.join(root, name), "w") as f:
+                f.write("".join(f"{s}.jpg\n" for s, _, _, sp in IMAGES if sp == split))
+        return
+    entries = [
+        {
+            "filename": f"{stem}.jpg",
+            "imgid": i,
+            "split": split,
+            "sentids": list(range(5 * i, 5 * i + 5)),
+            "sentences": [
+                {"raw": c, "tokens": c.lower().split(), "imgid": i, "sentid": 5 * i + j}
+                for j, c in enumerate(_captions(stem))
+            ],
+        }
+        for i, (stem, _, _, split) in enumerate(IMAGES)
+    ]
+    with open(os.path.join(root, "dataset_flickr8k.json"), "w") as f:
+        json.dump({"dataset": "flickr8k", "images": entries}, f)
+
+
+def encoder_weights(path):
+    """A fixed shapes_cnn encoder, saved so that every extraction uses the same weights."""
+    tf.keras.utils.set_random_seed(1)
+    ImageEncoder("shapes_cnn", IMAGE_SIZE).net.save_weights(path)
+    return path
+
+
+def read_shard(path):
+    """{image_id: (L, D) float16} parsed with plain protobuf, not with the module's reader."""
+    out = {}
+    for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
+        example = tf.train.Example.FromString(record)
+        feature = example.features.feature
+        shape = tuple(feature["shape"].int64_list.value)
+        data = feature["features"].bytes_list.value[0]
+        out[feature["image_id"].bytes_list.value[0].decode()] = np.frombuffer(data, "<f2").reshape(
+            shape
+        )
+    return out
+
+
+class FeatureCacheTest(tf.test.TestCase, parameterized.TestCase):
+    def setUp(self):
+        super().setUp()
+        self.root = self.get_temp_dir()
+        write_flickr8k(self.root)
+        self.weights = encoder_weights(os.path.join(self.root, "encoder.weights.h5"))
+        records = datasets.load_records("flickr8k", self.root)
+        self.records = sorted(records, key=lambda r: features.SPLIT_ORDER[r.split])
+        self.out = os.path.join(self.root, "features")
+
+    def _extract(self, records=None, **kwargs):
+        args = dict(shard_size=2, batch_size=2, progress=False)
+        args.update(kwargs)
+        return features.extract_features(
+            self.records if records is None else records,
+            args.pop("encoder", "shapes_cnn"),
+            args.pop("weights", self.weights),
+            args.pop("image_size", IMAGE_SIZE),
+            self.out,
+            **args,
+        )
+
+    def _shards(self):
+        return sorted(n for n in os.listdir(self.out) if n.startswith("shard-"))
+
+    def _features(self, records):
+        ds, shape = features.feature_dataset(self.out, records)
+        return np.stack(list(ds.as_numpy_iterator())), shape
+
+    def test_shards_hold_the_encoder_output_in_float16(self):
+        index = self._extract()
+        names = [f"shard-0000{i}-of-00003.tfrecord" for i in range(3)]
+        self.assertEqual(self._shards(), names)
+        self.assertEqual(index["feature_shape"], [16, DEPTH])
+        self.assertEqual(index["grid"], list(GRID))
+        self.assertEqual(
+            [s["image_ids"] for s in index["shards"]],
+            [["1", "4"], ["3", "0"], ["2", "5"]],
+        )
+        stored = {}
+        for name in names:
+            stored.update(read_shard(os.path.join(self.out, name)))
+        encoder = ImageEncoder("shapes_cnn", IMAGE_SIZE, self.weights)
+        pixels = [
+            input_pipeline.load_image_file(r.image_path, IMAGE_SIZE, 1.0) for r in self.records
+        ]
+        expected = encoder(tf.stack(pixels)).numpy()
+        self.assertEqual(expected.shape, (6, 16, DEPTH))
+        got = np.stack([stored[r.image_id] for r in self.records]).astype(np.float32)
+        self.assertAllClose(got, expected, rtol=2e-3, atol=1e-4)
+        self.assertGreater(np.abs(expected).max(), 0.1)
+        streamed, shape = self._features(self.records)
+        self.assertEqual(shape, (16, DEPTH))
+        self.assertEqual(streamed.dtype, np.float32)
+        self.assertAllEqual(streamed, got)
+
+    def test_subsets_stream_in_record_order(self):
+        self._extract()
+        full, _ = self._features(self.records)
+        subset = [self.records[i] for i in (1, 4, 5)]
+        part, _ = self._features(subset)
+        self.assertAllEqual(part, full[[1, 4, 5]])
+        with self.assertRaisesRegex(ValueError, "extraction order"):
+            features.feature_dataset(self.out, subset[::-1])
+        stranger = datasets.Record("horse", "horse.jpg", ("a horse",), "train")
+        with self.assertRaisesRegex(ValueError, "no features for 1 of 2 images: horse"):
+            features.feature_dataset(self.out, [self.records[0], stranger])
+        with self.assertRaisesRegex(ValueError, "image_size: the cache has 32, this run 64"):
+            features.feature_dataset(self.out, subset, image_size=64)
+
+    def test_resume_rewrites_only_the_unfinished_shard(self):
+        self._extract()
+        paths = [os.path.join(self.out, n) for n in self._shards()]
+        complete = [read_shard(p) for p in paths]
+        mtimes = [os.stat(p).st_mtime_ns for p in paths]
+        # A kill while writing shard 2: its temp file is left, the index never listed it.
+        os.rename(paths[2], paths[2] + ".tmp4242")
+        index_path = os.path.join(self.out, features.INDEX_FILE)
+        with open(index_path) as f:
+            index = json.load(f)
+        index["shards"][2] = None
+        with open(index_path, "w") as f:
+            json.dump(index, f)
+        with self.assertRaisesRegex(ValueError, "unfinished \\(2 of 3 shards\\)"):
+            features.feature_dataset(self.out, self.records)
+        self._extract()
+        self.assertEqual(self._shards(), [os.path.basename(p) for p in paths])
+        self.assertEqual([os.stat(p).st_mtime_ns for p in paths[:2]], mtimes[:2])
+        for path, before in zip(paths, complete, strict=True):
+            after = read_shard(path)
+            self.assertEqual(list(after), list(before))
+            for key in before:
+                self.assertAllEqual(after[key], before[key])
+        again = [os.stat(p).st_mtime_ns for p in paths]
+        self._extract()
+        self.assertEqual([os.stat(p).st_mtime_ns for p in paths], again)
+
+    @parameterized.parameters(
+        ({"encoder": "vgg19"}, "encoder: the cache has 'shapes_cnn', this run 'vgg19'"),
+        ({"image_size": 64}, "image_size: the cache has 32, this run 64"),
+        ({"weights": ""}, "encoder_weights: the cache has '.*encoder.weights.h5', this run ''"),
+        ({"shard_size": 3}, "shard_size: the cache has 2, this run 3"),
+        ({"records": slice(1, None)}, "from 6 images \\(fingerprint \\w+\\), this run has 5"),
+    )
+    def test_other_settings_refuse(self, change, message):
+        self._extract()
+        if "records" in change:
+            change = {"records": self.records[change["records"]]}
+        with self.assertRaisesRegex(ValueError, message):
+            self._extract(**change)
+
+    def test_undecodable_image_is_named_and_finished_shards_stay(self):
+        bad = self.records[5]
+        with open(bad.image_path, "rb") as f:
+            data = f.read()
+        with open(bad.image_path, "wb") as f:
+            f.write(data[: len(data) // 2])
+        with self.assertRaisesRegex(ValueError, f"{bad.image_path}.*cannot be decoded"):
+            self._extract()
+        self.assertEqual(
+            self._shards(), ["shard-00000-of-00003.tfrecord", "shard-00001-of-00003.tfrecord"]
+        )
+        self.assertEqual(features.read_index(self.out)["shards"][2], None)
+        index = self._extract(skip_bad_images=True)
+        self.assertEqual(index["shards"][2]["image_ids"], [self.records[4].image_id])
+        self.assertEqual([s["image_id"] for s in index["shards"][2]["skipped"]], [bad.image_id])
+        with self.assertRaisesRegex(ValueError, "skipped at extraction as undecodable"):
+            features.feature_dataset(self.out, self.records)
+        kept = features.drop_skipped(self.records, self.out)
+        self.assertEqual(kept, self.records[:5])
+        self.assertLen(self._features(kept)[0], 5)
+
+    def test_captions_over_the_max_length_are_cut(self):
+        self._extract()
+        train = [r for r in self.records if r.split == "train"]
+        vocab = Vocab.build(c for r in train for c in r.captions)
+        cached, _ = features.feature_dataset(self.out, train)
+        ds = input_pipeline.train_dataset(
+            train,
+            vocab,
+            image_size=IMAGE_SIZE,
+            crop_fraction=1.0,
+            batch_size=1,
+            max_length=4,
+            features=cached,
+        )
+        captions = {tuple(b["caption"][0].numpy()) for b in ds.take(60)}
+        cut = (1, *vocab.ids(LONG_CAPTION.split()[:4]), 2)
+        self.assertIn(cut, captions)
+        self.assertLen(captions, 15)
+        self.assertLessEqual(max(len(c) for c in captions), 6)
+
+
+def _bleu4_only(references, hypotheses, **_):
+    return {"BLEU-4": metrics.bleu4(references, hypotheses)}
+
+
+class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters(False, True)
+    def test_read_vocab_extract_train_decode(self, raw):
+        root = self.get_temp_dir()
+        data_dir = os.path.join(root, "flickr8k")
+        os.makedirs(data_dir)
+        write_flickr8k(data_dir, raw=raw)
+        config = Config(
+            dataset="flickr8k",
+            data_dir=data_dir,
+            encoder="shapes_cnn",
+            encoder_weights=encoder_weights(os.path.join(root, "encoder.weights.h5")),
+            image_size=IMAGE_SIZE,
+            use_feature_cache=True,
+            vocab_size=12,
+            max_caption_length=8,
+            embed_dim=8,
+            hidden_dim=16,
+            attention_dim=8,
+            batch_size=2,
+            epochs=1,
+            steps_per_epoch=2,
+            eval_images=0,
+            max_decode_length=5,
+        )
+        index = features.extract_for_config(config, shard_size=4, progress=False)
+        self.assertEqual(features.feature_dir_of(config), f"{data_dir}/features_shapes_cnn")
+        self.assertEqual(index["num_shards"], 2)
+        workdir = os.path.join(root, "run")
+        with mock.patch.object(metrics, "coco_scores", _bleu4_only):
+            scores = train_lib.train_and_evaluate(config, workdir)
+        self.assertBetween(scores["BLEU-4"], 0.0, 1.0)
+
+        counts = collections.Counter(
+            w.strip(",.").lower()
+            for stem, _, _, split in IMAGES
+            if split == "train"
+            for c in _captions(stem)
+            for w in c.split()
+        )
+        top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:12]
+        vocab = Vocab.load(os.path.join(workdir, train_lib.VOCAB_FILE))
+        self.assertEqual(vocab.words[4:], [w for w, _ in top])
+        with open(os.path.join(data_dir, "vocab_12.txt")) as f:
+            self.assertEqual(f.read().split("\n")[:-1], vocab.words)
+        with open(os.path.join(workdir, train_lib.FEATURES_FILE)) as f:
+            self.assertEqual(json.load(f)["feature_shape"], [16, DEPTH])
+
+        model, vocab, config = train_lib.load_trained(workdir)
+        self.assertIsNone(model.encoder)
+        self.assertEqual(model.grid, GRID)
+        test = [r for r in datasets.load_records("flickr8k", data_dir) if r.split == "test"]
+        results = train_lib.caption_records(model, test, vocab, config)
+        self.assertLen(results, 1)
+        words, alpha = results[0]["words"], results[0]["alpha"]
+        self.assertLessEqual(len(words), 5)
+        rows = min(len(words) + 1, config.max_decode_length)
+        self.assertEqual(alpha.shape, (rows, 16))
+        self.assertAllClose(alpha.sum(axis=1), np.ones(rows), atol=1e-5)
+        with open(os.path.join(workdir, "captions_test.json")) as f:
+            self.assertEqual(json.load(f)[0]["caption"], " ".join(words))
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,230 @@
+"""Tests for sat_tf.serving in-process: request checks, captions, the three signatures."""
+
+import io
+import os
+import tempfile
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+from PIL import Image
+
+from sat_tf import input_pipeline, serving
+from sat_tf import vocab as vocab_lib
+from sat_tf.config import Config
+from sat_tf.encoder import ImageEncoder
+from sat_tf.model import build_model
+
+WORDS = [*vocab_lib.SPECIALS, "a", "big", "small", "red", "blue", "circle", "square", "top"]
+MAX_LENGTH = 8
+
+
+def encode(pixels, fmt, mode=None, **kwargs):
+    """Bytes of `pixels` (H, W, 3) uint8 saved by PIL as `fmt`, converted to `mode` first."""
+    image = Image.fromarray(pixels)
+    if mode:
+        image = image.convert(mode)
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **kwargs)
+    return buffer.getvalue()
+
+
+def scenes(seed, count, height=112, width=112):
+    """uint8 (count, H, W, 3): a flat background with one coloured square each."""
+    rng = np.random.default_rng(seed)
+    side = min(height, width) // 4
+    images = np.empty((count, height, width, 3), np.uint8)
+    for image in images:
+        image[:] = rng.integers(0, 256, 3)
+        y, x = rng.integers(0, min(height, width) - side, 2)
+        image[y : y + side, x : x + side] = rng.integers(0, 256, 3)
+    return images
+
+
+def tiny_model(seed=0):
+    """A built shapes_cnn model whose captions depend on the image.
+
+    Batch-norm scales of 2 keep the untrained encoder's features apart, N(0, 1) decoder
+    weights make the words depend on them; `<pad>` and `<start>` get a large negative
+    output bias (a trained model never emits them), `<end>` a positive one, so captions
+    stop at different lengths.
+    """
+    keras.utils.set_random_seed(seed)
+    config = Config(
+        embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0, max_decode_length=MAX_LENGTH
+    )
+    model = build_model(config, len(WORDS))
+    for variable in model.encoder.weights:
+        if variable.path.endswith("gamma"):
+            variable.assign(np.full(variable.shape, 2.0, np.float32))
+    rng = np.random.default_rng(seed + 1)
+    for variable in model.decoder.weights:
+        variable.assign(rng.normal(size=variable.shape).astype(np.float32))
+    bias = model.decoder.deep_output.bias.numpy()
+    bias[[vocab_lib.PAD_ID, vocab_lib.START_ID]] = -30.0
+    bias[vocab_lib.END_ID] = 1.0
+    model.decoder.deep_output.bias.assign(bias)
+    return model, vocab_lib.Vocab(WORDS), config
+
+
+def traced(model, vocab, spec):
+    """The serving functions traced as the export traces them."""
+    functions = serving.serving_functions(model, model.encoder, vocab, spec)
+    return {
+        name: tf.function(fn, input_signature=signature, autograph=False)
+        for name, (fn, signature) in functions.items()
+    }
+
+
+class RequestTest(tf.test.TestCase, parameterized.TestCase):
+    def test_join_words(self):
+        words = tf.constant(WORDS)
+        tokens = tf.constant([[4, 7, 9, 2, 0], [9, 2, 0, 0, 0], [2, 0, 0, 0, 0], [5, 6, 5, 6, 5]])
+        length = tf.constant([3, 1, 0, 5])
+        captions = serving.join_words(words, tokens, length).numpy().tolist()
+        self.assertEqual(captions, [b"a red circle", b"circle", b"", b"big small big small big"])
+
+    @parameterized.named_parameters(
+        ("empty", b"", r"image_bytes\[1\] is empty \(0 bytes\)"),
+        ("text", b"<html>not found</html>", r"image_bytes\[1\] \(22 bytes\) is not a JPEG, PNG"),
+        ("short", b"\x89P", r"image_bytes\[1\] \(2 bytes\) is not a JPEG, PNG"),
+    )
+    def test_bad_bytes_named_by_index(self, bad, message):
+        good = encode(scenes(0, 1, 16, 16)[0], "PNG")
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, message):
+            serving.decode_images(tf.constant([good, bad, good]), 16, 1.0)
+
+    def test_truncated_image_is_an_invalid_argument(self):
+        data = encode(scenes(0, 1, 16, 16)[0], "PNG")
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "PNG"):
+            serving.decode_images(tf.constant([data[: len(data) // 2]]), 16, 1.0)
+
+    def test_decode_images_converts_every_format_to_rgb(self):
+        pixels = np.random.default_rng(3).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+        rgba = np.concatenate([pixels, np.full((16, 16, 1), 17, np.uint8)], axis=-1)
+        gray = np.repeat(np.asarray(Image.fromarray(pixels).convert("L"))[..., None], 3, -1)
+        y, x = np.mgrid[0:16, 0:16]
+        smooth = np.stack([12 * x + 20, 12 * y + 30, 5 * (x + y) + 40], -1).astype(np.uint8)
+        smooth_gray = np.repeat(np.asarray(Image.fromarray(smooth).convert("L"))[..., None], 3, -1)
+        cases = [
+            (encode(pixels, "PNG"), pixels, 0),
+            (encode(rgba, "PNG"), pixels, 0),
+            (encode(pixels, "PNG", mode="L"), gray, 0),
+            (encode(pixels, "BMP"), pixels, 0),
+            (encode(pixels, "WEBP", lossless=True), pixels, 0),
+            (encode(gray, "GIF"), gray, 0),
+            (encode(smooth, "JPEG", mode="L", quality=100), smooth_gray, 6),
+            (encode(smooth, "JPEG", mode="CMYK", quality=100), smooth, 6),
+        ]
+        decoded = serving.decode_images(tf.constant([c[0] for c in cases]), 16, 1.0).numpy()
+        self.assertEqual(decoded.shape, (len(cases), 16, 16, 3))
+        for got, (_, want, atol) in zip(decoded, cases, strict=True):
+            self.assertAllClose(got, want, atol=atol + 1e-3, rtol=0)
+
+    def test_decode_images_mixes_sizes(self):
+        images = [scenes(1, 1, 30, 40)[0], scenes(2, 1, 50, 20)[0]]
+        data = tf.constant([encode(x, "PNG") for x in images])
+        crop = 224 / 256
+        got = serving.decode_images(data, 16, crop)
+        resized = [input_pipeline.resize_and_crop(x, 16, crop) for x in images]
+        self.assertAllClose(got, tf.stack(resized))
+
+    def test_resize_images_matches_decode_image(self):
+        images = scenes(4, 2, 30, 44)
+        crop = 224 / 256
+        got = serving.resize_images(tf.constant(images), 16, crop)
+        want = [input_pipeline.decode_image(encode(x, "PNG"), 16, crop) for x in images]
+        self.assertEqual(got.shape, (2, 16, 16, 3))
+        self.assertAllClose(got, tf.stack(want), atol=1e-4)
+
+    def test_resize_images_refuses_empty_images(self):
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "size 0x5"):
+            serving.resize_images(tf.zeros([1, 0, 5, 3], tf.uint8), 16, 1.0)
+
+
+class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.model, cls.vocab, cls.config = tiny_model()
+        cls.images = scenes(0, 4)
+
+    def spec(self, beam_size):
+        encoder = self.model.encoder
+        return serving.export_spec(self.model, encoder, self.config, beam_size, MAX_LENGTH)
+
+    @parameterized.parameters(1, 2)
+    def test_signatures_match_generate(self, beam_size):
+        fns = traced(self.model, self.vocab, self.spec(beam_size))
+        pixels = self.images.astype(np.float32)
+        want = self.model.generate({"image": pixels}, max_length=MAX_LENGTH, beam_size=beam_size)
+        features = self.model.encoder(pixels)
+        outputs = {
+            "serving_default": fns["serving_default"](
+                tf.constant([encode(x, "PNG") for x in self.images])
+            ),
+            "caption_images": fns["caption_images"](tf.constant(self.images)),
+            "caption_features": fns["caption_features"](features),
+        }
+        captions = [
+            " ".join(self.vocab.decode(t[:n])).encode()
+            for t, n in zip(want.tokens.numpy(), want.length.numpy(), strict=True)
+        ]
+        self.assertGreater(len(set(captions)), 1)
+        for got in outputs.values():
+            self.assertAllEqual(got["tokens"], want.tokens)
+            self.assertAllEqual(got["length"], want.length)
+            self.assertAllClose(got["log_prob"], want.log_prob, atol=1e-4)
+            attention = tf.reshape(want.attention, [4, MAX_LENGTH, 14, 14])
+            self.assertAllClose(got["attention"], attention, atol=1e-5)
+            self.assertEqual(got["caption"].numpy().tolist(), captions)
+
+    def test_empty_request_is_refused(self):
+        fns = traced(self.model, self.vocab, self.spec(1))
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "image_bytes holds no images"):
+            fns["serving_default"](tf.constant([], tf.string))
+
+    def test_export_spec(self):
+        spec = serving.export_spec(self.model, self.model.encoder, self.config)
+        self.assertEqual(spec.grid, (14, 14))
+        self.assertEqual(spec.feature_dim, self.model.feature_dim)
+        self.assertEqual((spec.beam_size, spec.max_length), (1, MAX_LENGTH))
+        self.assertEqual(spec.crop_fraction, 1.0)
+        with self.assertRaisesRegex(ValueError, "--beam_size=-1"):
+            serving.export_spec(self.model, self.model.encoder, self.config, beam_size=-1)
+
+    def test_export_refuses_bad_targets(self):
+        root = tempfile.mkdtemp(dir=self.get_temp_dir())
+        with self.assertRaisesRegex(ValueError, "vocabulary has 5 words but the model 12"):
+            serving.export(self.model, vocab_lib.Vocab([*WORDS[:4], "x"]), self.config, root)
+        with open(os.path.join(root, "notes.txt"), "w") as f:
+            f.write("keep me")
+        with self.assertRaisesRegex(ValueError, "exists; pass --overwrite"):
+            serving.export(self.model, self.vocab, self.config, root)
+        with self.assertRaisesRegex(ValueError, "is not an export; refusing"):
+            serving.export(self.model, self.vocab, self.config, root, overwrite=True)
+        self.assertEqual(os.listdir(root), ["notes.txt"])
+
+    def test_export_encoder_of_a_feature_cache_model(self):
+        path = os.path.join(self.get_temp_dir(), "encoder.weights.h5")
+        self.model.encoder.net.save_weights(path)
+        config = Config(
+            embed_dim=8,
+            hidden_dim=16,
+            attention_dim=8,
+            use_feature_cache=True,
+            encoder_weights=path,
+        )
+        features = build_model(config, len(WORDS), feature_shape=(196, self.model.feature_dim))
+        encoder = serving.export_encoder(features, config)
+        self.assertIsInstance(encoder, ImageEncoder)
+        pixels = self.images[:2].astype(np.float32)
+        self.assertAllClose(encoder(pixels), self.model.encoder(pixels))
+        no_weights = Config(embed_dim=8, hidden_dim=16, attention_dim=8, use_feature_cache=True)
+        with self.assertRaisesRegex(ValueError, "randomly initialised encoder"):
+            serving.export_encoder(features, no_weights)
+
+
+if __name__ == "__main__":
+    tf.test.main()
