@@ -15,6 +15,7 @@ CHOICES = {
     "attention": ("soft", "hard", "none"),
     "attention_score": ("additive", "dot"),
     "optimizer": ("adam", "rmsprop"),
+    "lr_schedule": ("constant", "cosine"),
     "strategy": ("default", "mirrored", "multi_worker"),
     "mixed_precision": ("", "mixed_bfloat16", "mixed_float16"),
     "on_missing": ("error", "skip"),
@@ -69,6 +70,9 @@ class Config:
 
     optimizer: str = _field("adam", "Optimizer: adam (Flickr30k, COCO) or rmsprop (Flickr8k).")
     learning_rate: float = _field(2e-3, "Peak learning rate.")
+    lr_schedule: str = _field(
+        "constant", "Learning rate: constant, or cosine decay to 0 over all training steps."
+    )
     clip_norm: float = _field(5.0, "Global gradient norm clip; 0 turns it off.")
     batch_size: int = _field(64, "Captions per batch (all of one length, paper 4.3).")
     epochs: int = _field(5, "Training epochs.")

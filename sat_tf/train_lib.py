@@ -347,11 +347,26 @@ class StopOnNonFinite(keras.callbacks.Callback):
             )
 
 
-def _optimizer(config: Config):
+def _optimizer(config: Config, total_steps=None):
+    """The optimizer of `config`; `total_steps` (epochs x steps) sets the cosine decay."""
     clip = config.clip_norm or None
+    rate = config.learning_rate
+    if config.lr_schedule == "cosine":
+        if not total_steps:
+            raise ValueError("--lr_schedule=cosine needs the number of training steps")
+        rate = keras.optimizers.schedules.CosineDecay(config.learning_rate, total_steps)
     if config.optimizer == "rmsprop":
-        return keras.optimizers.RMSprop(config.learning_rate, global_clipnorm=clip)
-    return keras.optimizers.Adam(config.learning_rate, global_clipnorm=clip)
+        # The original code's RMSProp (Graves 2013: centred, momentum 0.9, decay 0.95,
+        # epsilon 1e-4 inside the square root, as Keras puts it); BUILD_NOTES.md.
+        return keras.optimizers.RMSprop(
+            rate,
+            rho=0.95,
+            momentum=0.9,
+            epsilon=1e-4,
+            centered=True,
+            global_clipnorm=clip,
+        )
+    return keras.optimizers.Adam(rate, global_clipnorm=clip)
 
 
 def _strategy(config: Config):
@@ -450,7 +465,9 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
     strategy = _strategy(config)
     with strategy.scope():
         model = build_model(config, len(data.vocab), feature_shape)
-        model.compile(optimizer=_optimizer(config), jit_compile=config.jit_compile)
+        model.compile(
+            optimizer=_optimizer(config, config.epochs * steps), jit_compile=config.jit_compile
+        )
     val = data.splits["val"][: config.eval_images or None]
     log_dir = os.path.join(workdir, "tensorboard")
     callbacks = [

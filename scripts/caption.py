@@ -12,7 +12,7 @@ import numpy as np
 from absl import flags
 from flags_lib import run
 
-from sat_tf import input_pipeline, train_lib, visualize
+from sat_tf import input_pipeline, serving, train_lib, visualize
 from sat_tf import vocab as vocab_lib
 from sat_tf.encoder import get_spec
 
@@ -32,7 +32,13 @@ def main(argv):
     crop = get_spec(config.encoder).crop_fraction
     images = [input_pipeline.load_image_file(p, config.image_size, crop) for p in paths]
     caption = train_lib.make_caption_fn(model, config, FLAGS.beam_size or None)
-    out = caption({"image": np.stack([i.numpy() for i in images])})
+    pixels = np.stack([i.numpy() for i in images])
+    if model.encoder is None:
+        # Trained on cached features: run the backbone that made them, as the export does.
+        encoder = serving.export_encoder(model, config)
+        out = caption({"features": encoder(pixels, training=False)})
+    else:
+        out = caption({"image": pixels})
     if FLAGS.visualize:
         os.makedirs(FLAGS.visualize, exist_ok=True)
     for i, path in enumerate(paths):

@@ -1,0 +1,186 @@
+"""train_and_evaluate on a tiny shapes set, resume after a kill, divergence, optimizers."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from sat_tf import train_lib
+from sat_tf.config import Config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(
+    num_train=40,
+    num_val=6,
+    num_test=6,
+    embed_dim=8,
+    hidden_dim=16,
+    attention_dim=8,
+    batch_size=8,
+    steps_per_epoch=3,
+    eval_images=6,
+    max_decode_length=10,
+    epochs=1,
+)
+
+
+class TrainAndEvaluateTest(tf.test.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.root = tempfile.mkdtemp()
+        cls.workdir = os.path.join(cls.root, "run")
+        cls.config = Config(data_dir=os.path.join(cls.root, "data"), **TINY)
+        cls.scores = train_lib.train_and_evaluate(cls.config, cls.workdir)
+
+    def test_prints_the_test_metrics(self):
+        for key in ("BLEU-4", "paper BLEU-4 (no BP)", "pointing_accuracy", "location_accuracy"):
+            self.assertBetween(self.scores[key], 0.0, 1.0)
+        with open(os.path.join(self.workdir, "metrics_test.json"), encoding="utf-8") as f:
+            self.assertEqual(json.load(f)["BLEU-4"], self.scores["BLEU-4"])
+
+    def test_workdir_holds_what_a_later_run_needs(self):
+        for name in ("config.json", "vocab.txt", "best.weights.h5", "val_history.json"):
+            self.assertTrue(os.path.exists(os.path.join(self.workdir, name)), name)
+        history = train_lib.read_history(os.path.join(self.workdir, "val_history.json"))
+        self.assertEqual([h["epoch"] for h in history], [1])
+
+    def test_trained_steps_and_reload(self):
+        model, vocab, config = train_lib.load_trained(self.workdir)
+        self.assertEqual(config, self.config)
+        with open(os.path.join(self.workdir, "captions_test.json"), encoding="utf-8") as f:
+            saved = json.load(f)
+        self.assertLen(saved, TINY["num_test"])
+        # The reloaded model captions the first test image as the run did.
+        first = sorted(saved, key=lambda c: str(c["image_id"]))[0]
+        data = train_lib.prepare_data(config, self.workdir)
+        record = next(r for r in data.splits["test"] if str(r.image_id) == str(first["image_id"]))
+        (result,) = train_lib.caption_records(model, [record], vocab, config)
+        self.assertEqual(" ".join(result["words"]), first["caption"])
+
+    def test_another_model_in_the_same_workdir_is_refused(self):
+        other = Config(data_dir=self.config.data_dir, **{**TINY, "hidden_dim": 32})
+        with self.assertRaisesRegex(ValueError, "--hidden_dim: workdir has 16, this run 32"):
+            train_lib.train_and_evaluate(other, self.workdir)
+
+
+def _train_command(workdir, data_dir, epochs, steps):
+    flags = {**TINY, "epochs": epochs, "steps_per_epoch": steps}
+    return [
+        sys.executable,
+        os.path.join(ROOT, "scripts", "train.py"),
+        f"--workdir={workdir}",
+        f"--data_dir={data_dir}",
+        *(f"--{k}={v}" for k, v in flags.items()),
+    ]
+
+
+def _backup_epoch(workdir):
+    path = os.path.join(workdir, "backup", "training_metadata.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)["epoch"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+class ResumeTest(tf.test.TestCase):
+    """SIGKILL a training process after its first epoch; the same command resumes."""
+
+    def test_killed_run_resumes_from_its_last_epoch(self):
+        root = tempfile.mkdtemp()
+        workdir, data_dir = os.path.join(root, "run"), os.path.join(root, "data")
+        epochs, steps = 3, 40
+        command = _train_command(workdir, data_dir, epochs, steps)
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+        log = open(os.path.join(root, "first.log"), "w")
+        first = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 300
+        while _backup_epoch(workdir) < 1 and first.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        log.close()
+        killed_at = _backup_epoch(workdir)
+        self.assertBetween(killed_at, 1, epochs - 1, "the kill did not land mid-run")
+
+        second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        self.assertEqual(second.returncode, 0, second.stderr[-3000:])
+        # Keras prints "Epoch k/3" for each epoch it trains: the resumed run starts after
+        # the backed-up epoch instead of at 1.
+        trained = sorted({int(e) for e in _epochs_printed(second.stdout)})
+        self.assertEqual(trained, list(range(killed_at + 1, epochs + 1)))
+        self.assertEqual(_backup_epoch(workdir), epochs)
+        # The optimizer's step counter continued from the backup.
+        model, _, config = train_lib.load_trained(workdir)
+        model.compile(optimizer=train_lib._optimizer(config))
+        model.optimizer.build(model.trainable_variables)
+        model.load_weights(os.path.join(workdir, "backup", "latest.weights.h5"))
+        self.assertEqual(int(model.optimizer.iterations.numpy()), epochs * steps)
+
+
+def _epochs_printed(text):
+    words = text.replace("\r", "\n").split()
+    return [
+        w.split("/")[0] for p, w in zip(words, words[1:], strict=False) if p == "Epoch" and "/" in w
+    ]
+
+
+class StopOnNonFiniteTest(tf.test.TestCase):
+    def test_names_the_step_and_keeps_the_backup(self):
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        model.optimizer.iterations.assign(17)
+        callback = train_lib.StopOnNonFinite("/runs/x")
+        callback.set_model(model)
+        callback.on_train_batch_end(0, {"loss": 1.5})  # finite: nothing happens
+        with self.assertRaisesRegex(train_lib.TrainingDiverged, r"step 17.*nan.*/runs/x/backup"):
+            callback.on_train_batch_end(1, {"loss": float("nan")})
+
+    def test_diverging_fit_stops_at_the_first_bad_step(self):
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(1e30), loss="mse")
+        x = np.full((64, 1), 1e10, np.float32)
+        with self.assertRaises(train_lib.TrainingDiverged) as caught:
+            model.fit(
+                x, x, batch_size=8, epochs=3, verbose=0, callbacks=[train_lib.StopOnNonFinite("w")]
+            )
+        step = int(str(caught.exception).split("step ")[1].split(":")[0])
+        self.assertBetween(step, 1, 3)
+
+
+class OptimizerTest(tf.test.TestCase):
+    def test_rmsprop_is_the_original_codes_variant(self):
+        optimizer = train_lib._optimizer(Config(optimizer="rmsprop", learning_rate=1e-4))
+        got = optimizer.get_config()
+        self.assertAllClose(
+            [got["learning_rate"], got["rho"], got["momentum"], got["epsilon"]],
+            [1e-4, 0.95, 0.9, 1e-4],
+        )
+        self.assertTrue(got["centered"])
+
+    def test_adam_with_clipping(self):
+        config = Config(optimizer="adam", learning_rate=2e-4, clip_norm=5.0)
+        optimizer = train_lib._optimizer(config)
+        self.assertIsInstance(optimizer, keras.optimizers.Adam)
+        self.assertAllClose(optimizer.get_config()["global_clipnorm"], 5.0)
+
+    def test_cosine_schedule_decays_to_zero_over_the_run(self):
+        config = Config(learning_rate=1e-3, lr_schedule="cosine")
+        optimizer = train_lib._optimizer(config, total_steps=100)
+        rate = optimizer._get_current_learning_rate
+        self.assertAllClose(float(rate()), 1e-3)
+        optimizer.iterations.assign(50)
+        self.assertAllClose(float(rate()), 0.5e-3)  # (1 + cos(pi / 2)) / 2
+        optimizer.iterations.assign(100)
+        self.assertAllClose(float(rate()), 0.0, atol=1e-9)
+        with self.assertRaisesRegex(ValueError, "cosine needs the number of training steps"):
+            train_lib._optimizer(config)
