@@ -59,7 +59,9 @@ class Config:
     attention_dim: int = _field(128, "Hidden size of the additive score / deep output width.")
     dropout: float = _field(0.2, "Dropout before the output layer L_o (paper 3.1.2).")
     alpha_c: float = _field(
-        0.002, "Doubly stochastic penalty weight lambda (paper 4.2.1); 0 turns it off."
+        0.002,
+        "Doubly stochastic penalty weight lambda (paper 4.2.1); 0 turns it off. Soft "
+        "attention only: hard and none ignore it.",
     )
     reinforce_weight: float = _field(1.0, "Hard attention: weight lambda_r of the REINFORCE term.")
     entropy_weight: float = _field(0.002, "Hard attention: weight lambda_e of the entropy term.")

@@ -4,9 +4,11 @@ import collections
 import io
 import os
 
+import hypothesis
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
+from hypothesis import strategies as st
 from PIL import Image
 
 from sat_tf import input_pipeline
@@ -404,3 +406,39 @@ class DatasetTest(tf.test.TestCase, parameterized.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+def _valid_images():
+    """Small valid files of every format decode_image reads."""
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels)
+    return [_encode(image, fmt) for fmt in ("PNG", "JPEG", "GIF", "BMP", "WEBP")]
+
+
+@st.composite
+def _image_bytes(draw):
+    """Arbitrary bytes, and valid images truncated or with bytes overwritten."""
+    kind = draw(st.sampled_from(["random", "truncated", "mutated"]))
+    if kind == "random":
+        return draw(st.binary(max_size=200))
+    data = bytearray(draw(st.sampled_from(_valid_images())))
+    if kind == "truncated":
+        return bytes(data[: draw(st.integers(0, len(data)))])
+    for _ in range(draw(st.integers(1, 8))):
+        data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    return bytes(data)
+
+
+class DecodeImagePropertyTest(tf.test.TestCase):
+    @hypothesis.settings(max_examples=150, deadline=None, database=None)
+    @hypothesis.given(_image_bytes())
+    def test_any_bytes_give_an_image_or_a_clean_error(self, data):
+        try:
+            out = _decode(data, 8)
+        except tf.errors.InvalidArgumentError as e:
+            self.assertTrue(e.message.strip())
+            return
+        self.assertEqual(out.shape, (8, 8, 3))
+        self.assertTrue(np.all(np.isfinite(out)))
+        self.assertTrue(np.all((out >= -1e-3) & (out <= 255 + 1e-3)), (out.min(), out.max()))
