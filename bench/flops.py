@@ -170,9 +170,7 @@ def decode_step_bytes(shape: Shape, bytes_per_value=4):
       per image: W_a a (additive: L A; dot: L n) and a itself (L D).
 
     Returns:
-      dict: "weights", "per_image", "total" (bytes per step), and "hidden_kernel_concat",
-      the extra bytes of building [U | U_a | w_beta] by `tf.concat` inside the step
-      (read and write: 2 n W) when the graph does not hoist it out of the loop.
+      dict: "weights", "per_image" and "total" bytes per step.
     """
     L, D, m, n, A, V = shape._sizes()
     width = shape.hidden_projection_width()
@@ -185,5 +183,4 @@ def decode_step_bytes(shape: Shape, bytes_per_value=4):
         "weights": bytes_per_value * weights,
         "per_image": bytes_per_value * per_image,
         "total": bytes_per_value * (weights + per_image),
-        "hidden_kernel_concat": bytes_per_value * 2 * n * width,
     }

@@ -26,7 +26,6 @@ import sys
 import tempfile
 import time
 import traceback
-from unittest import mock
 
 import flops
 import keras
@@ -311,15 +310,11 @@ def case_decode(p, bandwidth_gbps):
 
     spec = tf.TensorSpec([None, locations, p["feature_dim"]], tf.float32)
 
-    def generate(beam, hoist=False):
+    def generate(beam):
         # A dynamic batch dimension, as in the exported signatures.
         @tf.function(input_signature=[spec])
         def run(features):
-            if not hoist:
-                return model.generate({"features": features}, max_length=steps, beam_size=beam)
-            kernel = model.decoder._hidden_kernel()
-            with mock.patch.object(model.decoder, "_hidden_kernel", lambda: kernel):
-                return model.generate({"features": features}, max_length=steps, beam_size=beam)
+            return model.generate({"features": features}, max_length=steps, beam_size=beam)
 
         return run
 
@@ -336,25 +331,17 @@ def case_decode(p, bandwidth_gbps):
         fn = generate(beam)
         for batch in (1, p["decode_batch"]):
             result[f"{name}_batch{batch}"] = guarded(lambda f=fn, b=batch: timed(f, b))
-    result["greedy_batch1_hidden_kernel_hoisted"] = {
-        "note": "what-if: [U | U_a | w_beta] concatenated once per call, not in every step",
-        **guarded(lambda: timed(generate(1, hoist=True), 1)),
-    }
     step_bytes = flops.decode_step_bytes(decoder_shape(p))
     if not bandwidth_gbps:
         result["bandwidth_bound_greedy_batch1"] = {"bytes_per_step": step_bytes}
         return result
     seconds_per_step_byte = steps / (bandwidth_gbps * 1e9)
     bound_ms = 1e3 * step_bytes["total"] * seconds_per_step_byte
-    concat_ms = (
-        1e3 * (step_bytes["total"] + step_bytes["hidden_kernel_concat"]) * seconds_per_step_byte
-    )
     measured = result["greedy_batch1"].get("ms_per_image", {}).get("median")
     result["bandwidth_bound_greedy_batch1"] = {
         "bytes_per_step": step_bytes,
         "read_gbps": bandwidth_gbps,
         "ms_per_image": bound_ms,
-        "ms_per_image_with_concat": concat_ms,
         "measured_over_bound": measured / bound_ms if measured else None,
     }
     return result

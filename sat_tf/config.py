@@ -8,6 +8,7 @@ fields of `Config` (see `scripts/flags_lib.py`).
 import dataclasses
 import json
 import os
+from collections.abc import Collection
 from typing import Any
 
 CHOICES = {
@@ -20,6 +21,10 @@ CHOICES = {
     "mixed_precision": ("", "mixed_bfloat16", "mixed_float16"),
     "on_missing": ("error", "skip"),
 }
+
+# Settings of the hard-attention objective (paper 4.1): REINFORCE, entropy, baseline and
+# the mix with the expected context.
+HARD_ONLY = ("reinforce_weight", "entropy_weight", "baseline_decay", "hard_mix_prob")
 
 
 def _field(default, help_text):
@@ -61,7 +66,7 @@ class Config:
     alpha_c: float = _field(
         0.002,
         "Doubly stochastic penalty weight lambda (paper 4.2.1); 0 turns it off. Soft "
-        "attention only: hard and none ignore it.",
+        "attention only: hard and none ignore the default; a value > 0 given is an error.",
     )
     reinforce_weight: float = _field(1.0, "Hard attention: weight lambda_r of the REINFORCE term.")
     entropy_weight: float = _field(0.002, "Hard attention: weight lambda_e of the entropy term.")
@@ -152,6 +157,36 @@ class Config:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(self.to_json())
         os.replace(tmp, path)
+
+
+def check_given_settings(config: Config, given: Collection[str]) -> None:
+    """Raises ValueError when a setting given explicitly has no effect with the attention.
+
+    The doubly stochastic penalty (paper 4.2.1) acts on soft attention only, and the
+    REINFORCE settings (paper 4.1) on hard attention only; asking for one with another
+    attention is a contradiction, not something to ignore. Only explicit settings count:
+    a default never contradicts (hard and none simply leave the default `alpha_c` unused).
+
+    Args:
+      config: the settings of the run.
+      given: names of the settings the user gave explicitly (command line or flagfile).
+
+    Raises:
+      ValueError: one line naming both settings and why they contradict each other.
+    """
+    for name in HARD_ONLY:
+        if name in given and config.attention != "hard":
+            raise ValueError(
+                f"--{name}={getattr(config, name)} contradicts --attention={config.attention}: "
+                f"it sets the hard-attention objective (paper 4.1); leave it out or use "
+                f"--attention=hard"
+            )
+    if "alpha_c" in given and config.alpha_c > 0 and config.attention != "soft":
+        raise ValueError(
+            f"--alpha_c={config.alpha_c} contradicts --attention={config.attention}: the "
+            f"doubly stochastic penalty (paper 4.2.1) acts on soft attention only; use "
+            f"--alpha_c=0, leave it out or use --attention=soft"
+        )
 
 
 def fields_with_help():

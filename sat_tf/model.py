@@ -6,6 +6,7 @@ ids `<start> w1 .. wn <end>` padded with 0.
 """
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from sat_tf import decoding
@@ -221,6 +222,7 @@ class ShowAttendTell(keras.Model):
                 self.entropy_weight,
             )
             terms["reward"] = log_likelihood
+            terms["sampled"] = sampled
             terms["baseline_slot"] = slots
             terms["loss"] = -log_likelihood
         else:
@@ -245,14 +247,16 @@ class ShowAttendTell(keras.Model):
         """Baseline slot of each caption: its number of target words (capped)."""
         return tf.minimum(tf.cast(words, tf.int32), BASELINE_SLOTS - 1)
 
-    def _update_baseline(self, reward, slots):
+    def _update_baseline(self, reward, slots, sampled):
         """`b_n <- d b_n + (1 - d) mean(r)` for every caption length n in the batch.
 
-        The first batch of a length sets its baseline to the batch mean. Means are over
-        the global batch when training under a `tf.distribute` strategy.
+        The mean is over the captions that used a sampled location (`sampled` 1.0): the
+        baseline estimates the reward of a sampled trajectory (paper §4.1), which the
+        expected-context captions would inflate. The first batch of a length sets its
+        baseline. Means are over the global batch under a `tf.distribute` strategy.
         """
-        sums = tf.math.unsorted_segment_sum(reward, slots, BASELINE_SLOTS)
-        counts = tf.math.unsorted_segment_sum(tf.ones_like(reward), slots, BASELINE_SLOTS)
+        sums = tf.math.unsorted_segment_sum(reward * sampled, slots, BASELINE_SLOTS)
+        counts = tf.math.unsorted_segment_sum(sampled, slots, BASELINE_SLOTS)
         context = tf.distribute.get_replica_context()
         if context is not None:
             sums, counts = context.all_reduce("sum", [sums, counts])
@@ -273,7 +277,7 @@ class ShowAttendTell(keras.Model):
         grads = tape.gradient(scaled, variables)
         self.optimizer.apply(grads, variables)
         if self.attention == "hard":
-            self._update_baseline(terms["reward"], terms["baseline_slot"])
+            self._update_baseline(terms["reward"], terms["baseline_slot"], terms["sampled"])
         self._update_trackers(terms)
         return self._logs(self.metrics)
 
@@ -307,7 +311,16 @@ class ShowAttendTell(keras.Model):
             max_length=max_length,
             num_locations=int(features.shape[1]),
         )
-        step_fn = self.decoder.step_fn()
+        decoder_step = self.decoder.step_fn()
+        # `<pad>` and `<start>` are never emitted: the words and the attention rows of a
+        # caption would no longer line up. Their log-probabilities are not renormalised.
+        banned = np.zeros([self.vocab_size], np.float32)
+        banned[[vocab_lib.PAD_ID, vocab_lib.START_ID]] = -1e9
+
+        def step_fn(tokens, state):
+            log_probs, state, alpha = decoder_step(tokens, state)
+            return log_probs + banned, state, alpha
+
         if beam_size == 1:
             return decoding.greedy_decode(step_fn, state, **common)
         return decoding.beam_search(

@@ -36,6 +36,7 @@ SIGNATURES = ("serving_default", "caption_images", "caption_features")
 FORMATS = "JPEG, PNG, GIF, BMP or WebP"
 
 _SIGNATURE_BYTES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM")
+_FORMAT_NAMES = ("WebP", "JPEG", "PNG", "GIF", "GIF", "BMP")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,34 +66,62 @@ class ExportSpec:
         return self.grid[0] * self.grid[1]
 
 
-def _known_format(data):
-    """True when `data` starts with the signature of an image format decode_image reads."""
+def _format_matches(data):
+    """bool (6,): whether `data` starts like a WebP file, then like each of _SIGNATURE_BYTES."""
     head = tf.strings.substr(data + b"\0" * 12, 0, 12)
     webp = tf.logical_and(
         tf.equal(tf.strings.substr(head, 0, 4), b"RIFF"),
         tf.equal(tf.strings.substr(head, 8, 4), b"WEBP"),
     )
     matches = [tf.equal(tf.strings.substr(head, 0, len(s)), s) for s in _SIGNATURE_BYTES]
-    return tf.reduce_any(tf.stack([webp, *matches]))
+    return tf.stack([webp, *matches])
 
 
-def check_image_bytes(data, index):
-    """Fails with InvalidArgumentError unless `data` is non-empty bytes of a known format.
+def decodable(image_bytes):
+    """bool (N,): which images the decoder of `input_pipeline.decode_image` reads.
+
+    A graph cannot catch an op's error, but `tf.data` can drop the elements whose map
+    fails; the mask lets `check_image_bytes` name the index of a truncated or corrupt
+    file. Each image is decoded once more for it.
+    """
+    read = (
+        tf.data.Dataset.from_tensor_slices(image_bytes)
+        .enumerate()
+        .map(lambda i, data: (i, tf.shape(tf.io.decode_image(data, expand_animations=False))))
+        .ignore_errors()
+    )
+    return read.reduce(
+        tf.zeros_like(image_bytes, tf.bool),
+        lambda mask, element: tf.tensor_scatter_nd_update(mask, [[element[0]]], [True]),
+    )
+
+
+def check_image_bytes(data, index, decodes=True):
+    """Fails with InvalidArgumentError unless `data` is non-empty bytes of a known format
+    that the decoder reads.
 
     Args:
       data: scalar string tensor, one request's image.
       index: its position in the request, named in the error.
+      decodes: scalar bool, whether the decoder reads `data` (see `decodable`).
 
     Returns:
       `data`, after the check has run.
     """
     size = tf.strings.length(data)
+    matches = _format_matches(data)
+    known = tf.reduce_any(matches)
+    name = tf.gather(_FORMAT_NAMES, tf.argmax(tf.cast(matches, tf.int32)))
     empty = tf.strings.format("image_bytes[{}] is empty (0 bytes)", index)
     unknown = tf.strings.format(
         "image_bytes[{}] ({} bytes) is not a " + FORMATS + " image", (index, size)
     )
-    message = tf.where(size > 0, unknown, empty)
-    check = tf.debugging.Assert(tf.logical_and(size > 0, _known_format(data)), [message])
+    prefix = tf.strings.format(
+        "image_bytes[{}] ({} bytes) is a truncated or corrupt ", (index, size)
+    )
+    corrupt = tf.strings.join([prefix, name, " file"])
+    message = tf.where(size > 0, tf.where(known, corrupt, unknown), empty)
+    check = tf.debugging.Assert(tf.reduce_all([size > 0, known, decodes]), [message])
     with tf.control_dependencies([check]):
         return tf.identity(data)
 
@@ -109,19 +138,20 @@ def _require_batch(inputs, name):
 def decode_images(image_bytes, image_size, crop_fraction):
     """A batch of encoded images -> (N, S, S, 3) float32 pixels via `decode_image`.
 
-    Each image is checked by `check_image_bytes` first and decoded on its own, so a
-    request may mix sizes and formats; grayscale and alpha are converted to RGB.
+    Each image is checked by `check_image_bytes` first, so an error names a bad image's
+    index, and decoded on its own, so a request may mix sizes and formats; grayscale and
+    alpha are converted to RGB.
     """
     index = tf.range(tf.size(image_bytes))
 
     def decode(args):
-        data, i = args
-        data = check_image_bytes(data, i)
+        data, i, decodes = args
+        data = check_image_bytes(data, i, decodes)
         return input_pipeline.decode_image(data, image_size, crop_fraction)
 
     return tf.map_fn(
         decode,
-        (image_bytes, index),
+        (image_bytes, index, decodable(image_bytes)),
         fn_output_signature=tf.TensorSpec([image_size, image_size, 3], tf.float32),
     )
 

@@ -27,6 +27,7 @@ from sat_tf.encoder import get_spec
 from sat_tf.model import build_model
 
 CONFIG_FILE, VOCAB_FILE, BEST_WEIGHTS = "config.json", "vocab.txt", "best.weights.h5"
+BEST_INFO = "best.json"
 HISTORY_FILE = "val_history.json"
 FEATURES_FILE = "features.json"
 MODEL_FIELDS = (
@@ -253,7 +254,7 @@ def score_captions(records, results, objects=None, grid=(14, 14), image_size=112
 class EvaluationCallback(keras.callbacks.Callback):
     """Captions validation images after each epoch and logs `val_bleu4` (paper §4.3).
 
-    Runs before `ModelCheckpoint` in the callback list, so the checkpoint selects on it.
+    Runs before `BestCheckpoint` in the callback list, so the checkpoint selects on it.
     Also writes attention pictures of a few images to TensorBoard.
     """
 
@@ -280,7 +281,7 @@ class EvaluationCallback(keras.callbacks.Callback):
         for key in ("pointing_accuracy", "location_accuracy"):
             if key in scores:
                 logs[f"val_{key}"] = scores[key]
-        history = read_history(self.history_path)
+        history = [h for h in read_history(self.history_path) if h["epoch"] != epoch + 1]
         history.append(
             {"epoch": epoch + 1, **{k: v for k, v in logs.items() if k.startswith("val_")}}
         )
@@ -310,7 +311,51 @@ class EvaluationCallback(keras.callbacks.Callback):
         image = input_pipeline.decode_image(data, self.config.image_size, spec.crop_fraction)
         image = np.clip(image.numpy(), 0, 255).astype(np.uint8)
         words = (res["words"] + [vocab_lib.END])[: len(res["alpha"])]
-        return visualize.attention_figure(image, words, res["alpha"], self.grid)
+        points = res["alpha"].argmax(-1) if self.config.attention == "hard" else None
+        return visualize.attention_figure(image, words, res["alpha"], self.grid, hard_points=points)
+
+
+def save_weights_atomically(model, path):
+    """`model.save_weights(path)` through a temporary file and a rename, so that a kill
+    never leaves a half-written file under `path`."""
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".tmp{os.getpid()}-{name}")
+    model.save_weights(tmp)
+    os.replace(tmp, path)
+
+
+class BestCheckpoint(keras.callbacks.Callback):
+    """Keeps the weights of the epoch with the best `val_bleu4` (paper §4.3).
+
+    Writes `best.weights.h5` atomically, then `best.json` with the epoch, the score and
+    the fingerprint of the vocabulary the weights were trained with, which
+    `load_trained` checks against the workdir's `vocab.txt`.
+
+    Args:
+      workdir: where the files go.
+      vocab: the training vocabulary.
+      best: the score to beat (from an interrupted run), or None.
+    """
+
+    def __init__(self, workdir, vocab, best=None):
+        super().__init__()
+        self.workdir = workdir
+        self.vocab = vocab
+        self.best = best
+
+    def on_epoch_end(self, epoch, logs=None):
+        score = (logs or {}).get("val_bleu4")
+        if score is None or (self.best is not None and score <= self.best):
+            return
+        self.best = score
+        save_weights_atomically(self.model, os.path.join(self.workdir, BEST_WEIGHTS))
+        write_best_info(self.workdir, self.vocab, epoch=epoch + 1, val_bleu4=score)
+
+
+def write_best_info(workdir, vocab, **values):
+    """Writes `best.json`: what `best.weights.h5` was trained with (and `values`)."""
+    info = {"vocab_fingerprint": vocab.fingerprint, "vocab_words": len(vocab), **values}
+    _write_json(os.path.join(workdir, BEST_INFO), info)
 
 
 def read_history(path):
@@ -319,6 +364,21 @@ def read_history(path):
         return []
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def backed_up_epoch(workdir):
+    """Epochs finished by the run whose state `BackupAndRestore` keeps in workdir/backup.
+
+    Keras resumes `fit` at this epoch; the training data is made to start there too.
+    """
+    path = os.path.join(workdir, "backup", "training_metadata.json")
+    if not os.path.exists(path):
+        return 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            return int(json.load(f)["epoch"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"cannot read the training backup {path}: {e}") from e
 
 
 class TrainingDiverged(ValueError):
@@ -398,6 +458,17 @@ def load_trained(workdir: str):
             raise ValueError(f"{workdir} trained on cached features lacks {FEATURES_FILE}")
         with open(features_path, encoding="utf-8") as f:
             feature_shape = tuple(json.load(f)["feature_shape"])
+    info_path = os.path.join(workdir, BEST_INFO)
+    if os.path.exists(info_path):
+        with open(info_path, encoding="utf-8") as f:
+            info = json.load(f)
+        if info.get("vocab_fingerprint") != vocab.fingerprint:
+            raise ValueError(
+                f"{VOCAB_FILE} of {workdir} is not the vocabulary its weights were trained "
+                f"with: the weights had {info.get('vocab_words')} words (fingerprint "
+                f"{info.get('vocab_fingerprint')}), {VOCAB_FILE} has {len(vocab)} words "
+                f"(fingerprint {vocab.fingerprint})"
+            )
     model = build_model(config, len(vocab), feature_shape, load_encoder_weights=False)
     for path in (
         os.path.join(workdir, BEST_WEIGHTS),
@@ -461,6 +532,9 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         max_length=config.max_caption_length,
         seed=config.seed,
         features=cached,
+        steps_per_epoch=steps,
+        first_epoch=min(backed_up_epoch(workdir), config.epochs - 1),
+        epochs=config.epochs,
     )
     strategy = _strategy(config)
     with strategy.scope():
@@ -470,12 +544,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         )
     val = data.splits["val"][: config.eval_images or None]
     log_dir = os.path.join(workdir, "tensorboard")
-    callbacks = [
-        keras.callbacks.BackupAndRestore(
-            os.path.join(workdir, "backup"), double_checkpoint=True, delete_checkpoint=False
-        ),
-        StopOnNonFinite(workdir),
-    ]
+    callbacks = [StopOnNonFinite(workdir)]
     if val:
         history_path = os.path.join(workdir, HISTORY_FILE)
         best_so_far = None
@@ -486,16 +555,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
                 val, data.vocab, config, data.objects, model.grid, log_dir, history_path
             )
         )
-        callbacks.append(
-            keras.callbacks.ModelCheckpoint(
-                os.path.join(workdir, BEST_WEIGHTS),
-                monitor="val_bleu4",
-                mode="max",
-                save_best_only=True,
-                save_weights_only=True,
-                initial_value_threshold=best_so_far,
-            )
-        )
+        callbacks.append(BestCheckpoint(workdir, data.vocab, best_so_far))
         if config.early_stopping_patience:
             callbacks.append(
                 keras.callbacks.EarlyStopping(
@@ -503,6 +563,12 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
                 )
             )
     callbacks.append(keras.callbacks.TensorBoard(log_dir, update_freq=50))
+    # Last, so that an epoch is backed up only once it is evaluated and checkpointed.
+    callbacks.append(
+        keras.callbacks.BackupAndRestore(
+            os.path.join(workdir, "backup"), double_checkpoint=True, delete_checkpoint=False
+        )
+    )
     logging.info(
         "training on %d images (%d captions), %d steps per epoch, vocabulary %d",
         len(train),
@@ -514,7 +580,8 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
     if os.path.exists(os.path.join(workdir, BEST_WEIGHTS)):
         model.load_weights(os.path.join(workdir, BEST_WEIGHTS))
     else:
-        model.save_weights(os.path.join(workdir, BEST_WEIGHTS))
+        save_weights_atomically(model, os.path.join(workdir, BEST_WEIGHTS))
+        write_best_info(workdir, data.vocab, epoch=config.epochs)
     if not data.splits["test"]:
         return {}
     return evaluate(model, data, config, workdir, "test")

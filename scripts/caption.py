@@ -3,7 +3,8 @@
   python scripts/caption.py photo.jpg other.png --workdir=runs/shapes --visualize=out/
 
 Prints each caption with a per-word attention summary (argmax cell and weight); with
---visualize writes one PNG per image with a panel per word (paper Fig. 3).
+--visualize writes one PNG per image with a panel per word (paper Fig. 3); for a
+hard-attention model each panel also outlines the cell it attended to.
 """
 
 import os
@@ -26,33 +27,37 @@ def main(argv):
     paths = argv[1:]
     if not paths:
         raise ValueError("give one or more image files to caption")
-    model, vocab, config = train_lib.load_trained(FLAGS.workdir)
     if FLAGS.beam_size < 0:
         raise ValueError(f"--beam_size={FLAGS.beam_size} must be 0 (workdir default) or more")
+    model, vocab, config = train_lib.load_trained(FLAGS.workdir)
     crop = get_spec(config.encoder).crop_fraction
     images = [input_pipeline.load_image_file(p, config.image_size, crop) for p in paths]
     caption = train_lib.make_caption_fn(model, config, FLAGS.beam_size or None)
-    pixels = np.stack([i.numpy() for i in images])
+    batch = np.stack([i.numpy() for i in images])
     if model.encoder is None:
         # Trained on cached features: run the backbone that made them, as the export does.
         encoder = serving.export_encoder(model, config)
-        out = caption({"features": encoder(pixels, training=False)})
+        out = caption({"features": encoder(batch, training=False)})
     else:
-        out = caption({"image": pixels})
+        out = caption({"image": batch})
     if FLAGS.visualize:
         os.makedirs(FLAGS.visualize, exist_ok=True)
     for i, path in enumerate(paths):
         n = int(out.length[i])
         words = vocab.decode(out.tokens[i][:n].numpy())
         alphas = out.attention[i, : n + 1].numpy()
+        # A caption cut at --max_decode_length has no <end> and no map for it.
+        shown = (words + [vocab_lib.END])[: len(alphas)]
         print(f"{path}: {' '.join(words)}")
-        print(visualize.attention_summary(words + [vocab_lib.END], alphas, model.grid))
+        print(visualize.attention_summary(shown, alphas, model.grid))
         if FLAGS.visualize:
             pixels = np.clip(images[i].numpy(), 0, 255).astype(np.uint8)
             stem = os.path.splitext(os.path.basename(path))[0]
             target = os.path.join(FLAGS.visualize, f"{stem}_attention.png")
+            # At inference hard attention looks at the argmax location (paper 4.1).
+            points = alphas.argmax(-1) if config.attention == "hard" else None
             visualize.attention_figure(
-                pixels, words + [vocab_lib.END], alphas, model.grid, path=target
+                pixels, shown, alphas, model.grid, hard_points=points, path=target
             )
             print(f"attention picture: {target}")
 

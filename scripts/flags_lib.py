@@ -34,9 +34,17 @@ def define_config_flags(flag_values=flags.FLAGS, only=None):
 
 
 def config_from_flags(flag_values=flags.FLAGS):
-    """Builds a `Config` from parsed flags; raises ValueError for an invalid value."""
+    """Builds a `Config` from parsed flags.
+
+    Raises:
+      ValueError: for an invalid value, or for flags given explicitly (on the command
+        line or in a flagfile) that contradict each other
+        (`config_lib.check_given_settings`).
+    """
     names = [name for name, *_ in config_lib.fields_with_help() if name in flag_values]
-    return config_lib.Config(**{name: flag_values[name].value for name in names})
+    config = config_lib.Config(**{name: flag_values[name].value for name in names})
+    config_lib.check_given_settings(config, {n for n in names if flag_values[n].present})
+    return config
 
 
 def run(main):

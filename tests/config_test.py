@@ -113,6 +113,55 @@ class ValidateTest(parameterized.TestCase):
         self.assertEqual(Config.from_dict({"dropout": 0, "learning_rate": 1}).learning_rate, 1)
 
 
+class GivenSettingsTest(parameterized.TestCase):
+    """`check_given_settings`: explicit settings that cannot act with the attention."""
+
+    @parameterized.named_parameters(
+        ("none", "none", 0.01),
+        ("hard", "hard", 0.5),
+        ("tiny", "none", 1e-9),
+    )
+    def test_penalty_given_without_soft_attention(self, attention, alpha_c):
+        config = Config(attention=attention, alpha_c=alpha_c)
+        with self.assertRaises(ValueError) as raised:
+            config_lib.check_given_settings(config, {"attention", "alpha_c"})
+        message = str(raised.exception)
+        self.assertStartsWith(message, f"--alpha_c={alpha_c} contradicts --attention={attention}:")
+        self.assertIn("soft attention only", message)
+        self.assertNotIn("\n", message)
+
+    @parameterized.parameters(
+        *[(name, attention) for name in config_lib.HARD_ONLY for attention in ("soft", "none")]
+    )
+    def test_hard_setting_given_without_hard_attention(self, name, attention):
+        # The value is the default: giving it at all is the contradiction.
+        config = Config(attention=attention)
+        with self.assertRaises(ValueError) as raised:
+            config_lib.check_given_settings(config, {name})
+        message = str(raised.exception)
+        default = dataclasses.asdict(Config())[name]
+        self.assertStartsWith(message, f"--{name}={default} contradicts --attention={attention}:")
+        self.assertIn("hard-attention objective", message)
+        self.assertNotIn("\n", message)
+
+    @parameterized.named_parameters(
+        ("penalty_off_without_attention", "none", {"alpha_c"}, {"alpha_c": 0.0}),
+        ("penalty_off_with_hard", "hard", {"alpha_c"}, {"alpha_c": 0}),
+        ("penalty_with_soft", "soft", {"alpha_c"}, {"alpha_c": 1.0}),
+        ("hard_settings_with_hard", "hard", set(config_lib.HARD_ONLY), {"hard_mix_prob": 0.0}),
+        ("unrelated", "none", {"batch_size", "dropout", "seed"}, {"batch_size": 3}),
+    )
+    def test_consistent_settings_pass(self, attention, given, values):
+        config = Config(attention=attention, **values)
+        self.assertIsNone(config_lib.check_given_settings(config, given))
+
+    @parameterized.parameters(*CHOICES["attention"])
+    def test_defaults_never_contradict(self, attention):
+        # The default penalty is not zero, yet `--attention=none` alone is a valid run.
+        self.assertGreater(Config().alpha_c, 0)
+        config_lib.check_given_settings(Config(attention=attention), {"attention"})
+
+
 class FileTest(parameterized.TestCase):
     def setUp(self):
         super().setUp()

@@ -312,6 +312,17 @@ class Flickr8kRawTest(tf.test.TestCase):
         with self.assertRaisesRegex(DatasetError, r"a_1\.jpg is listed at .*trainImages.* and at"):
             datasets.read_flickr8k(token_file, self.root, self.image_dir)
 
+    def test_split_file_lists_images_absent_from_the_folder(self):
+        self._splits(["a_1.jpg", "x_8.jpg"], ["b_2.jpg"], ["y_9.jpg"])
+        token_file = self._tokens("a_1.jpg#0\tA\nx_8.jpg#0\tX\nb_2.jpg#0\tB\ny_9.jpg#0\tY\n")
+        with self.assertRaisesRegex(
+            DatasetError, r"2 of 4 images listed are missing on disk: .*x_8\.jpg, .*y_9\.jpg"
+        ) as caught:
+            datasets.read_flickr8k(token_file, self.root, self.image_dir)
+        self.assertIn(token_file, str(caught.exception))
+        records = datasets.read_flickr8k(token_file, self.root, self.image_dir, on_missing="skip")
+        self.assertEqual([r.image_id for r in records], ["a_1", "b_2"])
+
     def test_missing_split_file(self):
         os.remove(os.path.join(self.root, "Flickr_8k.devImages.txt"))
         token_file = self._tokens("a_1.jpg#0\tok\n")

@@ -34,7 +34,7 @@ REPLICAS = 2
 # name: (attention, attention_score, hard_mix_prob)
 MIRRORED_CASES = {
     "soft": ("soft", "additive", 0.5),
-    "hard_expected": ("hard", "additive", 1.0),
+    "hard_all_sampled": ("hard", "additive", 0.0),
     "hard_sampled": ("hard", "additive", 0.5),
 }
 CHILD_TIMEOUT = 300
@@ -108,9 +108,12 @@ def run_mirrored():
             mirrored = _tiny_model(attention, score, mix)
         mirrored.set_weights(single.get_weights())
         case = {"initial": _named_weights(single)}
-        if name == "hard_expected":
+        if name == "hard_all_sampled":
+            seed_state = single.seed_generator.state.numpy()
             terms = single.loss_terms(batch, training=True)
+            single.seed_generator.state.assign(seed_state)
             case["reward"] = terms["reward"].numpy().tolist()
+            case["sampled"] = terms["sampled"].numpy().tolist()
             case["words"] = terms["words"].numpy().tolist()
         case["single_metrics"] = _fit_one_step(single, batch)
         case["mirrored_metrics"] = _fit_one_step(mirrored, batch)
@@ -251,10 +254,12 @@ class MirroredTest(tf.test.TestCase):
         self._check_case("soft")
 
     def test_hard_baseline_update_matches_one_device(self):
-        # With hard_mix_prob=1 every caption uses the expected context, so the step is
-        # deterministic; the per-length baselines come from the all-reduced rewards.
-        self._check_case("hard_expected")
-        case = self.results["hard_expected"]
+        # With hard_mix_prob=0 every caption uses a sampled location, drawn alike on one
+        # device and on two replicas; the per-length baselines come from the all-reduced
+        # rewards.
+        self._check_case("hard_all_sampled")
+        case = self.results["hard_all_sampled"]
+        self.assertAllEqual(case["sampled"], [1.0, 1.0, 1.0, 1.0])
         path = [p for p in case["single"] if p.endswith("reinforce_baseline")][0]
         slots = np.array(case["words"], np.int64)
         self.assertAllEqual(slots, [4, 2, 2, 5])
@@ -272,7 +277,7 @@ class MirroredTest(tf.test.TestCase):
     def test_metrics_match_one_device(self):
         # The shards hold 4 + 2 and 2 + 5 target words: nll_per_word must be the
         # global sum over the global word count, not the mean of per-replica ratios.
-        for name in ("soft", "hard_expected"):
+        for name in ("soft", "hard_all_sampled"):
             case = self.results[name]
             for metric, value in case["single_metrics"].items():
                 self.assertAllClose(case["mirrored_metrics"][metric], value, rtol=1e-5, msg=metric)

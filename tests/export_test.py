@@ -4,8 +4,11 @@ path (emulated with the session loader), the TFLite interpreter, and the export 
 import base64
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 
 import numpy as np
@@ -25,21 +28,32 @@ import rest_client  # noqa: E402
 
 GRID = (14, 14)
 
-# Runs in a fresh interpreter. `import tensorflow` imports Keras whenever it is installed,
-# so the script first marks the packages as absent (an import of them then fails) and
-# checks at the end that none of them was loaded.
-LOAD_SCRIPT = """
-import sys
-PACKAGES = ("sat_tf", "keras", "tensorflow_text", "tf_keras")
-for name in PACKAGES:
-    sys.modules[name] = None
+FOREIGN = ("sat_tf", "keras", "tensorflow_text", "tf_keras")
 
+# Runs with `python -S` in a fresh interpreter: imports TensorFlow, loads both exports with
+# `tf.saved_model.load` and calls every signature, recording which modules of FOREIGN
+# could be imported at the start and which were loaded after `import tensorflow` and at
+# the end.
+LOAD_SCRIPT = """
+import importlib.util
 import json
-import numpy as np
+import sys
+
+FOREIGN = tuple(json.loads(sys.argv[1]))
+
+
+def loaded():
+    return sorted(m for m in sys.modules if m.startswith(FOREIGN))
+
+
+findable = [name for name in FOREIGN if importlib.util.find_spec(name) is not None]
 import tensorflow as tf
 
-exports, pngs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-arrays, out = np.load(sys.argv[3]), sys.argv[4]
+after_import = loaded()
+import numpy as np
+
+exports, pngs = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+arrays, out = np.load(sys.argv[4]), sys.argv[5]
 image_bytes = []
 for path in pngs:
     with open(path, "rb") as f:
@@ -58,10 +72,31 @@ for name, path in exports.items():
             if value.dtype == object:
                 value = np.array([v.decode("utf-8") for v in value])
             results[f"{name}/{signature}/{key}"] = value
-foreign = [m for m, v in sys.modules.items() if v is not None and m.split(".")[0] in PACKAGES]
-results["foreign_modules"] = np.array(sorted(foreign), dtype=str)
+results["modules/findable"] = np.array(findable, dtype=str)
+results["modules/after_import"] = np.array(after_import, dtype=str)
+results["modules/after_calls"] = np.array(loaded(), dtype=str)
 np.savez(out, **results)
 """
+
+
+def installed_packages():
+    """This interpreter's site-packages directories. On PYTHONPATH under `python -S` their
+    `.pth` files are not read, so the editable install of this repo is not on the path."""
+    return sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
+
+
+def packages_without(root, names):
+    """A site-packages of symlinks to the installed packages except `names` (and their
+    dist-info): TensorFlow installed without them. Returns it as a PYTHONPATH list."""
+    view = os.path.join(root, "site-packages")
+    os.makedirs(view)
+    left_out = re.compile(rf"({'|'.join(names)})([-_.]|$)")
+    for directory in installed_packages():
+        for entry in os.listdir(directory):
+            target = os.path.join(view, entry)
+            if not left_out.match(entry.lower().replace("-", "_")) and not os.path.lexists(target):
+                os.symlink(os.path.join(directory, entry), target)
+    return [view]
 
 
 def session_predict(session, meta_graph, request):
@@ -102,6 +137,7 @@ class ExportTest(tf.test.TestCase):
     def setUpClass(cls):
         super().setUpClass()
         cls.root = tempfile.mkdtemp()
+        cls.addClassCleanup(shutil.rmtree, cls.root, ignore_errors=True)
         cls.model, cls.vocab, cls.config = tiny_model()
         cls.workdir = os.path.join(cls.root, "workdir")
         os.makedirs(cls.workdir)
@@ -145,7 +181,9 @@ class ExportTest(tf.test.TestCase):
             got_captions = [c.decode() if isinstance(c, bytes) else c for c in got["caption"]]
             self.assertEqual(got_captions, self.captions(want))
 
-    def test_fresh_process_without_sat_tf_matches_generate(self):
+    def run_fresh_process(self, python_path):
+        """Runs LOAD_SCRIPT under `python -S` in an empty directory with only `python_path`
+        on PYTHONPATH (so neither the cwd nor the repo is on the path); returns its results."""
         pngs = []
         for i, data in enumerate(self.png):
             pngs.append(os.path.join(self.root, f"image{i}.png"))
@@ -153,16 +191,35 @@ class ExportTest(tf.test.TestCase):
                 f.write(data)
         arrays = os.path.join(self.root, "inputs.npz")
         np.savez(arrays, images=self.other_size, features=self.features)
-        out = os.path.join(self.root, "outputs.npz")
+        cwd = tempfile.mkdtemp(dir=self.root)
+        script, out = os.path.join(cwd, "load.py"), os.path.join(cwd, "outputs.npz")
+        with open(script, "w") as f:
+            f.write(LOAD_SCRIPT)
         exports = json.dumps({"greedy": self.greedy_dir, "beam": self.beam_dir})
-        subprocess.run(
-            [sys.executable, "-c", LOAD_SCRIPT, exports, json.dumps(pngs), arrays, out],
-            check=True,
-            cwd=self.root,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""},
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        env.update(
+            PYTHONPATH=os.pathsep.join(python_path),
+            TF_CPP_MIN_LOG_LEVEL="2",
+            CUDA_VISIBLE_DEVICES="",
         )
-        results = np.load(out)
-        self.assertEqual(results["foreign_modules"].tolist(), [])
+        subprocess.run(
+            [
+                sys.executable,
+                "-S",
+                script,
+                json.dumps(FOREIGN),
+                exports,
+                json.dumps(pngs),
+                arrays,
+                out,
+            ],
+            check=True,
+            cwd=cwd,
+            env=env,
+        )
+        return np.load(out)
+
+    def assertFreshResults(self, results):
         for name, beam in (("greedy", 1), ("beam", 2)):
             for signature in serving.SIGNATURES:
                 got = {
@@ -173,6 +230,26 @@ class ExportTest(tf.test.TestCase):
                 self.assertCountEqual(got, ["caption", "tokens", "length", "log_prob", "attention"])
                 want = self.want_resized if signature == "caption_images" else self.want
                 self.assertMatches(got, want[beam])
+
+    def test_fresh_process_without_sat_tf_matches_generate(self):
+        # TensorFlow without Keras, tensorflow-text or sat_tf installed: none of them is
+        # importable, and none is loaded after loading and calling the exports.
+        alone = self.run_fresh_process(packages_without(self.root, FOREIGN))
+        self.assertEqual(alone["modules/findable"].tolist(), [])
+        self.assertEqual(alone["modules/after_calls"].tolist(), [])
+        self.assertFreshResults(alone)
+
+        # TensorFlow as pip installs it, with Keras (a dependency) and tensorflow-text.
+        # `import tensorflow` itself imports Keras (TF 2.21's tensorflow/__init__.py runs
+        # `importlib.import_module("keras.src.optimizers")`); loading and calling the
+        # exports must import nothing more, and sat_tf must not even be importable.
+        installed = self.run_fresh_process(installed_packages())
+        self.assertNotIn("sat_tf", installed["modules/findable"].tolist())
+        after_import = installed["modules/after_import"].tolist()
+        self.assertEqual(installed["modules/after_calls"].tolist(), after_import)
+        self.assertEqual([m for m in after_import if not m.startswith("keras")], [])
+        self.assertFreshResults(installed)
+
         self.assertNotAllEqual(self.want[1].tokens, self.want[2].tokens)
         self.assertGreater(len(set(self.captions(self.want[1]))), 1)
 
@@ -204,17 +281,27 @@ class ExportTest(tf.test.TestCase):
             bad = grpc_client.predict_request([self.png[0], b"GIF87"], model_name="sat")
             with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r"image_bytes\[1\]"):
                 session_predict(session, meta_graph, bad)
+            cut = grpc_client.predict_request([self.png[0], self.png[1][:100]], model_name="sat")
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r"image_bytes\[1\].*PNG"):
+                session_predict(session, meta_graph, cut)
             again = grpc_client.parse_response(session_predict(session, meta_graph, request))
             self.assertEqual([r["caption"] for r in again], self.captions(want))
 
     def test_bad_requests(self):
         serve = tf.saved_model.load(self.greedy_dir).signatures["serving_default"]
         good = self.png[0]
+        jpeg = encode(self.images[1], "JPEG")
+        corrupt = good[:60] + bytes(len(good) - 60)
         cases = [
             ([good, b"\x00garbage\x00"], r"image_bytes\[1\] \(9 bytes\) is not a JPEG, PNG"),
             ([b""], r"image_bytes\[0\] is empty"),
             ([good, good, b"not an image"], r"image_bytes\[2\] \(12 bytes\)"),
-            ([good, good[: len(good) // 2]], r"PNG"),
+            ([good, good[:100]], r"image_bytes\[1\] \(100 bytes\) is a truncated or corrupt PNG"),
+            (
+                [good, good, jpeg[:-100]],
+                rf"image_bytes\[2\] \({len(jpeg) - 100} bytes\) .* JPEG file",
+            ),
+            ([good, corrupt], rf"image_bytes\[1\] \({len(good)} bytes\) .* PNG file"),
             ([], r"image_bytes holds no images"),
         ]
         for images, message in cases:
@@ -232,17 +319,24 @@ class ExportTest(tf.test.TestCase):
         path = os.path.join(self.greedy_dir, serving.TFLITE_FILE)
         self.assertEqual(os.path.getsize(path), self.info["tflite"]["bytes"])
         runner = Interpreter(model_path=path).get_signature_runner()
+        caption_images = tf.saved_model.load(self.greedy_dir).signatures["caption_images"]
         words = np.array(self.vocab.words, dtype=object)
-        want = self.want[1]
-        for i, data in enumerate(self.png):
-            pixels = input_pipeline.decode_image(data, 112, 1.0)[None].numpy()
-            out = runner(image=pixels)
-            self.assertAllEqual(out["tokens"], want.tokens[i : i + 1])
-            self.assertEqual(out["words"].tolist(), [[w.encode() for w in words[want.tokens[i]]]])
-            self.assertAllEqual(out["length"], want.length[i : i + 1])
-            self.assertAllClose(out["log_prob"], want.log_prob[i : i + 1], atol=1e-4)
-            attention = np.reshape(want.attention[i], [1, MAX_LENGTH, *GRID])
-            self.assertAllClose(out["attention"], attention, atol=1e-5)
+        for images in (self.images, self.other_size):
+            saved = {k: v.numpy() for k, v in caption_images(images=tf.constant(images)).items()}
+            self.assertGreater(len(set(saved["caption"])), 1)
+            # The app's resize, as caption_images resizes inside the graph.
+            pixels = input_pipeline.resize_and_crop(images, 112, 1.0).numpy()
+            for i in range(len(images)):
+                out = runner(image=pixels[i : i + 1])
+                self.assertAllEqual(out["tokens"], saved["tokens"][i : i + 1])
+                self.assertAllEqual(out["length"], saved["length"][i : i + 1])
+                self.assertAllClose(out["log_prob"], saved["log_prob"][i : i + 1], atol=1e-4)
+                self.assertAllClose(out["attention"], saved["attention"][i : i + 1], atol=1e-5)
+                want_words = [w.encode() for w in words[saved["tokens"][i]]]
+                self.assertEqual(out["words"].tolist(), [want_words])
+                caption = b" ".join(out["words"][0][: out["length"][0]])
+                self.assertEqual(caption, saved["caption"][i])
+        self.assertAllEqual(saved["tokens"], self.want_resized[1].tokens)
 
     def test_export_directory(self):
         with open(os.path.join(self.greedy_dir, serving.EXPORT_INFO)) as f:

@@ -246,14 +246,19 @@ class FeatureCacheTest(tf.test.TestCase, parameterized.TestCase):
         train = [r for r in self.records if r.split == "train"]
         vocab = Vocab.build(c for r in train for c in r.captions)
         cached, _ = features.feature_dataset(self.out, train)
-        ds = input_pipeline.train_dataset(
-            train,
-            vocab,
-            image_size=IMAGE_SIZE,
-            crop_fraction=1.0,
-            batch_size=1,
-            max_length=4,
-            features=cached,
+        with self.assertLogs(level="WARNING") as logs:
+            ds = input_pipeline.train_dataset(
+                train,
+                vocab,
+                image_size=IMAGE_SIZE,
+                crop_fraction=1.0,
+                batch_size=1,
+                max_length=4,
+                features=cached,
+            )
+        long_ones = sum(len(c.split()) > 4 for r in train for c in r.captions)
+        self.assertIn(
+            f"{long_ones} of {sum(len(r.captions) for r in train)} training", logs.output[0]
         )
         captions = {tuple(b["caption"][0].numpy()) for b in ds.take(60)}
         cut = (1, *vocab.ids(LONG_CAPTION.split()[:4]), 2)

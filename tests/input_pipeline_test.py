@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 from hypothesis import strategies as st
-from PIL import Image
+from PIL import Image, ImageOps
 
 from sat_tf import input_pipeline
 from sat_tf.datasets import Record
@@ -44,13 +44,14 @@ def _write(path, data):
     return path
 
 
-def _quadrants():
-    """4 x 4 RGB image with four distinct 2 x 2 quadrants."""
-    pixels = np.zeros((4, 4, 3), np.uint8)
-    pixels[:2, :2] = (255, 0, 0)
-    pixels[:2, 2:] = (0, 255, 0)
-    pixels[2:, :2] = (0, 0, 255)
-    pixels[2:, 2:] = (255, 255, 255)
+def _quadrants(height=4, width=4):
+    """RGB image with four distinct quadrants: red, green / blue, white."""
+    pixels = np.zeros((height, width, 3), np.uint8)
+    top, left = height // 2, width // 2
+    pixels[:top, :left] = (255, 0, 0)
+    pixels[:top, left:] = (0, 255, 0)
+    pixels[top:, :left] = (0, 0, 255)
+    pixels[top:, left:] = (255, 255, 255)
     return pixels
 
 
@@ -65,6 +66,32 @@ def _ramp(height, width):
 def _noise_jpeg():
     pixels = np.random.default_rng(0).integers(0, 256, (64, 64, 3), np.uint8)
     return _encode(Image.fromarray(pixels), "JPEG")
+
+
+def _exif(orientation, endian=">"):
+    """EXIF block whose IFD0 holds Make, Orientation and Software, in that order.
+
+    Big-endian (">"), its bytes are: "Exif\\0\\0" 0-5, "MM" 6-7, 42 at 8-9, IFD0 offset
+    10-13, entry count 14-15, Make 16-27, Orientation 28-39 (type 30-31, count 32-35,
+    value 36-37).
+    """
+    exif = Image.Exif()
+    exif.endian = endian
+    exif[0x010F] = "Camera"
+    exif[0x0112] = orientation
+    exif[0x0131] = "sat_tf test"
+    return exif.tobytes()
+
+
+def _camera_jpeg(exif=b"", fmt="JPEG", **kwargs):
+    """16 x 32 quadrants, stored as JPEG (4:4:4, so the quadrants keep clean edges)."""
+    image = Image.fromarray(_quadrants(16, 32))
+    return _encode(image, fmt, quality=95, subsampling=0, exif=exif, **kwargs)
+
+
+def _pillow_upright(data):
+    """PIL's decode of `data` turned by its EXIF orientation (`ImageOps.exif_transpose`)."""
+    return ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
 
 
 class DecodeImageTest(tf.test.TestCase, parameterized.TestCase):
@@ -185,6 +212,94 @@ class DecodeImageTest(tf.test.TestCase, parameterized.TestCase):
             _decode(data(), 8, 1.0)
 
 
+def _pillow_resized(data, size):
+    """`_pillow_upright` squeezed to size x size as `decode_image` does at crop 1.0."""
+    resized = _pillow_upright(data).resize((size, size), Image.Resampling.BILINEAR)
+    return np.asarray(resized, np.float32)
+
+
+class ExifOrientationTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.product(orientation=[1, 2, 3, 4, 5, 6, 7, 8], endian=["<", ">"])
+    def test_turned_upright_as_pillow_does(self, orientation, endian):
+        data = _camera_jpeg(_exif(orientation, endian))
+        orientation_read = input_pipeline.exif_orientation(tf.constant(data))
+        self.assertEqual(int(orientation_read), orientation)
+        # Both decoders are libjpeg-turbo (bit-identical here, 2 levels allowed); a wrong
+        # turn or flip moves whole quadrants (errors of 255).
+        upright = input_pipeline.decode_upright(tf.constant(data)).numpy()
+        self.assertEqual(upright.shape, (32, 16, 3) if orientation >= 5 else (16, 32, 3))
+        self.assertAllClose(upright, np.asarray(_pillow_upright(data)), atol=2)
+        self.assertLess(np.abs(_decode(data, 8) - _pillow_resized(data, 8)).max(), 3.0)
+
+    def test_in_a_dataset_and_a_function(self):
+        datas = [_camera_jpeg(_exif(k)) for k in range(1, 9)]
+        expected = [_pillow_resized(data, 8) for data in datas]
+        ds = tf.data.Dataset.from_tensor_slices(datas).map(
+            lambda data: input_pipeline.decode_image(data, 8, 1.0)
+        )
+        for out, want in zip(ds.as_numpy_iterator(), expected, strict=True):
+            self.assertLess(np.abs(out - want).max(), 3.0)
+
+        decode = tf.function(
+            lambda data: input_pipeline.decode_image(data, 8, 1.0),
+            input_signature=[tf.TensorSpec([], tf.string)],
+        )
+        for data, want in zip(datas, expected, strict=True):
+            self.assertLess(np.abs(decode(tf.constant(data)).numpy() - want).max(), 3.0)
+
+    def test_every_truncation_of_the_exif_block(self):
+        # The Orientation entry of `_exif` ends at byte 40: a block cut before it has no
+        # orientation; the rest of IFD0 and the strings are not needed.
+        exif = _exif(6)
+        orientation = tf.function(input_pipeline.exif_orientation)
+        for cut in range(len(exif) + 1):
+            data = _camera_jpeg(exif[:cut])
+            self.assertEqual(int(orientation(tf.constant(data))), 6 if cut >= 40 else 1, cut)
+
+    def test_every_truncation_of_the_file_header(self):
+        # A file cut inside its APP1 segment (4 bytes of marker and length, then the
+        # block) has no orientation: nothing is read beyond the bytes given.
+        data = _camera_jpeg(_exif(6))
+        segment_end = data.index(b"\xff\xe1") + 4 + len(_exif(6))
+        orientation = tf.function(input_pipeline.exif_orientation)
+        for cut in range(segment_end + 3):
+            expected = 6 if cut >= segment_end else 1
+            self.assertEqual(int(orientation(tf.constant(data[:cut]))), expected, cut)
+
+    @parameterized.named_parameters(
+        ("garbage", lambda e: b"Exif\0\0" + bytes(np.random.default_rng(0).integers(0, 256, 64))),
+        ("unknown_byte_order", lambda e: e[:6] + b"XX" + e[8:]),
+        ("not_42", lambda e: e[:8] + b"\0\x2b" + e[10:]),
+        ("ifd0_beyond_the_segment", lambda e: e[:10] + b"\0\0\x7f\xff" + e[14:]),
+        ("ifd0_inside_the_header", lambda e: e[:10] + b"\0\0\0\0" + e[14:]),
+        ("no_entries", lambda e: e[:14] + b"\0\0" + e[16:]),
+        ("orientation_9", lambda e: e[:37] + b"\x09" + e[38:]),
+        ("orientation_0", lambda e: e[:37] + b"\0" + e[38:]),
+        ("orientation_not_a_short", lambda e: e[:31] + b"\x04" + e[32:]),
+        ("orientation_count_2", lambda e: e[:35] + b"\x02" + e[36:]),
+        ("no_exif_header", lambda e: e[6:]),
+    )
+    def test_malformed_exif_leaves_the_image_as_stored(self, corrupt):
+        data = _camera_jpeg(corrupt(_exif(6)))
+        self.assertEqual(int(input_pipeline.exif_orientation(tf.constant(data))), 1)
+        stored = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        self.assertAllClose(input_pipeline.decode_upright(tf.constant(data)), stored, atol=2)
+
+    def test_exif_segment_outside_a_jpeg_is_ignored(self):
+        exif = _exif(6)
+        segment = b"\xff\xe1" + (len(exif) + 2).to_bytes(2, "big") + exif
+        data = _encode(Image.fromarray(_quadrants(16, 32)), "PNG") + segment
+        self.assertEqual(int(input_pipeline.exif_orientation(tf.constant(data))), 1)
+        self.assertAllEqual(_decode(data, 8), _decode(data[: -len(segment)], 8))
+        self.assertEqual(int(input_pipeline.exif_orientation(tf.constant(segment))), 1)
+
+    def test_mpo_first_picture_is_turned(self):
+        second = Image.new("RGB", (32, 16), (0, 0, 0))
+        data = _camera_jpeg(_exif(8), "MPO", save_all=True, append_images=[second])
+        self.assertEqual(Image.open(io.BytesIO(data)).format, "MPO")
+        self.assertLess(np.abs(_decode(data, 8) - _pillow_resized(data, 8)).max(), 3.0)
+
+
 class CheckImageFilesTest(tf.test.TestCase, parameterized.TestCase):
     def _good(self):
         folder = self.get_temp_dir()
@@ -213,6 +328,24 @@ class CheckImageFilesTest(tf.test.TestCase, parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, name):
             input_pipeline.check_image_files(self._good() + [bad])
 
+    def test_mpo_passes(self):
+        second = Image.new("RGB", (8, 8), (0, 0, 255))
+        data = _encode(
+            Image.new("RGB", (8, 8), (255, 0, 0)), "MPO", save_all=True, append_images=[second]
+        )
+        path = _write(os.path.join(self.get_temp_dir(), "camera.jpg"), data)
+        self.assertEqual(Image.open(path).format, "MPO")
+        input_pipeline.check_image_files([path])
+        self.assertAllClose(
+            input_pipeline.load_image_file(path, 4, 1.0), np.full((4, 4, 3), (255, 0, 0)), atol=3
+        )
+
+    def test_directory_is_named(self):
+        folder = os.path.join(self.get_temp_dir(), "album.jpg")
+        os.makedirs(folder, exist_ok=True)
+        with self.assertRaisesRegex(ValueError, r"1 image file.*\n  .*album\.jpg: is a directory"):
+            input_pipeline.check_image_files([*self._good(), folder])
+
     def test_every_bad_file_is_named(self):
         folder = self.get_temp_dir()
         bad = [
@@ -226,6 +359,45 @@ class CheckImageFilesTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIn("first_bad.png", message)
         self.assertIn("never_written.png", message)
         self.assertNotIn("rgb.png", message)
+
+
+class LoadImageFileTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters(224 / 256, 1.0)
+    def test_one_pixel_image_fills_the_output(self, crop_fraction):
+        path = os.path.join(self.get_temp_dir(), "dot.png")
+        _write(path, _encode(Image.new("RGB", (1, 1), (30, 140, 220)), "PNG"))
+        out = input_pipeline.load_image_file(path, 16, crop_fraction).numpy()
+        self.assertEqual(out.shape, (16, 16, 3))
+        self.assertAllClose(out, np.full((16, 16, 3), (30, 140, 220), np.float32), atol=1e-3)
+
+    @parameterized.product(tall=[True, False], crop_fraction=[0.5, 1.0])
+    def test_long_thin_image(self, tall, crop_fraction):
+        # 10000 x 100 (or 100 x 10000), red then blue along the long side. Squeezed (1.0)
+        # or centre-cropped (0.5), the 16 output rows (columns) are split at the middle:
+        # the first 7 red, the last 7 blue, the middle two blended by the filter.
+        pixels = np.zeros((10000, 100, 3), np.uint8)
+        pixels[:5000] = (255, 0, 0)
+        pixels[5000:] = (0, 0, 255)
+        if not tall:
+            pixels = pixels.transpose(1, 0, 2)
+        path = _write(
+            os.path.join(self.get_temp_dir(), "strip.png"), _encode(Image.fromarray(pixels), "PNG")
+        )
+        out = input_pipeline.load_image_file(path, 16, crop_fraction).numpy()
+        self.assertEqual(out.shape, (16, 16, 3))
+        self.assertTrue(np.all(np.isfinite(out)))
+        if not tall:
+            out = out.transpose(1, 0, 2)
+        self.assertAllClose(out[:7], np.full((7, 16, 3), (255, 0, 0)), atol=0.01)
+        self.assertAllClose(out[9:], np.full((7, 16, 3), (0, 0, 255)), atol=0.01)
+
+    def test_directory_is_named(self):
+        folder = os.path.join(self.get_temp_dir(), "album.jpg")
+        os.makedirs(folder, exist_ok=True)
+        with self.assertRaisesRegex(
+            ValueError, r"^image '.*album\.jpg' is a directory, not a file$"
+        ):
+            input_pipeline.load_image_file(folder, 8)
 
 
 def _captions(i, colour):
@@ -278,6 +450,26 @@ class DatasetTest(tf.test.TestCase, parameterized.TestCase):
                     index = int(x[0, 0])
                 pairs.append((index, tuple(caption.tolist())))
         return pairs
+
+    def test_epochs_depend_only_on_seed_and_epoch(self):
+        # What a resumed run relies on: epoch e's batches are the same whether the
+        # dataset starts at epoch 0 or at e, each epoch has its own order, and the pairs
+        # of image and caption stay right.
+        steps = 7
+
+        def epochs(first, seed=0):
+            ds = self._train(steps_per_epoch=steps, first_epoch=first, epochs=3, seed=seed)
+            batches = list(ds.as_numpy_iterator())
+            self.assertLen(batches, steps * (3 - first))
+            return [self._pairs(batches[i : i + steps]) for i in range(0, len(batches), steps)]
+
+        whole = epochs(0)
+        self.assertEqual(epochs(1), whole[1:])
+        self.assertEqual(epochs(2), whole[2:])
+        self.assertNotEqual(whole[0], whole[1])
+        self.assertNotEqual(epochs(0, seed=1), whole)
+        with self.assertRaisesRegex(ValueError, "finished 3 of 3"):
+            self._train(steps_per_epoch=steps, first_epoch=3, epochs=3)
 
     @parameterized.parameters(True, False)
     def test_batches_hold_one_caption_length_and_pair_captions_with_images(self, cache_images):
@@ -404,16 +596,13 @@ class DatasetTest(tf.test.TestCase, parameterized.TestCase):
             self.assertEqual([self._image_index(x) for x in batch["image"]], [i for i, _ in rows])
 
 
-if __name__ == "__main__":
-    tf.test.main()
-
-
 def _valid_images():
     """Small valid files of every format decode_image reads."""
     rng = np.random.default_rng(0)
     pixels = rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)
     image = Image.fromarray(pixels)
-    return [_encode(image, fmt) for fmt in ("PNG", "JPEG", "GIF", "BMP", "WEBP")]
+    files = [_encode(image, fmt) for fmt in ("PNG", "JPEG", "GIF", "BMP", "WEBP")]
+    return [*files, _encode(image, "JPEG", exif=_exif(6))]
 
 
 @st.composite
@@ -442,3 +631,7 @@ class DecodeImagePropertyTest(tf.test.TestCase):
         self.assertEqual(out.shape, (8, 8, 3))
         self.assertTrue(np.all(np.isfinite(out)))
         self.assertTrue(np.all((out >= -1e-3) & (out <= 255 + 1e-3)), (out.min(), out.max()))
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -70,31 +70,45 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         expected_metrics = {"loss", "nll_per_word"} | ({"reward"} if attention == "hard" else set())
         self.assertEqual(set(history.history), expected_metrics)
 
-    def test_hard_baseline_moving_average(self):
+    @parameterized.parameters(0.0, 0.5)
+    def test_hard_baseline_moving_average(self, mix):
         batch = _batch()
-        model = _model("hard", seed=3)
+        model = _model("hard", seed=3, hard_mix_prob=mix)
         model.compile(optimizer=keras.optimizers.SGD(0.5))
         self.assertAllEqual(model.baseline.numpy(), np.zeros(BASELINE_SLOTS))
-        expected = np.zeros(BASELINE_SLOTS)
-        for step in range(2):
+        expected, seen = np.zeros(BASELINE_SLOTS), np.zeros(BASELINE_SLOTS)
+        for _ in range(4):
             # Draw the step's samples here, then again from the same seed state in fit.
             seed_state = model.seed_generator.state.numpy()
             terms = model.loss_terms(batch, training=True)
-            reward = terms["reward"].numpy()
+            reward, sampled = terms["reward"].numpy(), terms["sampled"].numpy()
             model.seed_generator.state.assign(seed_state)
             history = model.fit(tf.data.Dataset.from_tensors(batch), epochs=1, verbose=0)
-            # One baseline per caption length: the two captions have 4 and 3 target words;
-            # the first batch of a length sets its baseline, later ones move it by 0.1.
+            # One baseline per caption length: the two captions have 4 and 3 target words.
+            # Only captions that used a sampled location move it; the first such batch of
+            # a length sets it, later ones move it by 0.1.
             for row, words in enumerate((4, 3)):
                 self.assertEqual(int(terms["baseline_slot"][row]), words)
-                expected[words] = (
-                    reward[row] if step == 0 else 0.9 * expected[words] + 0.1 * reward[row]
-                )
+                if sampled[row]:
+                    old = expected[words]
+                    expected[words] = (
+                        reward[row] if not seen[words] else 0.9 * old + 0.1 * reward[row]
+                    )
+                    seen[words] = 1.0
             self.assertAllClose(model.baseline.numpy(), expected, atol=1e-5)
-            self.assertAllEqual(model.baseline_seen.numpy()[[3, 4]], [1.0, 1.0])
-            self.assertEqual(model.baseline_seen.numpy().sum(), 2.0)
+            self.assertAllEqual(model.baseline_seen.numpy(), seen)
             self.assertAllClose(history.history["reward"][0], reward.mean(), atol=1e-5)
             self.assertLess(reward.mean(), 0.0)
+        if mix == 0.0:
+            self.assertEqual(seen.sum(), 2.0)
+
+    def test_hard_baseline_ignores_expected_context_captions(self):
+        batch = _batch()
+        model = _model("hard", hard_mix_prob=1.0)
+        model.compile(optimizer=keras.optimizers.SGD(0.5))
+        model.fit(tf.data.Dataset.from_tensors(batch).repeat(3), epochs=1, verbose=0)
+        self.assertAllEqual(model.baseline.numpy(), np.zeros(BASELINE_SLOTS))
+        self.assertAllEqual(model.baseline_seen.numpy(), np.zeros(BASELINE_SLOTS))
 
     def test_train_and_test_on_batch(self):
         batch = _batch()
@@ -215,7 +229,7 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         done = np.zeros(2, bool)
         for _ in range(max_length):
             log_probs, state, alpha = model.decoder.step(token, state)
-            word = log_probs.numpy().argmax(-1)
+            word = log_probs.numpy()[:, 2:].argmax(-1) + 2  # never <pad> (0) or <start> (1)
             log_prob += np.where(done, 0.0, log_probs.numpy()[np.arange(2), word])
             tokens.append(np.where(done, 0, word))
             alphas.append(np.where(done[:, None], 0.0, alpha.numpy()))
@@ -232,6 +246,45 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
 
         beam_1 = model.generate(batch, max_length=max_length, beam_size=1)
         self.assertAllEqual(beam_1.tokens, result.tokens)
+
+    @parameterized.parameters(1, 3)
+    def test_generate_never_emits_pad_or_start(self, beam_size):
+        batch = _batch(seed=6)
+        model = _model()
+        # <pad> and <start> are by far the likeliest words, then word 7, then <end>.
+        bias = np.full(VOCAB, -5.0, np.float32)
+        bias[[0, 1]], bias[7], bias[END] = 20.0, 3.0, 2.0
+        model.decoder.deep_output.bias.assign(bias)
+        model.decoder.deep_output.kernel.assign(np.zeros_like(model.decoder.deep_output.kernel))
+        result = model.generate(batch, max_length=4, beam_size=beam_size)
+        # The log-probabilities are the model's own, not renormalised without the two.
+        log_p = bias - np.log(np.exp(bias).sum())
+        if beam_size == 1:
+            # Greedy takes word 7 each time and never reaches <end>.
+            self.assertAllEqual(result.tokens, np.full((2, 4), 7))
+            self.assertAllEqual(result.length, [4, 4])
+            self.assertAllClose(result.log_prob, [4 * log_p[7]] * 2, rtol=1e-5)
+        else:
+            # Beam search prefers "<end>" (log p -18.7) to four 7s (4 x -17.7).
+            self.assertAllEqual(result.tokens[:, 0], [END, END])
+            self.assertAllEqual(result.tokens[:, 1:], np.zeros((2, 3)))
+            self.assertAllEqual(result.length, [0, 0])
+            self.assertAllClose(result.log_prob, [log_p[END]] * 2, rtol=1e-5)
+
+    @parameterized.parameters(*ATTENTIONS)
+    def test_beam_is_at_least_as_likely_as_greedy_on_random_models(self, attention):
+        # Not a theorem (decoding_test has a counter-example), but on random small models
+        # beam 3 should find a caption at least as likely as greedy's for every image.
+        for seed in range(3):
+            batch = _batch(seed=10 + seed)
+            model = _model(attention)
+            rng = np.random.default_rng(seed)
+            for w in model.trainable_weights:
+                w.assign(rng.normal(size=w.shape).astype(np.float32))
+            model.decoder.deep_output.bias.assign(np.eye(VOCAB, dtype=np.float32)[END] * 1.5)
+            greedy = model.generate(batch, max_length=6)
+            beam = model.generate(batch, max_length=6, beam_size=3)
+            self.assertAllGreaterEqual(beam.log_prob - greedy.log_prob, -1e-5)
 
     @parameterized.parameters(*ATTENTIONS)
     def test_beam_search_scores_match_teacher_forcing(self, attention):

@@ -1,13 +1,21 @@
-"""Tests for the script flags: scripts/flags_lib.py in process, train.py as a user runs it."""
+"""Tests for the scripts: flags_lib.py in process; train.py, caption.py and evaluate.py as
+a user runs them."""
 
+import json
+import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 
+import numpy as np
 from absl import flags
 from absl.testing import absltest, parameterized
+from nltk.translate.bleu_score import brevity_penalty, closest_ref_length
+from PIL import Image
+from pycocoevalcap.bleu.bleu import Bleu
 
 from sat_tf import config as config_lib
 from sat_tf.config import Config
@@ -22,6 +30,33 @@ _TF_NOISE = re.compile(
     r"^([IWEF]\d{4} |WARNING: All log messages before absl::InitializeLog|"
     r"To enable the following instructions|This TensorFlow binary is optimized)"
 )
+
+
+def _run_scripts(runs, cwd):
+    """Runs `{key: (script, args)}` from scripts/ in parallel subprocesses.
+
+    Returns:
+      {key: (exit code, stdout, stderr lines without TensorFlow's start-up noise)}.
+    """
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    procs = {
+        key: subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "scripts", script), *args],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for key, (script, args) in runs.items()
+    }
+    results = {}
+    for key, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=900)
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        lines = [line for line in lines if not _TF_NOISE.match(line)]
+        results[key] = (proc.returncode, stdout, lines)
+    return results
 
 
 def _flag_values(*args, only=None):
@@ -90,9 +125,50 @@ class FlagsLibTest(parameterized.TestCase):
         config = flags_lib.config_from_flags(_flag_values(f"--flagfile={path}", "--batch_size=6"))
         self.assertEqual(config, Config(batch_size=6, attention="none"))
 
+    @parameterized.named_parameters(
+        ("penalty_without_attention", ["--attention=none", "--alpha_c=0.01"], "--alpha_c=0.01"),
+        ("penalty_with_hard", ["--alpha_c=0.5", "--attention=hard"], "--alpha_c=0.5"),
+        ("hard_setting_with_soft", ["--reinforce_weight=2"], "--reinforce_weight=2.0"),
+        ("default_value_given", ["--attention=none", "--hard_mix_prob=0.5"], "--hard_mix_prob"),
+    )
+    def test_contradicting_flags_name_both(self, args, named):
+        values = _flag_values(*args)
+        with self.assertRaises(ValueError) as raised:
+            flags_lib.config_from_flags(values)
+        message = str(raised.exception)
+        self.assertStartsWith(message, f"{named}")
+        self.assertIn(f"contradicts --attention={values.attention}:", message)
+
+    @parameterized.named_parameters(
+        ("no_attention_alone", ["--attention=none"], {"attention": "none"}),
+        ("hard_alone", ["--attention=hard"], {"attention": "hard"}),
+        ("no_penalty", ["--attention=none", "--alpha_c=0"], {"attention": "none", "alpha_c": 0.0}),
+        (
+            "hard_with_its_settings",
+            ["--attention=hard", "--hard_mix_prob=0", "--alpha_c=0"],
+            {"attention": "hard", "hard_mix_prob": 0.0, "alpha_c": 0.0},
+        ),
+        ("soft_with_penalty", ["--alpha_c=1"], {"alpha_c": 1.0}),
+    )
+    def test_consistent_flags(self, args, expected):
+        self.assertEqual(flags_lib.config_from_flags(_flag_values(*args)), Config(**expected))
+
+    def test_contradiction_in_a_flagfile(self):
+        # A value from a flagfile counts as given, like one on the command line.
+        path = os.path.join(tempfile.mkdtemp(), "soft.flags")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("--attention=soft\n--alpha_c=0.33\n")
+        values = _flag_values(f"--flagfile={path}", "--attention=hard")
+        with self.assertRaisesRegex(ValueError, r"^--alpha_c=0.33 contradicts --attention=hard:"):
+            flags_lib.config_from_flags(values)
+        self.assertEqual(
+            flags_lib.config_from_flags(_flag_values(f"--flagfile={path}", "--alpha_c=0")),
+            Config(alpha_c=0.0),
+        )
+
 
 class TrainScriptTest(parameterized.TestCase):
-    """Runs scripts/train.py in subprocesses (all four at once: each imports TensorFlow)."""
+    """Runs scripts/train.py in subprocesses (all at once: each imports TensorFlow)."""
 
     @classmethod
     def setUpClass(cls):
@@ -106,29 +182,12 @@ class TrainScriptTest(parameterized.TestCase):
             "flagfile": [f"--flagfile={flagfile}", workdir],
             "choice": ["--attention=bogus", workdir],
             "value": ["--batch_size=0", workdir],
+            "contradiction": ["--attention=none", "--alpha_c=0.01", workdir],
             "help": ["--helpfull"],
         }
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-        script = os.path.join(ROOT, "scripts", "train.py")
-        procs = {
-            key: subprocess.Popen(
-                [sys.executable, script, *args],
-                cwd=cls.dir,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for key, args in runs.items()
-        }
-        cls.results = {}
-        for key, proc in procs.items():
-            stdout, stderr = proc.communicate(timeout=600)
-            lines = [line for line in stderr.splitlines() if line.strip()]
-            lines = [line for line in lines if not _TF_NOISE.match(line)]
-            cls.results[key] = (proc.returncode, stdout, lines)
+        cls.results = _run_scripts({key: ("train.py", args) for key, args in runs.items()}, cls.dir)
 
-    @parameterized.parameters("flagfile", "choice", "value")
+    @parameterized.parameters("flagfile", "choice", "value", "contradiction")
     def test_bad_flags_stop_with_a_short_message(self, key):
         code, _, lines = self.results[key]
         self.assertNotEqual(code, 0)
@@ -148,12 +207,240 @@ class TrainScriptTest(parameterized.TestCase):
     def test_bad_value_is_one_line(self):
         self.assertEqual(self.results["value"][2], ["error: --batch_size=0 must be at least 1"])
 
+    def test_contradiction_is_one_line_naming_both_flags(self):
+        code, _, lines = self.results["contradiction"]
+        self.assertEqual(code, 1)
+        self.assertLen(lines, 1)
+        self.assertStartsWith(lines[0], "error: --alpha_c=0.01 contradicts --attention=none: ")
+        self.assertIn("soft attention only", lines[0])
+
     def test_helpfull_lists_every_field_with_its_help(self):
         text = " ".join(self.results["help"][1].split())
         self.assertIn("--workdir:", text)
         for name, _, _, help_text in config_lib.fields_with_help():
             help_text = re.escape(" ".join(help_text.split()))
             self.assertRegex(text, rf"--(\[no\])?{name}: (<[^>]*>: )?{help_text}")
+
+
+def _panel_cells(picture, panels):
+    """Splits a `visualize.attention_figure` picture into its grid cells, in reading order.
+
+    The figure is 2.2 x 2.4 inches per panel at 100 dpi, 5 panels a row: cells of
+    220 x 240 pixels. Returns None when the size does not fit `panels` panels.
+    """
+    cols = min(5, panels)
+    rows = math.ceil(panels / cols)
+    if picture.shape[:2] != (240 * rows, 220 * cols):
+        return None
+    return [
+        picture[240 * r : 240 * (r + 1), 220 * c : 220 * (c + 1)]
+        for r in range(rows)
+        for c in range(cols)
+    ]
+
+
+class CaptionEvaluateScriptTest(parameterized.TestCase):
+    """Runs caption.py and evaluate.py on one tiny workdir trained by train.py.
+
+    The model has hard attention, so the pictures must outline where it looked.
+    """
+
+    MAX_LENGTH = 10
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.dir = tempfile.mkdtemp()
+        cls.workdir = os.path.join(cls.dir, "run")
+        data_dir = os.path.join(cls.dir, "data")
+        tiny = dict(
+            num_train=40,
+            num_val=6,
+            num_test=6,
+            epochs=1,
+            steps_per_epoch=2,
+            eval_images=6,
+            embed_dim=8,
+            hidden_dim=16,
+            attention_dim=8,
+            batch_size=8,
+            max_decode_length=cls.MAX_LENGTH,
+            attention="hard",
+        )
+        args = [f"--workdir={cls.workdir}", f"--data_dir={data_dir}"]
+        args += [f"--{k}={v}" for k, v in tiny.items()]
+        code, cls.train_stdout, lines = _run_scripts({"train": ("train.py", args)}, cls.dir)[
+            "train"
+        ]
+        if code != 0:
+            raise AssertionError(f"train.py failed with {code}: " + "\n".join(lines[-20:]))
+        # train.py scored the test split too; evaluate.py must write these files itself.
+        for name in ("captions_test.json", "metrics_test.json", "table_test.md"):
+            if os.path.exists(os.path.join(cls.workdir, name)):
+                os.remove(os.path.join(cls.workdir, name))
+
+        with open(os.path.join(data_dir, "dataset_shapes.json"), encoding="utf-8") as f:
+            images = [i for i in json.load(f)["images"] if i["split"] == "test"]
+        cls.references = {i["imgid"]: [s["raw"] for s in i["sentences"]] for i in images}
+        cls.paths = {
+            i["imgid"]: os.path.join(data_dir, i["filepath"], i["filename"]) for i in images
+        }
+        # Three test images under new names: a picture is named after its file.
+        cls.images = []
+        for imgid in sorted(cls.paths)[:3]:
+            path = os.path.join(cls.dir, f"photo_{imgid}.png")
+            shutil.copy(cls.paths[imgid], path)
+            cls.images.append((imgid, path))
+        cls.bad = {
+            "missing": os.path.join(cls.dir, "no_such_photo.jpg"),
+            "not_an_image": os.path.join(cls.dir, "notes.jpg"),
+        }
+        with open(cls.bad["not_an_image"], "w", encoding="utf-8") as f:
+            f.write("these are my notes, not a picture\n")
+        cls.pictures = os.path.join(cls.dir, "pictures")
+        workdir = f"--workdir={cls.workdir}"
+        paths = [path for _, path in cls.images]
+        runs = {
+            "greedy": ("caption.py", [*paths, workdir, f"--visualize={cls.pictures}"]),
+            "beam": ("caption.py", [*paths[:2], workdir, "--beam_size=2"]),
+            "missing": ("caption.py", [cls.bad["missing"], workdir]),
+            "not_an_image": ("caption.py", [cls.bad["not_an_image"], workdir]),
+            "evaluate": ("evaluate.py", [workdir]),
+        }
+        cls.results = _run_scripts(runs, cls.dir)
+
+    def _ok(self, key):
+        code, stdout, lines = self.results[key]
+        self.assertEqual(code, 0, "\n".join(lines[-20:]))
+        return stdout
+
+    def _captions(self, key, paths):
+        """The caption lines `path: words` of a caption.py run, one per path in order."""
+        stdout = self._ok(key)
+        found = [line for line in stdout.splitlines() if line.split(": ")[0] in paths]
+        self.assertEqual([line.split(": ")[0] for line in found], list(paths))
+        return [line.split(": ", 1)[1].split() for line in found]
+
+    def _read_json(self, name):
+        with open(os.path.join(self.workdir, name), encoding="utf-8") as f:
+            return json.load(f)
+
+    def test_prints_one_caption_per_image(self):
+        captions = self._captions("greedy", [path for _, path in self.images])
+        # The run's beam size is 1, as evaluate.py's: the same captions for the same images.
+        saved = {r["image_id"]: r["caption"] for r in self._read_json("captions_test.json")}
+        for (imgid, _), words in zip(self.images, captions, strict=True):
+            self.assertLessEqual(len(words), self.MAX_LENGTH)
+            self.assertEqual(" ".join(words), saved[imgid])
+
+    def test_beam_search(self):
+        captions = self._captions("beam", [path for _, path in self.images[:2]])
+        for words in captions:
+            self.assertLessEqual(len(words), self.MAX_LENGTH)
+
+    def test_one_picture_per_image_with_a_panel_per_word(self):
+        captions = self._captions("greedy", [path for _, path in self.images])
+        names = [f"photo_{imgid}_attention.png" for imgid, _ in self.images]
+        self.assertCountEqual(os.listdir(self.pictures), names)
+        for name, words in zip(names, captions, strict=True):
+            picture = np.asarray(Image.open(os.path.join(self.pictures, name)).convert("RGB"))
+            # The image, then a panel per word and one for <end> (none when the caption
+            # was cut at the length limit).
+            panels = 1 + min(len(words) + 1, self.MAX_LENGTH)
+            cells = _panel_cells(picture, panels)
+            self.assertIsNotNone(cells, f"{name}: {picture.shape} for {panels} panels")
+            for k, cell in enumerate(cells):
+                drawn = np.mean(cell.min(-1) < 250)
+                if k < panels:
+                    self.assertGreater(drawn, 0.5, f"{name}: panel {k}")
+                else:
+                    self.assertEqual(drawn, 0.0, f"{name}: cell {k} should be empty")
+
+    def test_hard_attention_pictures_outline_the_attended_cell(self):
+        # Overlays mix 25% image with grey light (red minus green <= 64), so only the
+        # outline is pure red. Panel 0, the image itself, may hold red shapes.
+        captions = self._captions("greedy", [path for _, path in self.images])
+        for (imgid, _), words in zip(self.images, captions, strict=True):
+            name = f"photo_{imgid}_attention.png"
+            picture = np.asarray(Image.open(os.path.join(self.pictures, name)).convert("RGB"))
+            panels = 1 + min(len(words) + 1, self.MAX_LENGTH)
+            cells = _panel_cells(picture, panels)
+            self.assertIsNotNone(cells, f"{name}: {picture.shape} for {panels} panels")
+            for k, cell in enumerate(cells[1:panels], 1):
+                r, g, b = (cell[..., i].astype(int) for i in range(3))
+                red = np.sum((r > 200) & (g < 80) & (b < 80))
+                self.assertGreater(red, 20, f"{name}: panel {k} has no outline")
+
+    @parameterized.parameters("missing", "not_an_image")
+    def test_bad_image_is_one_line_naming_it(self, key):
+        code, _, lines = self.results[key]
+        self.assertEqual(code, 1)
+        self.assertLen(lines, 1)
+        self.assertStartsWith(lines[0], "error: ")
+        self.assertIn(self.bad[key], lines[0])
+
+    def test_evaluate_writes_captions_in_coco_results_format(self):
+        self._ok("evaluate")
+        results = self._read_json("captions_test.json")
+        self.assertIsInstance(results, list)
+        for result in results:
+            self.assertEqual(set(result), {"image_id", "caption"})
+            self.assertIsInstance(result["caption"], str)
+        self.assertCountEqual([r["image_id"] for r in results], list(self.references))
+
+    def test_evaluate_writes_every_metric(self):
+        self._ok("evaluate")
+        scores = self._read_json("metrics_test.json")
+        for n in range(1, 5):
+            self.assertBetween(scores[f"BLEU-{n}"], 0.0, 1.0)
+            self.assertBetween(scores[f"paper BLEU-{n} (no BP)"], 0.0, 1.0)
+        self.assertBetween(scores["ROUGE-L"], 0.0, 1.0)
+        self.assertBetween(scores["CIDEr"], 0.0, 10.0)
+        if "METEOR" in scores:
+            self.assertBetween(scores["METEOR"], 0.0, 1.0)
+        else:
+            self.assertIn("METEOR", scores["unavailable"])
+        # The reloaded best weights score the test split as the training run did.
+        printed = json.loads(re.search(r"^\{$.*^\}$", self.train_stdout, re.M | re.S)[0])
+        self.assertEqual(scores["BLEU-4"], printed["BLEU-4"])
+        self.assertEqual(scores["paper BLEU-4 (no BP)"], printed["paper BLEU-4 (no BP)"])
+
+    def test_evaluate_writes_table1(self):
+        self._ok("evaluate")
+        scores = self._read_json("metrics_test.json")
+        with open(os.path.join(self.workdir, "table_test.md"), encoding="utf-8") as f:
+            table = f.read()
+        self.assertIn("| Model | BLEU-1 | BLEU-2 | BLEU-3 | BLEU-4 | METEOR |", table)
+        rows = [line for line in table.splitlines() if line.startswith("| this model")]
+        self.assertLen(rows, 2)
+        self.assertIn("hard attention, additive, beam 1", rows[0])
+        paper, coco = ([c.strip() for c in row.split("|")[2:6]] for row in rows)
+        for k in range(4):
+            self.assertEqual(paper[k], f"{100 * scores[f'paper BLEU-{k + 1} (no BP)']:.1f}")
+            self.assertEqual(coco[k], f"{100 * scores[f'BLEU-{k + 1}']:.1f}")
+
+    def test_evaluate_bleu4_recomputed_from_the_written_captions(self):
+        # nltk's corpus_bleu and coco-caption's BLEU differ for an n-gram order without
+        # a match (0 against counts guarded by 1e-15) and for captions shorter than n
+        # words, both common for this barely trained model. So coco-caption's Bleu
+        # scores the files directly, and nltk checks the brevity penalty.
+        self._ok("evaluate")
+        scores = self._read_json("metrics_test.json")
+        hyps = {str(r["image_id"]): r["caption"] for r in self._read_json("captions_test.json")}
+        refs = {str(i): captions for i, captions in self.references.items()}
+        # Lowercase words: coco-caption's PTB tokenizer leaves these captions unchanged.
+        for text in [*hyps.values(), *(r for rs in refs.values() for r in rs)]:
+            self.assertRegex(text, r"^([a-z]+( [a-z]+)*)?$")
+        bleu, _ = Bleu(4).compute_score(refs, {i: [h] for i, h in hyps.items()}, verbose=0)
+        self.assertLessEqual(abs(scores["BLEU-4"] - bleu[3]), 1e-9 * bleu[3])
+        lengths = [len(h.split()) for h in hyps.values()]
+        ref_length = sum(
+            closest_ref_length([r.split() for r in refs[i]], n)
+            for i, n in zip(hyps, lengths, strict=True)
+        )
+        penalty = brevity_penalty(ref_length, sum(lengths))
+        expected = scores["paper BLEU-4 (no BP)"] * penalty
+        self.assertLessEqual(abs(scores["BLEU-4"] - expected), 1e-6 * expected)
 
 
 if __name__ == "__main__":

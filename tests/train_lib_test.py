@@ -2,7 +2,6 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -71,8 +70,8 @@ class TrainAndEvaluateTest(tf.test.TestCase):
             train_lib.train_and_evaluate(other, self.workdir)
 
 
-def _train_command(workdir, data_dir, epochs, steps):
-    flags = {**TINY, "epochs": epochs, "steps_per_epoch": steps}
+def _train_command(workdir, data_dir, epochs, steps, attention="soft"):
+    flags = {**TINY, "epochs": epochs, "steps_per_epoch": steps, "attention": attention}
     return [
         sys.executable,
         os.path.join(ROOT, "scripts", "train.py"),
@@ -83,48 +82,79 @@ def _train_command(workdir, data_dir, epochs, steps):
 
 
 def _backup_epoch(workdir):
-    path = os.path.join(workdir, "backup", "training_metadata.json")
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)["epoch"]
-    except (OSError, ValueError, KeyError):
+        return train_lib.backed_up_epoch(workdir)
+    except ValueError:  # caught while Keras writes it
         return 0
 
 
-class ResumeTest(tf.test.TestCase):
-    """SIGKILL a training process after its first epoch; the same command resumes."""
+def _final_state(workdir):
+    """{path: array} of every model and optimizer variable after the last epoch."""
+    model, _, config = train_lib.load_trained(workdir)
+    model.compile(optimizer=train_lib._optimizer(config))
+    model.optimizer.build(model.trainable_variables)
+    model.load_weights(os.path.join(workdir, "backup", "latest.weights.h5"))
+    variables = model.weights + model.optimizer.variables
+    return {v.path: v.numpy() for v in variables}
 
-    def test_killed_run_resumes_from_its_last_epoch(self):
+
+class ResumeTest(tf.test.TestCase):
+    """SIGKILL a hard-attention training run at random moments; the same command resumes
+    it and ends with the weights of an uninterrupted run."""
+
+    def test_killed_run_ends_as_an_uninterrupted_run(self):
         root = tempfile.mkdtemp()
-        workdir, data_dir = os.path.join(root, "run"), os.path.join(root, "data")
-        epochs, steps = 3, 40
-        command = _train_command(workdir, data_dir, epochs, steps)
+        data_dir = os.path.join(root, "data")
+        epochs, steps = 3, 25
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
-        log = open(os.path.join(root, "first.log"), "w")
-        first = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 300
-        while _backup_epoch(workdir) < 1 and first.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-        log.close()
-        killed_at = _backup_epoch(workdir)
-        self.assertBetween(killed_at, 1, epochs - 1, "the kill did not land mid-run")
 
-        second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-        self.assertEqual(second.returncode, 0, second.stderr[-3000:])
+        def command(name):
+            return _train_command(os.path.join(root, name), data_dir, epochs, steps, "hard")
+
+        start = time.time()
+        whole = subprocess.run(command("whole"), env=env, capture_output=True, text=True)
+        self.assertEqual(whole.returncode, 0, whole.stderr[-3000:])
+        run_seconds = time.time() - start
+
+        workdir = os.path.join(root, "killed")
+        rng = np.random.default_rng()
+        kills = []
+        # First kill: at a random moment of the first half of the run (possibly before
+        # any backup); second: at a random moment after the first epoch's backup.
+        for after_epoch in (0, 1):
+            process = subprocess.Popen(
+                command("killed"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+            deadline = time.time() + 600
+            while _backup_epoch(workdir) < after_epoch and time.time() < deadline:
+                self.assertIsNone(process.poll(), "the run ended before it could be killed")
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0.0, run_seconds / (2 * epochs)))
+            process.kill()
+            process.wait()
+            kills.append(_backup_epoch(workdir))
+        self.assertLess(kills[-1], epochs, "the kill did not land mid-run")
+
+        resumed = subprocess.run(command("killed"), env=env, capture_output=True, text=True)
+        self.assertEqual(resumed.returncode, 0, resumed.stderr[-3000:])
         # Keras prints "Epoch k/3" for each epoch it trains: the resumed run starts after
         # the backed-up epoch instead of at 1.
-        trained = sorted({int(e) for e in _epochs_printed(second.stdout)})
-        self.assertEqual(trained, list(range(killed_at + 1, epochs + 1)))
-        self.assertEqual(_backup_epoch(workdir), epochs)
-        # The optimizer's step counter continued from the backup.
-        model, _, config = train_lib.load_trained(workdir)
-        model.compile(optimizer=train_lib._optimizer(config))
-        model.optimizer.build(model.trainable_variables)
-        model.load_weights(os.path.join(workdir, "backup", "latest.weights.h5"))
-        self.assertEqual(int(model.optimizer.iterations.numpy()), epochs * steps)
+        trained = sorted({int(e) for e in _epochs_printed(resumed.stdout)})
+        self.assertEqual(trained, list(range(kills[-1] + 1, epochs + 1)))
+
+        # Step counter, optimizer moments, REINFORCE baselines, random-number states and
+        # the data order all continued: the weights equal the uninterrupted run's.
+        expected, got = _final_state(os.path.join(root, "whole")), _final_state(workdir)
+        self.assertEqual(sorted(got), sorted(expected))
+        iterations = [p for p in got if p.endswith("iteration") or p.endswith("iterations")]
+        self.assertNotEmpty(iterations)
+        for path in iterations:
+            self.assertEqual(int(got[path]), epochs * steps, path)
+        baseline = [p for p in got if p.endswith("reinforce_baseline_seen")]
+        self.assertGreater(got[baseline[0]].sum(), 0)
+        for path, value in expected.items():
+            self.assertAllClose(got[path], value, atol=1e-5, rtol=1e-4, msg=f"{path} {kills}")
 
 
 def _epochs_printed(text):
