@@ -146,6 +146,39 @@ class ShowAttendTell(keras.Model):
             with self.distribute_strategy.scope():
                 self.optimizer.build(self.trainable_variables)
 
+    def _random_states(self):
+        """The state of every random generator in the model (hard-attention samples,
+        dropout masks), in a fixed order."""
+        return [
+            generator.state
+            for layer in self._flatten_layers(include_self=True)
+            for generator in getattr(layer, "_seed_generators", ())
+        ]
+
+    def save_own_variables(self, store):
+        """Saves the baselines and the random generators' states with the weights, so
+        that a run resumed from a backup draws the random numbers an uninterrupted run
+        draws (Keras saves neither generator state by itself)."""
+        super().save_own_variables(store)
+        for i, state in enumerate(self._random_states()):
+            store[f"random_state_{i}"] = state
+
+    def load_own_variables(self, store):
+        own = self._trainable_variables + self._non_trainable_variables
+        numbered = [k for k in store.keys() if k.isdigit()]
+        if len(numbered) != len(own):
+            raise ValueError(
+                f"the file holds {len(numbered)} variables of the model itself, the model has "
+                f"{len(own)}: it was saved from another configuration"
+            )
+        for i, variable in enumerate(own):
+            variable.assign(store[f"{i}"])
+        states = self._random_states()
+        keys = [f"random_state_{i}" for i in range(len(states))]
+        if all(k in store.keys() for k in keys):
+            for key, state in zip(keys, states, strict=True):
+                state.assign(store[key])
+
     def encode(self, batch, training=False):
         """(B, L, D) annotation vectors of a batch (from "image" or "features")."""
         if "features" in batch:

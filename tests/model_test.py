@@ -271,6 +271,45 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
             self.assertAllEqual(result.length, [0, 0])
             self.assertAllClose(result.log_prob, [log_p[END]] * 2, rtol=1e-5)
 
+    def test_weights_file_carries_the_random_states(self):
+        # Dropout masks and hard-attention samples continue after a reload from a backup:
+        # training on from the file ends where uninterrupted training ends.
+        batch = _batch()
+        data = tf.data.Dataset.from_tensors(batch).repeat(3)
+
+        def make(seed):
+            keras.utils.set_random_seed(seed)
+            model = _model("hard", dropout=0.3)
+            model.compile(optimizer=keras.optimizers.Adam(0.01))
+            model.optimizer.build(model.trainable_variables)
+            return model
+
+        whole = make(0)
+        whole.fit(data, verbose=0)
+        path = os.path.join(self.get_temp_dir(), "backup.weights.h5")
+        whole.save_weights(path)
+        whole.fit(data, verbose=0)
+        resumed = make(1)  # other initial weights and random states
+        resumed.load_weights(path)
+        resumed.fit(data, verbose=0)
+        self.assertLen(whole._random_states(), 2)  # hard-attention noise and dropout
+        for a, b in zip(
+            whole.weights + whole._random_states(),
+            resumed.weights + resumed._random_states(),
+            strict=True,
+        ):
+            self.assertAllEqual(a, b, msg=a.path)
+        # Without the states the continuation draws other numbers.
+        other = make(1)
+        other.load_weights(path)
+        for state in other._random_states():
+            state.assign(state.numpy() + 1)
+        other.fit(data, verbose=0)
+        changed = [
+            not np.array_equal(a, b) for a, b in zip(whole.weights, other.weights, strict=True)
+        ]
+        self.assertTrue(any(changed))
+
     @parameterized.parameters(*ATTENTIONS)
     def test_beam_is_at_least_as_likely_as_greedy_on_random_models(self, attention):
         # Not a theorem (decoding_test has a counter-example), but on random small models

@@ -201,9 +201,14 @@ class EncodeDecodeTest(tf.test.TestCase, parameterized.TestCase):
 
 
 def _texts():
-    """Any text, with whitespace, punctuation and combining marks drawn more often."""
+    """Any text, with whitespace, punctuation and combining marks drawn more often.
+
+    Lone surrogates (category Cs) are left out: they are not Unicode scalar values, no
+    UTF-8 file holds them, and no string tensor can.
+    """
     tricky = st.sampled_from(" \t\n\r\x85\xa0\u1680\u2028\u2029\u3000.,!-'\u0301ßİΣ")
-    return st.text(st.one_of(st.characters(), tricky), max_size=20)
+    characters = st.characters(blacklist_categories=("Cs",))
+    return st.text(st.one_of(characters, tricky), max_size=20)
 
 
 class PropertyTest(tf.test.TestCase):
