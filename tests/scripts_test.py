@@ -16,6 +16,7 @@ from absl.testing import absltest, parameterized
 from nltk.translate.bleu_score import brevity_penalty, closest_ref_length
 from PIL import Image
 from pycocoevalcap.bleu.bleu import Bleu
+from train_lib_test import TINY
 
 from sat_tf import config as config_lib
 from sat_tf.config import Config
@@ -253,20 +254,8 @@ class CaptionEvaluateScriptTest(parameterized.TestCase):
         cls.dir = tempfile.mkdtemp()
         cls.workdir = os.path.join(cls.dir, "run")
         data_dir = os.path.join(cls.dir, "data")
-        tiny = dict(
-            num_train=40,
-            num_val=6,
-            num_test=6,
-            epochs=1,
-            steps_per_epoch=2,
-            eval_images=6,
-            embed_dim=8,
-            hidden_dim=16,
-            attention_dim=8,
-            batch_size=8,
-            max_decode_length=cls.MAX_LENGTH,
-            attention="hard",
-        )
+        tiny = {**TINY, "steps_per_epoch": 2, "max_decode_length": cls.MAX_LENGTH}
+        tiny["attention"] = "hard"
         args = [f"--workdir={cls.workdir}", f"--data_dir={data_dir}"]
         args += [f"--{k}={v}" for k, v in tiny.items()]
         code, cls.train_stdout, lines = _run_scripts({"train": ("train.py", args)}, cls.dir)[
