@@ -363,6 +363,8 @@ def train_dataset(
 
     if steps_per_epoch is None:
         return stream(seed, seed + 1).prefetch(AUTOTUNE)
+    if epochs is None:
+        raise ValueError("train_dataset: steps_per_epoch needs epochs (the epoch to end before)")
     ds = None
     for epoch in range(first_epoch, epochs):
         epoch_seed = seed * 2**20 + 2 * epoch

@@ -470,6 +470,8 @@ class DatasetTest(tf.test.TestCase, parameterized.TestCase):
         self.assertNotEqual(epochs(0, seed=1), whole)
         with self.assertRaisesRegex(ValueError, "finished 3 of 3"):
             self._train(steps_per_epoch=steps, first_epoch=3, epochs=3)
+        with self.assertRaisesRegex(ValueError, "steps_per_epoch needs epochs"):
+            self._train(steps_per_epoch=steps)
 
     @parameterized.parameters(True, False)
     def test_batches_hold_one_caption_length_and_pair_captions_with_images(self, cache_images):
