@@ -261,9 +261,9 @@ def _caption_table(records, vocab, max_length):
 
     Captions longer than `max_length` words are cut to it; their number is logged.
     """
-    texts = tf.constant([c for r in records for c in r.captions], tf.string)
-    ids = vocab.encode(texts, max_length=max_length)
-    words = vocab_lib.tokenize(texts).row_lengths()
+    tokens = vocab_lib.tokenize(tf.constant([c for r in records for c in r.captions], tf.string))
+    ids = vocab.encode_words(tokens, max_length=max_length)
+    words = tokens.row_lengths()
     over = int(tf.math.count_nonzero(words > max_length))
     if over:
         logging.warning(

@@ -310,8 +310,8 @@ class EvaluationCallback(keras.callbacks.Callback):
         data = tf.io.read_file(record.image_path)
         image = input_pipeline.decode_image(data, self.config.image_size, spec.crop_fraction)
         image = np.clip(image.numpy(), 0, 255).astype(np.uint8)
-        words = (res["words"] + [vocab_lib.END])[: len(res["alpha"])]
-        points = res["alpha"].argmax(-1) if self.config.attention == "hard" else None
+        hard = self.config.attention == "hard"
+        words, points = visualize.caption_panels(res["words"], res["alpha"], hard)
         return visualize.attention_figure(image, words, res["alpha"], self.grid, hard_points=points)
 
 

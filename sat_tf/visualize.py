@@ -18,6 +18,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from PIL import Image
 
+from sat_tf.vocab import END
+
 _ROWS = ("top", "", "bottom")
 _COLS = ("left", "", "right")
 _SIGMA_PER_UPSCALE = 1.25
@@ -204,6 +206,25 @@ def build_attention_figure(
             )
     fig.tight_layout()
     return fig
+
+
+def caption_panels(
+    words: Sequence[str], alphas: np.ndarray, hard: bool
+) -> tuple[list[str], np.ndarray | None]:
+    """Panel titles and hard points for a generated caption.
+
+    Args:
+      words: the caption's words, without `<end>`.
+      alphas: (T, L) the attention map of each emitted token; a caption cut at the
+        length limit has no `<end>` and no map for it.
+      hard: the model uses hard attention, which attends at the argmax cell at
+        inference (paper §4.1).
+
+    Returns:
+      (the words and `<end>`, one per map; the argmax cell of each map, or None).
+    """
+    titles = (list(words) + [END])[: len(alphas)]
+    return titles, (np.asarray(alphas).argmax(-1) if hard else None)
 
 
 def render(fig: Figure) -> np.ndarray:

@@ -128,7 +128,12 @@ class Vocab:
         Returns:
           int32 ragged tensor (N, None).
         """
-        words = tokenize(texts)
+        return self.encode_words(tokenize(texts), max_length)
+
+    def encode_words(
+        self, words: tf.RaggedTensor, max_length: int | None = None
+    ) -> tf.RaggedTensor:
+        """`encode` for captions already split by `tokenize`: ragged string (N, None)."""
         if max_length is not None:
             words = words[:, :max_length]
         ids = tf.ragged.map_flat_values(self.table.lookup, words)

@@ -14,7 +14,6 @@ from absl import flags
 from flags_lib import run
 
 from sat_tf import input_pipeline, serving, train_lib, visualize
-from sat_tf import vocab as vocab_lib
 from sat_tf.encoder import get_spec
 
 flags.DEFINE_string("workdir", "runs/shapes", "A trained workdir (scripts/train.py).")
@@ -46,16 +45,13 @@ def main(argv):
         n = int(out.length[i])
         words = vocab.decode(out.tokens[i][:n].numpy())
         alphas = out.attention[i, : n + 1].numpy()
-        # A caption cut at --max_decode_length has no <end> and no map for it.
-        shown = (words + [vocab_lib.END])[: len(alphas)]
+        shown, points = visualize.caption_panels(words, alphas, config.attention == "hard")
         print(f"{path}: {' '.join(words)}")
         print(visualize.attention_summary(shown, alphas, model.grid))
         if FLAGS.visualize:
             pixels = np.clip(images[i].numpy(), 0, 255).astype(np.uint8)
             stem = os.path.splitext(os.path.basename(path))[0]
             target = os.path.join(FLAGS.visualize, f"{stem}_attention.png")
-            # At inference hard attention looks at the argmax location (paper 4.1).
-            points = alphas.argmax(-1) if config.attention == "hard" else None
             visualize.attention_figure(
                 pixels, shown, alphas, model.grid, hard_points=points, path=target
             )

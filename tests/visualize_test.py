@@ -146,6 +146,18 @@ def test_figure_has_one_panel_per_word_with_attention_where_alpha_is():
         assert (r // 8, c // 8) == cell
 
 
+def test_caption_panels():
+    alphas = np.array([[0.1, 0.7, 0.2], [0.6, 0.3, 0.1], [0.2, 0.2, 0.6]])
+    assert visualize.caption_panels(["a", "dog"], alphas, hard=False) == (
+        ["a", "dog", "<end>"],
+        None,
+    )
+    # Cut at the length limit: three words, three maps, no <end>.
+    titles, points = visualize.caption_panels(["a", "big", "dog"], alphas, hard=True)
+    assert titles == ["a", "big", "dog"]
+    np.testing.assert_array_equal(points, [1, 0, 2])
+
+
 def test_hard_points_are_outlined():
     image, words, alphas, cells = _picture_inputs(2)
     points = [r * 14 + c for r, c in cells]
