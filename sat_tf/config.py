@@ -61,7 +61,7 @@ class Config:
     attention_score: str = _field("additive", "Score f_att: additive (Bahdanau) or dot.")
     embed_dim: int = _field(64, "Word embedding size m.")
     hidden_dim: int = _field(256, "LSTM size n.")
-    attention_dim: int = _field(128, "Hidden size of the additive score / deep output width.")
+    attention_dim: int = _field(64, "Hidden size of the additive score.")
     dropout: float = _field(0.2, "Dropout before the output layer L_o (paper 3.1.2).")
     alpha_c: float = _field(
         0.002,
@@ -78,11 +78,11 @@ class Config:
     optimizer: str = _field("adam", "Optimizer: adam (Flickr30k, COCO) or rmsprop (Flickr8k).")
     learning_rate: float = _field(2e-3, "Peak learning rate.")
     lr_schedule: str = _field(
-        "constant", "Learning rate: constant, or cosine decay to 0 over all training steps."
+        "cosine", "Learning rate: constant, or cosine decay to 0 over all training steps."
     )
     clip_norm: float = _field(5.0, "Global gradient norm clip; 0 turns it off.")
     batch_size: int = _field(64, "Captions per batch (all of one length, paper 4.3).")
-    epochs: int = _field(5, "Training epochs.")
+    epochs: int = _field(3, "Training epochs.")
     steps_per_epoch: int = _field(0, "Batches per epoch; 0 = one pass over the training set.")
     eval_images: int = _field(500, "Validation images captioned after each epoch; 0 = all.")
     early_stopping_patience: int = _field(0, "Stop after this many epochs without a better BLEU-4.")

@@ -54,12 +54,12 @@ class AddCoords(keras.layers.Layer):
         return (*input_shape[:-1], input_shape[-1] + 2)
 
 
-def _shapes_cnn(weights=None, input_shape=(112, 112, 3), width=64):
+def _shapes_cnn(weights=None, input_shape=(112, 112, 3), width=48):
     """Small stride-8 CNN for the `shapes` dataset: 112 x 112 -> 14 x 14 x (width + 2).
 
     Three stride-2 convolutions and two more 3x3 convolutions at 14 x 14, each followed
     by batch normalisation and ReLU, give each cell a receptive field of 47 pixels, enough
-    to see a big object whole; about 23M multiply-adds per image, so the demo trains on a
+    to see a big object whole; about 13M multiply-adds per image, so the demo trains on a
     CPU.
     """
     inputs = keras.Input(input_shape)

@@ -46,7 +46,7 @@ class ShowAttendTell(keras.Model):
         vocab_size,
         embed_dim=64,
         hidden_dim=256,
-        attention_dim=128,
+        attention_dim=64,
         attention="soft",
         attention_score="additive",
         dropout=0.2,

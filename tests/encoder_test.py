@@ -14,7 +14,7 @@ from sat_tf.encoder import AddCoords, ImageEncoder
 # ResNet conv4 / EfficientNet stage 5 have stride 16; InceptionV3 mixed7 is 17 x 17 at 299;
 # EfficientNet-Lite2 has width 1.1 (112 * 1.1 rounded to 8 = 120).
 GRIDS = {
-    "shapes_cnn": (112, (14, 14, 66)),
+    "shapes_cnn": (112, (14, 14, 50)),
     "vgg19": (224, (14, 14, 512)),
     "resnet50": (224, (14, 14, 1024)),
     "resnet101": (224, (14, 14, 1024)),
@@ -89,8 +89,8 @@ class ImageEncoderTest(tf.test.TestCase, parameterized.TestCase):
         layer = ImageEncoder("shapes_cnn", 112)
         images = tf.random.stateless_uniform((2, 112, 112, 3), (1, 2), maxval=255.0)
         out = layer(images)
-        self.assertEqual(out.shape, (2, 196, 66))
-        self.assertEqual(layer.feature_grid(), (14, 14, 66))
+        self.assertEqual(out.shape, (2, 196, 50))
+        self.assertEqual(layer.feature_grid(), (14, 14, 50))
         # 3x3 convolutions without bias to 16, 32, 64, 64, 64 channels, each with batch
         # normalisation (4 numbers per channel).
         convs = 9 * (3 * 16 + 16 * 32 + 32 * 64 + 64 * 64 + 64 * 64)
@@ -116,7 +116,7 @@ class ImageEncoderTest(tf.test.TestCase, parameterized.TestCase):
         )
         clone = ImageEncoder.from_config(config)
         self.assertEqual(clone.get_config(), config)
-        self.assertEqual(clone.feature_grid(), (12, 12, 66))
+        self.assertEqual(clone.feature_grid(), (12, 12, 50))
 
     def test_weights_file_is_loaded(self):
         source = ImageEncoder("shapes_cnn", 112)

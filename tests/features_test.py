@@ -17,8 +17,8 @@ from sat_tf.config import Config
 from sat_tf.encoder import ImageEncoder
 from sat_tf.vocab import Vocab
 
-IMAGE_SIZE = 32  # shapes_cnn has stride 8: a 4 x 4 grid of 64 + 2 channels.
-GRID, DEPTH = (4, 4), 66
+IMAGE_SIZE = 32  # shapes_cnn has stride 8: a 4 x 4 grid of 48 + 2 channels.
+GRID, DEPTH = (4, 4), 50
 # (file stem, width, height, split) in caption-file order; splits are interleaved.
 IMAGES = (
     ("dog", 48, 40, "train"),

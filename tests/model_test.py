@@ -355,10 +355,10 @@ class ShapesEncoderTest(tf.test.TestCase):
         )
         model.build()
         self.assertEqual(model.grid, (14, 14))
-        self.assertEqual(model.feature_dim, 66)
+        self.assertEqual(model.feature_dim, 50)
         images = np.random.default_rng(0).uniform(0, 255, size=(2, 112, 112, 3))
         features = model.encode({"image": images.astype(np.float32)}).numpy()
-        self.assertEqual(features.shape, (2, 196, 66))
+        self.assertEqual(features.shape, (2, 196, 50))
         self.assertAllGreaterEqual(features[..., :64], 0.0)
         # Cell i = 14 r + c carries (row, column) coordinates in [-1, 1].
         line = np.linspace(-1.0, 1.0, 14)
