@@ -4,7 +4,8 @@ Every reader returns a list of `Record`s: one per image, its captions as raw str
 (stripped of surrounding whitespace; tokenization happens in `vocab.py`), at most
 `max_captions` of them (5, as in the paper §5.1: "each image has 5 reference sentences"),
 in a deterministic order (the order of the source file). Splits are Karpathy's: `train`,
-`val`, `test`; `restval` is folded into `train`.
+`val`, `test`; `restval` is folded into `train`. The one exception is COCO read from the
+official caption files, which have no test split (see `read_coco_official`).
 
 Expected directory layouts, as read by `load_records(dataset, data_dir)`:
 
@@ -22,6 +23,10 @@ Expected directory layouts, as read by `load_records(dataset, data_dir)`:
     coco                <data_dir>/dataset_coco.json
                         <data_dir>/train2014/COCO_train2014_<id>.jpg
                         <data_dir>/val2014/COCO_val2014_<id>.jpg
+                        Without the Karpathy JSON, the official caption files are read
+                        instead (splits made by `read_coco_official`):
+                        <data_dir>/annotations/captions_train2014.json
+                        <data_dir>/annotations/captions_val2014.json
     coco_captions_tfds  <data_dir>/coco_captions/2014/<version>/  (prepared by `tfds build`)
                         <data_dir>/coco_captions_images/<id>.jpg  (written on first read)
                         <data_dir>/coco_captions_images/<split>_index.json
@@ -63,6 +68,15 @@ FLICKR8K_SPLIT_FILES = {
     "val": "Flickr_8k.devImages.txt",
     "test": "Flickr_8k.testImages.txt",
 }
+# The official COCO 2014 caption files and the image folders of their `file_name`s.
+COCO_OFFICIAL_FILES = {
+    "train2014": os.path.join("annotations", "captions_train2014.json"),
+    "val2014": os.path.join("annotations", "captions_val2014.json"),
+}
+# Images of val2014 (by image id) that `read_coco_official` gives to val and to test: the
+# sizes of Karpathy's split, not its images.
+COCO_VAL_IMAGES = 5000
+COCO_TEST_IMAGES = 5000
 TFDS_SPLITS = ("train", "val", "test", "restval")
 TFDS_IMAGE_DIR = "coco_captions_images"
 
@@ -397,16 +411,29 @@ def read_coco(
         missing images with on_missing="error".
     """
     (split,) = _check_options((split,), on_missing, max_captions)
+    collector = _collect_coco(captions_json, image_dir, lambda ids: dict.fromkeys(ids, split))
+    return collector.records((split,), on_missing, max_captions, image_dir)
+
+
+def _collect_coco(captions_json: str, image_dir: str, assign) -> _Collector:
+    """Parses an official COCO captions file into a `_Collector`.
+
+    `assign` maps the list of image ids (in the order of "images") to {image id: split}.
+    """
     data = _read_json(captions_json)
     images = _get(data, "images", "the top-level object", captions_json, list)
     annotations = _get(data, "annotations", "the top-level object", captions_json, list)
-    collector = _Collector(captions_json)
-    known = {}
+    listed = []
     for i, image in enumerate(images):
         where = f"images[{i}]"
         image_id = str(_get(image, "id", where, captions_json, (int, str)))
         path = os.path.join(image_dir, _get(image, "file_name", where, captions_json, str))
-        collector.add(image_id, path, split, [], where)
+        listed.append((image_id, path, where))
+    split_of = assign([image_id for image_id, _, _ in listed])
+    collector = _Collector(captions_json)
+    known = {}
+    for image_id, path, where in listed:
+        collector.add(image_id, path, split_of[image_id], [], where)
         known[image_id] = path
     for i, annotation in enumerate(annotations):
         where = f"annotations[{i}]"
@@ -417,8 +444,99 @@ def read_coco(
                 f"{captions_json}: {where} refers to image_id {image_id}, which 'images' "
                 "does not list"
             )
-        collector.add(image_id, known[image_id], split, [caption], where)
-    return collector.records((split,), on_missing, max_captions, image_dir)
+        collector.add(image_id, known[image_id], split_of[image_id], [caption], where)
+    return collector
+
+
+def _id_order(image_id: str):
+    """Sort key: numeric ids (COCO's) in numeric order, then any others as strings."""
+    return (0, int(image_id), "") if image_id.isdigit() else (1, 0, image_id)
+
+
+def coco_val2014_splits(image_ids: Iterable[str]) -> dict[str, str]:
+    """Splits the val2014 images into val, test and train, by image id.
+
+    In increasing id order the first `COCO_VAL_IMAGES` (5,000) images go to val, the next
+    `COCO_TEST_IMAGES` (5,000) to test and the rest to train: with the 40,504 images of
+    val2014 and train2014's 82,783 the sizes are those of Karpathy's split (113,287 /
+    5,000 / 5,000), not its images. A val2014 with fewer than 15,000 images gives a third
+    (rounded down) to each of val and test, so tiny sets still have all three splits.
+
+    Args:
+      image_ids: The image ids of val2014 (repeats are ignored).
+
+    Returns:
+      {image id: "val", "test" or "train"}.
+    """
+    ordered = sorted(dict.fromkeys(image_ids), key=_id_order)
+    num_val = min(COCO_VAL_IMAGES, len(ordered) // 3)
+    num_test = min(COCO_TEST_IMAGES, len(ordered) // 3)
+    held_out = ["val"] * num_val + ["test"] * num_test
+    return {
+        image_id: held_out[i] if i < len(held_out) else "train"
+        for i, image_id in enumerate(ordered)
+    }
+
+
+def read_coco_official(
+    data_dir: str,
+    *,
+    splits: Sequence[str] | None = None,
+    on_missing: str = "error",
+    max_captions: int = 5,
+) -> list[Record]:
+    """Reads COCO 2014 from the official caption files, which have no test split.
+
+    `data_dir/annotations/captions_train2014.json` gives train, its images in
+    `data_dir/train2014/`; `data_dir/annotations/captions_val2014.json` (images in
+    `data_dir/val2014/`) is split by `coco_val2014_splits`. That is not Karpathy's split,
+    so scores are not comparable with those of the paper (a warning says so).
+
+    Args:
+      data_dir: The COCO root folder.
+      splits: Splits to return (subset of "train", "val", "test"); None for all.
+      on_missing: "error" or "skip" for images absent on disk.
+      max_captions: Keep at most this many captions per image (paper §5.1: 5).
+
+    Returns:
+      The records of train2014 then val2014, each in the order of its "images"; image id
+      is `str(id)`.
+
+    Raises:
+      DatasetError: On unreadable, non-UTF-8, malformed or inconsistent input, or on
+        missing images with on_missing="error".
+    """
+    splits = _check_options(splits, on_missing, max_captions)
+    records = []
+    for folder, name in COCO_OFFICIAL_FILES.items():
+        if folder == "train2014":
+            if "train" not in splits:
+                continue
+            assign = lambda ids: dict.fromkeys(ids, "train")
+        else:
+            assign = coco_val2014_splits
+        captions_json = os.path.join(data_dir, name)
+        image_dir = os.path.join(data_dir, folder)
+        collector = _collect_coco(captions_json, image_dir, assign)
+        records += collector.records(splits, on_missing, max_captions, image_dir)
+    counts = collections.Counter(r.image_id for r in records)
+    twice = [image_id for image_id, n in counts.items() if n > 1]
+    if twice:
+        files = " and ".join(os.path.join(data_dir, n) for n in COCO_OFFICIAL_FILES.values())
+        raise DatasetError(f"coco: image id(s) {_preview(twice)} are listed in both {files}")
+    logging.warning(
+        "coco: reading the official caption files in %s. Splits: train2014 -> train; "
+        "val2014 by image id: the first %d -> val, the next %d -> test, the rest -> train "
+        "(a third each to val and test if val2014 has fewer than %d images). These are the "
+        "sizes of Karpathy's split, not its images: scores are not comparable with results "
+        "on Karpathy's test split. Images per split: %s",
+        data_dir,
+        COCO_VAL_IMAGES,
+        COCO_TEST_IMAGES,
+        3 * max(COCO_VAL_IMAGES, COCO_TEST_IMAGES),
+        split_counts(records),
+    )
+    return records
 
 
 def _write_atomic(path: str, data: bytes) -> None:
@@ -570,6 +688,16 @@ def load_records(
             )
         raise DatasetError(
             f"flickr8k: found neither {json_path} nor {token_file}; see the layout in "
+            "sat_tf/datasets.py"
+        )
+    if dataset == "coco" and not os.path.exists(json_path):
+        official = [os.path.join(data_dir, name) for name in COCO_OFFICIAL_FILES.values()]
+        absent = [path for path in official if not os.path.exists(path)]
+        if not absent:
+            return read_coco_official(data_dir, splits=splits, on_missing=on_missing)
+        raise DatasetError(
+            f"coco: found neither {json_path} nor the official caption files "
+            f"{' and '.join(official)} (absent: {', '.join(absent)}); see the layout in "
             "sat_tf/datasets.py"
         )
     if not os.path.exists(json_path):

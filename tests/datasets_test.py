@@ -1,12 +1,13 @@
 """Tests for sat_tf.datasets: every reader on tiny fixtures written in its on-disk format."""
 
-import functools
+import collections
 import io
 import json
 import os
+from unittest import mock
 
+import fixtures
 import tensorflow as tf
-import tensorflow_datasets as tfds
 from absl.testing import parameterized
 from PIL import Image
 
@@ -406,14 +407,7 @@ def _tfds_captions(image_id):
 
 
 class TfdsTest(tf.test.TestCase):
-    """TFDS `coco_captions` through `tfds.testing.mock_data`.
-
-    The default random generator of `mock_data` cannot build `coco_captions`: it draws an
-    independent length for each field of the `captions` Sequence (text and id), which
-    `Sequence.encode_example` rejects. So the fake `_as_dataset` below encodes known
-    examples with the builder's own features and decodes them with the caller's decoders,
-    the path real TFRecords take.
-    """
+    """TFDS `coco_captions` through `tfds.testing.mock_data` (see `fixtures.mock_coco_captions`)."""
 
     def setUp(self):
         super().setUp()
@@ -421,30 +415,12 @@ class TfdsTest(tf.test.TestCase):
         self.jpegs = {i: _jpeg_bytes((50 * i, 0, 0)) for i in range(1, 6)}
         self.calls = []
 
-    def _as_dataset(self, builder, split, decoders=None, read_config=None, shuffle_files=False):
-        self.calls.append(str(split))
-        features = builder.info.features
-        parts = []
-        for image_id in _TFDS_SPLITS[str(split)]:
-            example = {
-                "image": self.jpegs[image_id],
-                "image/filename": f"COCO_val2014_{image_id:012d}.jpg",
-                "image/id": image_id,
-                "objects": [],
-                "captions": [
-                    {"text": t, "id": 100 * image_id + k}
-                    for k, t in enumerate(_tfds_captions(image_id))
-                ],
-            }
-            encoded = tf.nest.map_structure(tf.constant, features.encode_example(example))
-            parts.append(tf.data.Dataset.from_tensors(encoded))
-        ds = functools.reduce(tf.data.Dataset.concatenate, parts)
-        return ds.map(functools.partial(features.decode_example, decoders=decoders))
-
     def _mock(self):
-        return tfds.testing.mock_data(
-            as_dataset_fn=lambda builder, **kwargs: self._as_dataset(builder, **kwargs)
-        )
+        examples = {
+            split: [(i, self.jpegs[i], _tfds_captions(i)) for i in ids]
+            for split, ids in _TFDS_SPLITS.items()
+        }
+        return fixtures.mock_coco_captions(examples, calls=self.calls)
 
     def _path(self, image_id):
         return os.path.join(self.data_dir, "coco_captions_images", f"{image_id}.jpg")
@@ -561,6 +537,151 @@ class LoadRecordsTest(tf.test.TestCase, parameterized.TestCase):
     def test_unknown_dataset(self):
         with self.assertRaisesRegex(ValueError, "unknown dataset 'mnist'"):
             datasets.load_records("mnist", self.root)
+
+
+# val2014 of the official-layout fixture in file order; by id: val 5, 42; test 73, 74; the
+# rest train. In string order "1000" and "133" would come first.
+_VAL2014_IDS = (391895, 42, 73, 5, 1000, 74, 133)
+_VAL2014_SPLITS = {
+    5: "val",
+    42: "val",
+    73: "test",
+    74: "test",
+    133: "train",
+    1000: "train",
+    391895: "train",
+}
+
+
+class CocoOfficialLayoutTest(tf.test.TestCase):
+    """`load_records("coco", ...)` from `annotations/captions_{train,val}2014.json`."""
+
+    def setUp(self):
+        super().setUp()
+        self.root = self.get_temp_dir()
+
+    def _write(self, val_ids=_VAL2014_IDS, missing=()):
+        train = {9: [f"nine {k}" for k in range(6)], 25: ["twenty-five"]}
+        val = {i: [f"image {i}"] for i in val_ids}
+        for folder, captions in (("train2014", train), ("val2014", val)):
+            jpegs = {i: _jpeg_bytes((i % 256, 0, 0)) for i in captions if i not in missing}
+            fixtures.write_coco_captions(self.root, folder, captions, jpegs)
+
+    def _path(self, folder, image_id):
+        return os.path.join(self.root, folder, fixtures.coco_file_name(folder, image_id))
+
+    def test_reads_official_files_when_no_karpathy_json(self):
+        self._write()
+        with self.assertLogs(logger="absl", level="WARNING") as logs:
+            records = datasets.load_records("coco", self.root)
+        self.assertEqual(
+            records[:3],
+            [
+                Record(
+                    "9",
+                    self._path("train2014", 9),
+                    ("nine 0", "nine 1", "nine 2", "nine 3", "nine 4"),
+                    "train",
+                ),
+                Record("25", self._path("train2014", 25), ("twenty-five",), "train"),
+                Record("391895", self._path("val2014", 391895), ("image 391895",), "train"),
+            ],
+        )
+        self.assertEqual(
+            [(r.image_id, r.split) for r in records[2:]],
+            [(str(i), _VAL2014_SPLITS[i]) for i in _VAL2014_IDS],
+        )
+        self.assertEqual(datasets.split_counts(records), {"train": 5, "val": 2, "test": 2})
+        self.assertIn("official caption files", logs.output[0])
+        self.assertIn("not its images", logs.output[0])
+        test = datasets.load_records("coco", self.root, splits=["test"])
+        self.assertEqual([r.image_id for r in test], ["73", "74"])
+
+    def test_split_is_by_image_id_not_file_order(self):
+        self._write(val_ids=sorted(_VAL2014_IDS, reverse=True))
+        records = datasets.load_records("coco", self.root, splits=["val", "test"])
+        self.assertEqual(
+            {r.image_id: r.split for r in records},
+            {"5": "val", "42": "val", "73": "test", "74": "test"},
+        )
+
+    def test_split_sizes(self):
+        ids = [str(i) for i in range(40504, 0, -1)]
+        split_of = datasets.coco_val2014_splits(ids)
+        self.assertEqual(
+            collections.Counter(split_of.values()), {"train": 30504, "val": 5000, "test": 5000}
+        )
+        self.assertEqual({int(i) for i, s in split_of.items() if s == "val"}, set(range(1, 5001)))
+        self.assertEqual(split_of["5001"], "test")
+        self.assertEqual(split_of["10000"], "test")
+        self.assertEqual(split_of["10001"], "train")
+        # Fewer than 15,000 images: a third (rounded down) each.
+        small = datasets.coco_val2014_splits(str(i) for i in range(14999))
+        self.assertEqual(
+            collections.Counter(small.values()), {"train": 5001, "val": 4999, "test": 4999}
+        )
+        self.assertEqual(datasets.coco_val2014_splits(["3", "1"]), {"1": "train", "3": "train"})
+        self._write()
+        with (
+            mock.patch.object(datasets, "COCO_VAL_IMAGES", 1),
+            mock.patch.object(datasets, "COCO_TEST_IMAGES", 2),
+        ):
+            records = datasets.load_records("coco", self.root, splits=["val", "test"])
+        self.assertEqual(
+            [(r.image_id, r.split) for r in records], [("42", "test"), ("73", "test"), ("5", "val")]
+        )
+
+    def test_karpathy_json_is_preferred(self):
+        self._write()
+        name = fixtures.coco_file_name("val2014", 5)
+        entry = _entry(name, 0, "test", ["karpathy"], filepath="val2014", cocoid=5)
+        _karpathy(os.path.join(self.root, "dataset_coco.json"), [entry], name="coco")
+        records = datasets.load_records("coco", self.root)
+        self.assertEqual(records, [Record("5", self._path("val2014", 5), ("karpathy",), "test")])
+
+    def test_absent_files_are_named(self):
+        karpathy = os.path.join(self.root, "dataset_coco.json")
+        train = os.path.join(self.root, "annotations", "captions_train2014.json")
+        val = os.path.join(self.root, "annotations", "captions_val2014.json")
+        with self.assertRaises(DatasetError) as cm:
+            datasets.load_records("coco", self.root)
+        self.assertIn(
+            f"found neither {karpathy} nor the official caption files {train} and {val}",
+            str(cm.exception),
+        )
+        self.assertIn(f"(absent: {train}, {val})", str(cm.exception))
+        self._write()
+        os.remove(val)
+        with self.assertRaises(DatasetError) as cm:
+            datasets.load_records("coco", self.root)
+        self.assertIn(f"(absent: {val});", str(cm.exception))
+
+    def test_image_in_both_files(self):
+        self._write(val_ids=(5, 9, 42))
+        with self.assertRaisesRegex(
+            DatasetError, r"image id\(s\) 9 are listed in both .*captions_train2014.json and"
+        ):
+            datasets.load_records("coco", self.root)
+
+    def test_missing_images(self):
+        self._write(missing=(73, 1000))
+        val = os.path.join(self.root, "annotations", "captions_val2014.json")
+        with self.assertRaises(DatasetError) as cm:
+            datasets.load_records("coco", self.root)
+        message = str(cm.exception)
+        self.assertIn(f"{val}: 2 of 7 images listed are missing on disk", message)
+        self.assertIn(self._path("val2014", 73), message)
+        self.assertIn(self._path("val2014", 1000), message)
+        with self.assertLogs(logger="absl", level="WARNING") as logs:
+            records = datasets.load_records("coco", self.root, on_missing="skip")
+        self.assertIn("2 of 7 images", logs.output[0])
+        # The images left keep the splits they have with all images present.
+        self.assertEqual(
+            {r.image_id: r.split for r in records if r.image_id not in ("9", "25")},
+            {str(i): s for i, s in _VAL2014_SPLITS.items() if i not in (73, 1000)},
+        )
+        val = datasets.load_records("coco", self.root, splits=["val"])
+        self.assertEqual([r.image_id for r in val], ["42", "5"])
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 written in the exact on-disk formats: read -> vocabulary -> extract -> train -> decode."""
 
 import collections
+import contextlib
 import io
 import json
 import os
 from unittest import mock
 
+import fixtures
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
@@ -15,7 +17,7 @@ from PIL import Image
 from sat_tf import datasets, features, input_pipeline, metrics, train_lib
 from sat_tf.config import Config
 from sat_tf.encoder import ImageEncoder
-from sat_tf.vocab import Vocab
+from sat_tf.vocab import UNK, Vocab
 
 IMAGE_SIZE = 32  # shapes_cnn has stride 8: a 4 x 4 grid of 48 + 2 channels.
 GRID, DEPTH = (4, 4), 50
@@ -44,12 +46,11 @@ def _captions(stem):
     return captions
 
 
-def _jpeg(path, width, height, seed):
+def _jpeg_bytes(width, height, seed):
     pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), np.uint8)
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, "JPEG", quality=90)
-    with open(path, "wb") as f:
-        f.write(buffer.getvalue())
+    return buffer.getvalue()
 
 
 def write_flickr8k(root, raw=False):
@@ -58,7 +59,8 @@ def write_flickr8k(root, raw=False):
     image_dir = os.path.join(root, "Flicker8k_Dataset")
     os.makedirs(image_dir)
     for seed, (stem, width, height, _) in enumerate(IMAGES):
-        _jpeg(os.path.join(image_dir, f"{stem}.jpg"), width, height, seed)
+        with open(os.path.join(image_dir, f"{stem}.jpg"), "wb") as f:
+            f.write(_jpeg_bytes(width, height, seed))
     if raw:
         lines = [
             f"{stem}.jpg#{n}\t{caption}"
@@ -86,6 +88,81 @@ def write_flickr8k(root, raw=False):
     ]
     with open(os.path.join(root, "dataset_flickr8k.json"), "w") as f:
         json.dump({"dataset": "flickr8k", "images": entries}, f)
+
+
+# COCO ids of IMAGES, out of file order. train2014 holds dog and bird; the others sit in
+# val2014, cow as one of Karpathy's "restval" images (train).
+COCO_IDS = {"dog": 9, "cat": 42, "bird": 74, "fish": 30, "frog": 61, "cow": 25}
+COCO_TRAIN2014 = ("dog", "bird")
+# val2014 by id: cow 25, fish 30, cat 42, frog 61; a third of 4 is 1 image each for val
+# and test (datasets.coco_val2014_splits).
+COCO_OFFICIAL_SPLITS = {
+    "dog": "train",
+    "bird": "train",
+    "cow": "val",
+    "fish": "test",
+    "cat": "train",
+    "frog": "train",
+}
+
+
+def _coco_images():
+    """(stem, folder, COCO id, JPEG bytes, Karpathy split) of IMAGES."""
+    return [
+        (
+            stem,
+            "train2014" if stem in COCO_TRAIN2014 else "val2014",
+            COCO_IDS[stem],
+            _jpeg_bytes(width, height, seed),
+            "restval" if stem == "cow" else split,
+        )
+        for seed, (stem, width, height, split) in enumerate(IMAGES)
+    ]
+
+
+def write_coco(root, official=False):
+    """COCO 2014 as distributed: `train2014/`, `val2014/` plus Karpathy's `dataset_coco.json`,
+    or (official) `annotations/captions_{train,val}2014.json`."""
+    images = _coco_images()
+    if official:
+        for folder in ("train2014", "val2014"):
+            fixtures.write_coco_captions(
+                root,
+                folder,
+                {i: _captions(stem) for stem, f, i, _, _ in images if f == folder},
+                {i: jpeg for _, f, i, jpeg, _ in images if f == folder},
+            )
+        return
+    entries = []
+    for n, (stem, folder, image_id, jpeg, split) in enumerate(images):
+        filename = fixtures.coco_file_name(folder, image_id)
+        os.makedirs(os.path.join(root, folder), exist_ok=True)
+        with open(os.path.join(root, folder, filename), "wb") as f:
+            f.write(jpeg)
+        entries.append(
+            {
+                "filepath": folder,
+                "sentids": list(range(5 * n, 5 * n + 5)),
+                "filename": filename,
+                "imgid": n,
+                "split": split,
+                "sentences": [
+                    {"tokens": c.lower().split(), "raw": c, "imgid": n, "sentid": 5 * n + j}
+                    for j, c in enumerate(_captions(stem))
+                ],
+                "cocoid": image_id,
+            }
+        )
+    with open(os.path.join(root, "dataset_coco.json"), "w") as f:
+        json.dump({"images": entries, "dataset": "coco"}, f)
+
+
+def mock_tfds_coco():
+    """TFDS `coco_captions` holding IMAGES in Karpathy's splits (cow in restval)."""
+    examples = collections.defaultdict(list)
+    for stem, _, image_id, jpeg, split in _coco_images():
+        examples[split].append((image_id, jpeg, _captions(stem)))
+    return fixtures.mock_coco_captions(examples)
 
 
 def encoder_weights(path):
@@ -272,14 +349,35 @@ def _bleu4_only(references, hypotheses, **_):
 
 
 class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
-    @parameterized.parameters(False, True)
-    def test_read_vocab_extract_train_decode(self, raw):
+    @parameterized.named_parameters(
+        ("flickr8k_karpathy", "flickr8k", "karpathy", {"train": 3, "val": 2, "test": 1}),
+        ("flickr8k_raw", "flickr8k", "raw", {"train": 3, "val": 2, "test": 1}),
+        ("coco_karpathy", "coco", "karpathy", {"train": 3, "val": 2, "test": 1}),
+        ("coco_official", "coco", "official", {"train": 4, "val": 1, "test": 1}),
+        ("coco_captions_tfds", "coco_captions_tfds", "tfds", {"train": 3, "val": 2, "test": 1}),
+    )
+    def test_read_vocab_extract_train_decode(self, dataset, layout, counts):
         root = self.get_temp_dir()
-        data_dir = os.path.join(root, "flickr8k")
+        data_dir = os.path.join(root, dataset)
         os.makedirs(data_dir)
-        write_flickr8k(data_dir, raw=raw)
+        ids = {stem: str(i) for stem, i in COCO_IDS.items()}
+        split_of = {stem: split for stem, _, _, split in IMAGES}
+        if dataset == "flickr8k":
+            write_flickr8k(data_dir, raw=layout == "raw")
+            ids = {stem: stem if layout == "raw" else str(n) for n, (stem, *_) in enumerate(IMAGES)}
+        elif dataset == "coco":
+            write_coco(data_dir, official=layout == "official")
+            if layout == "official":
+                split_of = COCO_OFFICIAL_SPLITS
+        with mock_tfds_coco() if layout == "tfds" else contextlib.nullcontext():
+            self._read_vocab_extract_train_decode(dataset, data_dir, root, ids, split_of, counts)
+
+    def _read_vocab_extract_train_decode(self, dataset, data_dir, root, ids, split_of, counts):
+        records = datasets.load_records(dataset, data_dir)
+        self.assertEqual({r.image_id: r.split for r in records}, {ids[s]: split_of[s] for s in ids})
+        self.assertEqual(datasets.split_counts(records), counts)
         config = Config(
-            dataset="flickr8k",
+            dataset=dataset,
             data_dir=data_dir,
             encoder="shapes_cnn",
             encoder_weights=encoder_weights(os.path.join(root, "encoder.weights.h5")),
@@ -299,19 +397,26 @@ class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
         index = features.extract_for_config(config, shard_size=4, progress=False)
         self.assertEqual(features.feature_dir_of(config), f"{data_dir}/features_shapes_cnn")
         self.assertEqual(index["num_shards"], 2)
+        # Shards hold val, then test, then train images (features.SPLIT_ORDER).
+        split_by_id = {ids[s]: split_of[s] for s in ids}
+        stored = [split_by_id[i] for shard in index["shards"] for i in shard["image_ids"]]
+        self.assertEqual(
+            stored,
+            ["val"] * counts["val"] + ["test"] * counts["test"] + ["train"] * counts["train"],
+        )
         workdir = os.path.join(root, "run")
         with mock.patch.object(metrics, "coco_scores", _bleu4_only):
             scores = train_lib.train_and_evaluate(config, workdir)
         self.assertBetween(scores["BLEU-4"], 0.0, 1.0)
 
-        counts = collections.Counter(
+        counter = collections.Counter(
             w.strip(",.").lower()
-            for stem, _, _, split in IMAGES
+            for stem, split in split_of.items()
             if split == "train"
             for c in _captions(stem)
             for w in c.split()
         )
-        top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:12]
+        top = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))[:12]
         vocab = Vocab.load(os.path.join(workdir, train_lib.VOCAB_FILE))
         self.assertEqual(vocab.words[4:], [w for w, _ in top])
         with open(os.path.join(data_dir, "vocab_12.txt")) as f:
@@ -322,11 +427,13 @@ class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
         model, vocab, config = train_lib.load_trained(workdir)
         self.assertIsNone(model.encoder)
         self.assertEqual(model.grid, GRID)
-        test = [r for r in datasets.load_records("flickr8k", data_dir) if r.split == "test"]
+        test = [r for r in datasets.load_records(dataset, data_dir) if r.split == "test"]
+        self.assertEqual([r.image_id for r in test], [ids["fish"]])
         results = train_lib.caption_records(model, test, vocab, config)
         self.assertLen(results, 1)
         words, alpha = results[0]["words"], results[0]["alpha"]
         self.assertLessEqual(len(words), 5)
+        self.assertContainsSubset(words, [UNK, *(w for w, _ in top)])
         rows = min(len(words) + 1, config.max_decode_length)
         self.assertEqual(alpha.shape, (rows, 16))
         self.assertAllClose(alpha.sum(axis=1), np.ones(rows), atol=1e-5)
