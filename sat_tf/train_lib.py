@@ -381,6 +381,53 @@ def backed_up_epoch(workdir):
         raise ValueError(f"cannot read the training backup {path}: {e}") from e
 
 
+class EarlyStoppingOnBleu(keras.callbacks.Callback):
+    """Stops training when `val_bleu4` has not improved for `patience` epochs (§4.3).
+
+    Unlike `keras.callbacks.EarlyStopping`, it counts the epochs of an interrupted run:
+    `history` (the entries of `val_history.json` for the epochs the backup holds) is
+    replayed first, so a resumed run stops where the uninterrupted one would have.
+
+    Args:
+      patience: epochs without a better score before stopping.
+      history: earlier epochs' entries, each with "epoch" and "val_bleu4".
+    """
+
+    def __init__(self, patience, history=()):
+        super().__init__()
+        self.patience = patience
+        self.best = None
+        self.wait = 0
+        for entry in sorted(history, key=lambda h: h["epoch"]):
+            self._see(entry["val_bleu4"])
+
+    @property
+    def exhausted(self):
+        """True once `patience` epochs in a row brought no better score."""
+        return self.wait >= self.patience
+
+    def _see(self, score):
+        if self.best is None or score > self.best:
+            self.best, self.wait = score, 0
+        else:
+            self.wait += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        score = (logs or {}).get("val_bleu4")
+        if score is None:
+            return
+        self._see(score)
+        if self.exhausted:
+            logging.info(
+                "early stopping after epoch %d: validation BLEU-4 has not improved on "
+                "%.4f for %d epochs",
+                epoch + 1,
+                self.best,
+                self.patience,
+            )
+            self.model.stop_training = True
+
+
 class TrainingDiverged(ValueError):
     """The loss became NaN or infinite."""
 
@@ -545,6 +592,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
     val = data.splits["val"][: config.eval_images or None]
     log_dir = os.path.join(workdir, "tensorboard")
     callbacks = [StopOnNonFinite(workdir)]
+    stopper = None
     if val:
         history_path = os.path.join(workdir, HISTORY_FILE)
         best_so_far = None
@@ -557,11 +605,10 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         )
         callbacks.append(BestCheckpoint(workdir, data.vocab, best_so_far))
         if config.early_stopping_patience:
-            callbacks.append(
-                keras.callbacks.EarlyStopping(
-                    "val_bleu4", mode="max", patience=config.early_stopping_patience
-                )
-            )
+            done = backed_up_epoch(workdir)
+            history = [h for h in read_history(history_path) if h["epoch"] <= done]
+            stopper = EarlyStoppingOnBleu(config.early_stopping_patience, history)
+            callbacks.append(stopper)
     callbacks.append(keras.callbacks.TensorBoard(log_dir, update_freq=50))
     # Last, so that an epoch is backed up only once it is evaluated and checkpointed.
     callbacks.append(
@@ -576,7 +623,15 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         steps,
         len(data.vocab),
     )
-    model.fit(train_ds, epochs=config.epochs, steps_per_epoch=steps, callbacks=callbacks)
+    if stopper is not None and stopper.exhausted:
+        logging.info(
+            "the run in %s stopped early (no better validation BLEU-4 for %d epochs); "
+            "evaluating its best checkpoint",
+            workdir,
+            config.early_stopping_patience,
+        )
+    else:
+        model.fit(train_ds, epochs=config.epochs, steps_per_epoch=steps, callbacks=callbacks)
     if os.path.exists(os.path.join(workdir, BEST_WEIGHTS)):
         model.load_weights(os.path.join(workdir, BEST_WEIGHTS))
     else:

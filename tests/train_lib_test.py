@@ -230,6 +230,57 @@ class StopOnNonFiniteTest(tf.test.TestCase):
         self.assertBetween(step, 1, 3)
 
 
+class EarlyStoppingTest(tf.test.TestCase):
+    def _callback(self, patience, history):
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        callback = train_lib.EarlyStoppingOnBleu(patience, history)
+        callback.set_model(model)
+        return callback, model
+
+    def test_history_of_the_interrupted_run_counts(self):
+        # Epoch order, not file order: 0.5, 0.6 (best), 0.55 -> one epoch without gain.
+        history = [{"epoch": e, "val_bleu4": s} for e, s in ((3, 0.55), (1, 0.5), (2, 0.6))]
+        callback, model = self._callback(2, history)
+        self.assertEqual((callback.best, callback.wait, callback.exhausted), (0.6, 1, False))
+        model.stop_training = False
+        callback.on_epoch_end(3, {"val_bleu4": 0.6})  # equal is not better: the second
+        self.assertTrue(model.stop_training)
+
+    def test_a_better_score_restarts_the_count(self):
+        callback, model = self._callback(2, [{"epoch": 1, "val_bleu4": 0.5}])
+        model.stop_training = False
+        for score in (0.4, 0.7, 0.6):
+            callback.on_epoch_end(0, {"val_bleu4": score})
+        self.assertEqual((callback.best, callback.wait), (0.7, 1))
+        self.assertFalse(model.stop_training)
+        callback.on_epoch_end(0, {})  # no score (no validation images): nothing changes
+        self.assertEqual(callback.wait, 1)
+
+    def test_stopped_run_is_not_trained_further_when_run_again(self):
+        root = self.get_temp_dir()
+        config = Config(
+            data_dir=os.path.join(root, "data"),
+            **{**TINY, "epochs": 5, "early_stopping_patience": 1},
+        )
+        workdir = os.path.join(root, "run")
+        real = train_lib.score_captions
+        val_scores = iter([0.5, 0.4, 0.9])
+
+        def scores(*args, full=False, **kwargs):
+            result = real(*args, full=full, **kwargs)
+            return result if full else {**result, "BLEU-4": next(val_scores)}
+
+        with mock.patch.object(train_lib, "score_captions", side_effect=scores):
+            train_lib.train_and_evaluate(config, workdir)
+            history = train_lib.read_history(os.path.join(workdir, "val_history.json"))
+            self.assertEqual([h["val_bleu4"] for h in history], [0.5, 0.4])
+            # The same command again (a "resume" of a finished run) trains nothing.
+            train_lib.train_and_evaluate(config, workdir)
+        history = train_lib.read_history(os.path.join(workdir, "val_history.json"))
+        self.assertEqual([h["val_bleu4"] for h in history], [0.5, 0.4])
+        self.assertEqual(train_lib.backed_up_epoch(workdir), 2)
+
+
 class OptimizerTest(tf.test.TestCase):
     def test_rmsprop_is_the_original_codes_variant(self):
         optimizer = train_lib._optimizer(Config(optimizer="rmsprop", learning_rate=1e-4))
