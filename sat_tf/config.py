@@ -82,7 +82,7 @@ class Config:
     )
     clip_norm: float = _field(5.0, "Global gradient norm clip; 0 turns it off.")
     batch_size: int = _field(64, "Captions per batch (all of one length, paper 4.3).")
-    epochs: int = _field(2, "Training epochs.")
+    epochs: int = _field(3, "Training epochs.")
     steps_per_epoch: int = _field(0, "Batches per epoch; 0 = one pass over the training set.")
     eval_images: int = _field(500, "Validation images captioned after each epoch; 0 = all.")
     early_stopping_patience: int = _field(0, "Stop after this many epochs without a better BLEU-4.")
