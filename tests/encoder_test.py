@@ -91,10 +91,10 @@ class ImageEncoderTest(tf.test.TestCase, parameterized.TestCase):
         out = layer(images)
         self.assertEqual(out.shape, (2, 196, 50))
         self.assertEqual(layer.feature_grid(), (14, 14, 50))
-        # 3x3 convolutions without bias to 16, 32, 64, 64, 64 channels, each with batch
+        # 3x3 convolutions without bias to 12, 24, 48, 48, 48 channels, each with batch
         # normalisation (4 numbers per channel).
-        convs = 9 * (3 * 16 + 16 * 32 + 32 * 64 + 64 * 64 + 64 * 64)
-        self.assertEqual(layer.count_params(), convs + 4 * (16 + 32 + 64 + 64 + 64))
+        convs = 9 * (3 * 12 + 12 * 24 + 24 * 48 + 48 * 48 + 48 * 48)
+        self.assertEqual(layer.count_params(), convs + 4 * (12 + 24 + 48 + 48 + 48))
 
     def test_locations_are_row_major(self):
         layer = ImageEncoder("shapes_cnn", 112)

@@ -135,7 +135,8 @@ def _final_state(workdir):
     order the model and optimizer create them (their paths carry per-process names such
     as "adam_1" or "show_attend_tell_1")."""
     model, _, config = train_lib.load_trained(workdir)
-    model.compile(optimizer=train_lib._optimizer(config))
+    steps = config.epochs * config.steps_per_epoch
+    model.compile(optimizer=train_lib._optimizer(config, total_steps=steps))
     model.optimizer.build(model.trainable_variables)
     model.load_weights(os.path.join(workdir, "backup", "latest.weights.h5"))
     return [(v.path, v.numpy()) for v in model.weights + model.optimizer.variables]
@@ -283,7 +284,8 @@ class EarlyStoppingTest(tf.test.TestCase):
 
 class OptimizerTest(tf.test.TestCase):
     def test_rmsprop_is_the_original_codes_variant(self):
-        optimizer = train_lib._optimizer(Config(optimizer="rmsprop", learning_rate=1e-4))
+        config = Config(optimizer="rmsprop", learning_rate=1e-4, lr_schedule="constant")
+        optimizer = train_lib._optimizer(config)
         got = optimizer.get_config()
         self.assertAllClose(
             [got["learning_rate"], got["rho"], got["momentum"], got["epsilon"]],
@@ -292,7 +294,7 @@ class OptimizerTest(tf.test.TestCase):
         self.assertTrue(got["centered"])
 
     def test_adam_with_clipping(self):
-        config = Config(optimizer="adam", learning_rate=2e-4, clip_norm=5.0)
+        config = Config(optimizer="adam", learning_rate=2e-4, clip_norm=5.0, lr_schedule="constant")
         optimizer = train_lib._optimizer(config)
         self.assertIsInstance(optimizer, keras.optimizers.Adam)
         self.assertAllClose(optimizer.get_config()["global_clipnorm"], 5.0)
