@@ -569,6 +569,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         index["feature_dir"] = os.path.abspath(features.feature_dir_of(config))
         _write_json(os.path.join(workdir, FEATURES_FILE), {k: index[k] for k in keys})
     num_captions = sum(len(r.captions) for r in train)
+    done = backed_up_epoch(workdir)
     steps = config.steps_per_epoch or math.ceil(num_captions / config.batch_size)
     train_ds = input_pipeline.train_dataset(
         train,
@@ -580,7 +581,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         seed=config.seed,
         features=cached,
         steps_per_epoch=steps,
-        first_epoch=min(backed_up_epoch(workdir), config.epochs - 1),
+        first_epoch=min(done, config.epochs - 1),
         epochs=config.epochs,
     )
     strategy = _strategy(config)
@@ -595,9 +596,10 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
     stopper = None
     if val:
         history_path = os.path.join(workdir, HISTORY_FILE)
+        history = read_history(history_path)
         best_so_far = None
         if os.path.exists(os.path.join(workdir, BEST_WEIGHTS)):
-            best_so_far = max((h["val_bleu4"] for h in read_history(history_path)), default=None)
+            best_so_far = max((h["val_bleu4"] for h in history), default=None)
         callbacks.append(
             EvaluationCallback(
                 val, data.vocab, config, data.objects, model.grid, log_dir, history_path
@@ -605,9 +607,8 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         )
         callbacks.append(BestCheckpoint(workdir, data.vocab, best_so_far))
         if config.early_stopping_patience:
-            done = backed_up_epoch(workdir)
-            history = [h for h in read_history(history_path) if h["epoch"] <= done]
-            stopper = EarlyStoppingOnBleu(config.early_stopping_patience, history)
+            backed_up = [h for h in history if h["epoch"] <= done]
+            stopper = EarlyStoppingOnBleu(config.early_stopping_patience, backed_up)
             callbacks.append(stopper)
     callbacks.append(keras.callbacks.TensorBoard(log_dir, update_freq=50))
     # Last, so that an epoch is backed up only once it is evaluated and checkpointed.
