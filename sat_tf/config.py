@@ -20,11 +20,21 @@ CHOICES = {
     "strategy": ("default", "mirrored", "multi_worker"),
     "mixed_precision": ("", "mixed_bfloat16", "mixed_float16"),
     "on_missing": ("error", "skip"),
+    "reinforce_reward": ("sequence", "to_go"),
+    "reinforce_baseline": ("moving_average", "argmax"),
 }
 
 # Settings of the hard-attention objective (paper 4.1): REINFORCE, entropy, baseline and
 # the mix with the expected context.
-HARD_ONLY = ("reinforce_weight", "entropy_weight", "baseline_decay", "hard_mix_prob")
+HARD_ONLY = (
+    "reinforce_weight",
+    "entropy_weight",
+    "reinforce_reward",
+    "reinforce_baseline",
+    "baseline_decay",
+    "hard_mix_prob",
+    "hard_warmup_steps",
+)
 
 
 def _field(default, help_text):
@@ -70,9 +80,24 @@ class Config:
     )
     reinforce_weight: float = _field(1.0, "Hard attention: weight lambda_r of the REINFORCE term.")
     entropy_weight: float = _field(0.002, "Hard attention: weight lambda_e of the entropy term.")
+    reinforce_reward: str = _field(
+        "sequence",
+        "Hard attention: reward of s_t: the whole caption's log-likelihood (sequence, "
+        "paper 4.1) or that of the words from t on (to_go).",
+    )
+    reinforce_baseline: str = _field(
+        "moving_average",
+        "Hard attention: baseline: moving averages (moving_average, paper 4.1) or the "
+        "caption's reward at argmax alpha (argmax).",
+    )
     baseline_decay: float = _field(0.9, "Hard attention: moving-average baseline decay.")
     hard_mix_prob: float = _field(
         0.5, "Hard attention: probability a sequence uses the expected context instead."
+    )
+    hard_warmup_steps: int = _field(
+        625,
+        "Hard attention: steps at the start that use only the expected context, before "
+        "sampling and REINFORCE start; 0 = none (paper 4.1).",
     )
 
     optimizer: str = _field("adam", "Optimizer: adam (Flickr30k, COCO) or rmsprop (Flickr8k).")
@@ -118,7 +143,7 @@ class Config:
                 raise ValueError(f"--{name}={getattr(self, name)} must be at least 1")
         non_negative = ("steps_per_epoch", "eval_images", "early_stopping_patience", "alpha_c")
         non_negative += ("clip_norm", "num_train", "num_val", "num_test", "seed")
-        non_negative += ("reinforce_weight", "entropy_weight")
+        non_negative += ("reinforce_weight", "entropy_weight", "hard_warmup_steps")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name}={getattr(self, name)} must not be negative")

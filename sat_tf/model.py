@@ -34,10 +34,19 @@ class ShowAttendTell(keras.Model):
       grid: (H, W) of cached features (only without an encoder), for attention maps.
       alpha_c: weight of the doubly stochastic penalty (soft attention, §4.2.1).
       reinforce_weight, entropy_weight: lambda_r, lambda_e of the hard objective (§4.1).
-      baseline_decay: moving-average decay of the REINFORCE baselines, one per caption
-        length (rewards `log p(y|s,a)` of captions of different lengths differ by far
-        more than the samples make them differ, and batches hold one length).
+      reward_to_go: credit s_t with the log-likelihood of words t.. only, not the
+        whole caption's (`losses.reinforce_reward`).
+      reinforce_baseline: "moving_average" (paper 4.1): one moving average per number
+        of words the reward covers (rewards `log p(y|s,a)` of captions of different
+        lengths differ by far more than the samples make them differ, and batches hold
+        one length); "argmax": the reward of the same caption decoded with every
+        location at `argmax alpha` (the path captioning takes), computed without
+        gradient; it does not depend on the samples, so the estimate stays unbiased,
+        and it removes how hard each image's caption is from the advantage.
+      baseline_decay: decay of the moving-average baselines.
       hard_mix_prob: chance that a sequence uses the expected context (hard attention).
+      hard_warmup_steps: hard attention: every sequence uses the expected context for the
+        first this many optimizer steps; sampling and the REINFORCE term start after it.
       seed: seed of the hard-attention samples.
     """
 
@@ -59,8 +68,11 @@ class ShowAttendTell(keras.Model):
         alpha_c=0.0,
         reinforce_weight=1.0,
         entropy_weight=0.002,
+        reward_to_go=False,
+        reinforce_baseline="moving_average",
         baseline_decay=0.9,
         hard_mix_prob=0.5,
+        hard_warmup_steps=0,
         seed=0,
         **kwargs,
     ):
@@ -80,8 +92,13 @@ class ShowAttendTell(keras.Model):
         self.alpha_c = alpha_c
         self.reinforce_weight = reinforce_weight
         self.entropy_weight = entropy_weight
+        self.reward_to_go = reward_to_go
+        if reinforce_baseline not in ("moving_average", "argmax"):
+            raise ValueError(f"reinforce_baseline={reinforce_baseline!r} is not a baseline")
+        self.reinforce_baseline = reinforce_baseline
         self.baseline_decay = baseline_decay
         self.hard_mix_prob = hard_mix_prob
+        self.hard_warmup_steps = hard_warmup_steps
         self.seed = seed
 
         self.encoder = None
@@ -209,7 +226,11 @@ class ShowAttendTell(keras.Model):
         shape = tf.stack([replicas * batch, steps, length])
         u = keras.random.uniform(shape, minval=1e-9, maxval=1.0, seed=self.seed_generator)
         mix = keras.random.uniform([replicas * batch], seed=self.seed_generator)
-        u, mix = tf.gather(u, rows), tf.gather(mix, rows) < self.hard_mix_prob
+        mix_prob = tf.constant(self.hard_mix_prob, tf.float32)
+        if self.hard_warmup_steps > 0 and getattr(self, "optimizer", None) is not None:
+            warming_up = self.optimizer.iterations < self.hard_warmup_steps
+            mix_prob = tf.where(warming_up, 1.0, mix_prob)
+        u, mix = tf.gather(u, rows), tf.gather(mix, rows) < mix_prob
         return -tf.math.log(-tf.math.log(u)), mix
 
     def loss_terms(self, batch, training=True, gumbel_noise=None, use_expected=None):
@@ -239,24 +260,33 @@ class ShowAttendTell(keras.Model):
             gumbel_noise=gumbel_noise if hard else None,
             use_expected=use_expected if hard else None,
         )
-        log_likelihood = losses_lib.sequence_log_likelihood(outputs["logits"], targets, mask)
+        word_ll = losses_lib.word_log_likelihood(outputs["logits"], targets, mask)
+        log_likelihood = tf.reduce_sum(word_ll, axis=1)
         terms = {"log_likelihood": log_likelihood, "words": tf.reduce_sum(mask, axis=1)}
         if hard:
             sampled = 1.0 - tf.cast(use_expected, tf.float32)
-            slots = self._baseline_slots(terms["words"])
+            reward = losses_lib.reinforce_reward(word_ll, self.reward_to_go)
+            slots = self._baseline_slots(terms["words"], mask if self.reward_to_go else None)
+            if self.reinforce_baseline == "argmax":
+                baseline = self._argmax_reward(features, captions, mask)
+            else:
+                baseline = tf.gather(self.baseline, slots)
             terms["objective"] = losses_lib.reinforce_surrogate(
                 log_likelihood,
                 outputs["log_p_s"],
                 outputs["entropy"],
                 mask,
                 sampled,
-                tf.gather(self.baseline, slots),
+                baseline,
                 self.reinforce_weight,
                 self.entropy_weight,
+                reward=reward,
             )
+            # The moving averages are kept (and logged) with either baseline.
+            weight = sampled[:, None] * mask if self.reward_to_go else sampled
+            terms["reinforce"] = (reward, slots, weight)
             terms["reward"] = log_likelihood
             terms["sampled"] = sampled
-            terms["baseline_slot"] = slots
             terms["loss"] = -log_likelihood
         else:
             loss = -log_likelihood
@@ -276,20 +306,38 @@ class ShowAttendTell(keras.Model):
             self.reward_tracker.update_state(terms["reward"])
 
     @staticmethod
-    def _baseline_slots(words):
-        """Baseline slot of each caption: its number of target words (capped)."""
-        return tf.minimum(tf.cast(words, tf.int32), BASELINE_SLOTS - 1)
+    def _baseline_slots(words, mask=None):
+        """Moving-average slot of each reward: the number of words it covers (capped).
 
-    def _update_baseline(self, reward, slots, sampled):
-        """`b_n <- d b_n + (1 - d) mean(r)` for every caption length n in the batch.
-
-        The mean is over the captions that used a sampled location (`sampled` 1.0): the
-        baseline estimates the reward of a sampled trajectory (paper §4.1), which the
-        expected-context captions would inflate. The first batch of a length sets its
-        baseline. Means are over the global batch under a `tf.distribute` strategy.
+        Args:
+          words: (B,) target words per caption.
+          mask: None for one reward per caption (slots (B,)); (B, T) for rewards to go,
+            where step t's reward covers `words - t` words (slots (B, T)).
         """
-        sums = tf.math.unsorted_segment_sum(reward * sampled, slots, BASELINE_SLOTS)
-        counts = tf.math.unsorted_segment_sum(sampled, slots, BASELINE_SLOTS)
+        if mask is None:
+            return tf.minimum(tf.cast(words, tf.int32), BASELINE_SLOTS - 1)
+        remaining = tf.math.cumsum(mask, axis=1, reverse=True)
+        return tf.minimum(tf.cast(remaining, tf.int32), BASELINE_SLOTS - 1)
+
+    def _argmax_reward(self, features, captions, mask):
+        """The reward of each caption with every location at `argmax alpha`, without
+        dropout and without gradient: the "argmax" baseline."""
+        outputs = self.decoder(tf.stop_gradient(features), captions[:, :-1], training=False)
+        word_ll = losses_lib.word_log_likelihood(outputs["logits"], captions[:, 1:], mask)
+        return tf.stop_gradient(losses_lib.reinforce_reward(word_ll, self.reward_to_go))
+
+    def _update_baseline(self, reward, slots, weight):
+        """`b_n <- d b_n + (1 - d) mean(r)` for every number of words n in the batch.
+
+        The mean is over the rewards of captions that used a sampled location (`weight`
+        1.0; for rewards to go also 0.0 at padded steps): the baseline estimates the
+        reward of a sampled trajectory (paper §4.1), which the expected-context captions
+        would inflate. The first batch of a slot sets it. Means are over the global batch
+        under a `tf.distribute` strategy.
+        """
+        reward, slots, weight = (tf.reshape(x, [-1]) for x in (reward, slots, weight))
+        sums = tf.math.unsorted_segment_sum(reward * weight, slots, BASELINE_SLOTS)
+        counts = tf.math.unsorted_segment_sum(weight, slots, BASELINE_SLOTS)
         context = tf.distribute.get_replica_context()
         if context is not None:
             sums, counts = context.all_reduce("sum", [sums, counts])
@@ -310,7 +358,7 @@ class ShowAttendTell(keras.Model):
         grads = tape.gradient(scaled, variables)
         self.optimizer.apply(grads, variables)
         if self.attention == "hard":
-            self._update_baseline(terms["reward"], terms["baseline_slot"], terms["sampled"])
+            self._update_baseline(*terms["reinforce"])
         self._update_trackers(terms)
         return self._logs(self.metrics)
 
@@ -383,8 +431,11 @@ class ShowAttendTell(keras.Model):
             "alpha_c": self.alpha_c,
             "reinforce_weight": self.reinforce_weight,
             "entropy_weight": self.entropy_weight,
+            "reward_to_go": self.reward_to_go,
+            "reinforce_baseline": self.reinforce_baseline,
             "baseline_decay": self.baseline_decay,
             "hard_mix_prob": self.hard_mix_prob,
+            "hard_warmup_steps": self.hard_warmup_steps,
             "seed": self.seed,
         }
 
@@ -414,8 +465,11 @@ def build_model(config, vocab_size, feature_shape=None, load_encoder_weights=Tru
         alpha_c=config.alpha_c,
         reinforce_weight=config.reinforce_weight,
         entropy_weight=config.entropy_weight,
+        reward_to_go=config.reinforce_reward == "to_go",
+        reinforce_baseline=config.reinforce_baseline,
         baseline_decay=config.baseline_decay,
         hard_mix_prob=config.hard_mix_prob,
+        hard_warmup_steps=config.hard_warmup_steps,
         seed=config.seed,
     )
     if config.use_feature_cache:

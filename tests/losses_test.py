@@ -110,6 +110,40 @@ class ReinforceSurrogateTest(tf.test.TestCase):
         self.assertAllClose(d_entropy, [[-0.1, -0.1], [0.0, 0.0], [-0.1, 0.0]])
         self.assertTrue(d_baseline is None or float(d_baseline) == 0.0)
 
+    def test_reward_to_go(self):
+        words = tf.constant([[-1.0, -2.0, -0.5], [-0.25, -1.0, 0.0]])
+        self.assertAllClose(losses.reinforce_reward(words, to_go=False), [-3.5, -1.25])
+        # Step t is credited with words t.. only; padding (0) adds nothing.
+        self.assertAllClose(
+            losses.reinforce_reward(words, to_go=True), [[-3.5, -2.5, -0.5], [-1.25, -1.0, 0.0]]
+        )
+
+    def test_reward_per_step(self):
+        reward = tf.constant([[-2.0, -1.5], [-3.0, -1.0], [-1.0, -0.5]])
+        baseline = tf.constant([[-1.0, -1.0], [0.0, 0.0], [-2.0, 0.5]])
+        with tf.GradientTape() as tape:
+            tape.watch(self.log_p_s)
+            value = losses.reinforce_surrogate(
+                self.log_likelihood,
+                self.log_p_s,
+                self.entropy,
+                self.mask,
+                self.sampled,
+                baseline,
+                self.reinforce_weight,
+                self.entropy_weight,
+                reward=reward,
+            )
+        # Row 0: advantages (-1, -0.5) against log p(s_t) (-0.5, -1): 0.5 + 0.5 = 1.0;
+        #   -(-2 + 0.5 * 1.0 + 0.1 * 1.5) = 1.35. Row 1: expected context, 3.
+        # Row 2: advantage 1 at step 1 (step 2 is padding): 1 * -0.2 = -0.2;
+        #   -(-1 + 0.5 * -0.2 + 0.1 * 0.8) = 1.02.
+        self.assertAllClose(value, [1.35, 3.0, 1.02], atol=1e-6)
+        # d/d log p(s_t) = -lambda_r * sampled * (r_t - b_t) * mask.
+        self.assertAllClose(
+            tape.gradient(value, self.log_p_s), [[0.5, 0.25], [0.0, 0.0], [-0.5, 0.0]]
+        )
+
 
 LOCATIONS, STEPS, VOCAB, WIDTH = 3, 2, 6, 4
 CAPTION = [1, 4, 2]  # <start> w <end>: two targets, so two attention steps.
@@ -155,35 +189,40 @@ class ReinforceEstimatorTest(tf.test.TestCase, parameterized.TestCase):
         cls.paths = np.array(list(itertools.product(range(LOCATIONS), repeat=STEPS)))
         forcing = 1e4 * np.eye(LOCATIONS, dtype=np.float32)[cls.paths]  # (9, T, L)
         with tf.GradientTape() as tape:
-            cls.outputs, cls.log_likelihood = cls._run(forcing)
+            cls.outputs, cls.log_likelihood, _ = cls._run(forcing)
             cls.p_s = tf.exp(tf.reduce_sum(cls.outputs["log_p_s"], axis=1))  # (9,)
             cls.bound = tf.reduce_sum(cls.p_s * cls.log_likelihood)
         cls.exact = _flat(tape.gradient(cls.bound, cls.variables), cls.variables)
 
-        @tf.function
-        def surrogate_gradient(noise, baseline, reinforce_weight):
-            with tf.GradientTape() as tape:
-                outputs, log_likelihood = cls._run(noise)
-                n = tf.shape(noise)[0]
-                surrogate = losses.reinforce_surrogate(
-                    log_likelihood,
-                    outputs["log_p_s"],
-                    outputs["entropy"],
-                    tf.ones([n, STEPS]),
-                    tf.ones([n]),
-                    baseline,
-                    reinforce_weight,
-                    0.0,
-                )
-                objective = -tf.reduce_mean(surrogate)
-            return tape.gradient(objective, cls.variables), tf.reduce_mean(log_likelihood)
+        def surrogate_gradient(to_go):
+            @tf.function
+            def gradient(noise, baseline, reinforce_weight):
+                with tf.GradientTape() as tape:
+                    outputs, log_likelihood, words = cls._run(noise)
+                    n = tf.shape(noise)[0]
+                    surrogate = losses.reinforce_surrogate(
+                        log_likelihood,
+                        outputs["log_p_s"],
+                        outputs["entropy"],
+                        tf.ones([n, STEPS]),
+                        tf.ones([n]),
+                        baseline,
+                        reinforce_weight,
+                        0.0,
+                        reward=losses.reinforce_reward(words, to_go),
+                    )
+                    objective = -tf.reduce_mean(surrogate)
+                return tape.gradient(objective, cls.variables), tf.reduce_mean(log_likelihood)
 
-        cls.surrogate_gradient = staticmethod(surrogate_gradient)
+            return gradient
+
+        cls.surrogate_gradient = {to_go: surrogate_gradient(to_go) for to_go in (False, True)}
 
     @classmethod
     def _run(cls, noise):
-        """Decoder outputs and log p(y|s,a) for the caption tiled once per noise row."""
-        n = tf.shape(noise)[0]
+        """Decoder outputs, log p(y|s,a) and log p(y_t|...) (B, T) for the caption tiled
+        once per noise row; noise None attends at argmax alpha."""
+        n = 1 if noise is None else tf.shape(noise)[0]
         captions = tf.tile(tf.constant([CAPTION], tf.int32), [n, 1])
         features = tf.tile(cls.features, [n, 1, 1])
         outputs = cls.decoder(
@@ -193,10 +232,10 @@ class ReinforceEstimatorTest(tf.test.TestCase, parameterized.TestCase):
             gumbel_noise=noise,
             use_expected=tf.zeros([n], tf.bool),
         )
-        mask = tf.ones([n, STEPS])
-        return outputs, losses.sequence_log_likelihood(outputs["logits"], captions[:, 1:], mask)
+        words = losses.word_log_likelihood(outputs["logits"], captions[:, 1:], tf.ones([n, STEPS]))
+        return outputs, tf.reduce_sum(words, axis=1), words
 
-    def _estimate(self, baseline, reinforce_weight, seed=1):
+    def _estimate(self, baseline, reinforce_weight, seed=1, to_go=False):
         """Mean of the per-sample gradient over GROUPS * GROUP_SIZE trajectories, and its
         standard error from the spread of the group means."""
         rng = np.random.default_rng(seed)
@@ -204,8 +243,8 @@ class ReinforceEstimatorTest(tf.test.TestCase, parameterized.TestCase):
         for _ in range(GROUPS):
             uniform = rng.uniform(1e-9, 1.0, size=(GROUP_SIZE, STEPS, LOCATIONS))
             noise = tf.constant(-np.log(-np.log(uniform)), tf.float32)
-            grad, reward = self.surrogate_gradient(
-                noise, tf.constant(baseline), tf.constant(reinforce_weight)
+            grad, reward = self.surrogate_gradient[to_go](
+                noise, tf.constant(baseline, tf.float32), tf.constant(reinforce_weight)
             )
             grads.append(_flat(grad, self.variables))
             rewards.append(float(reward))
@@ -240,6 +279,29 @@ class ReinforceEstimatorTest(tf.test.TestCase, parameterized.TestCase):
         mean_5, error_5, _ = self._estimate(-5.0, 1.0, seed=2)
         # Same samples: the difference is 5 * mean(d log p(s|a)/dW), whose expectation is 0.
         self.assertAllLessEqual(np.abs(mean_0 - mean_5) - 5.0 * (error_0 + error_5) - 1e-4, 0.0)
+
+    @parameterized.parameters(([0.0, 0.0],), ([-5.0, -2.0],), ("argmax",))
+    def test_reward_to_go_matches_exact_gradient(self, baseline):
+        if baseline == "argmax":
+            # The rewards to go of the caption decoded at argmax alpha: no sample in it.
+            _, _, words = self._run(None)
+            baseline = tf.math.cumsum(words[0], reverse=True).numpy()
+        mean, standard_error, _ = self._estimate(baseline, 1.0, to_go=True)
+        self.assertTrue(self._within(mean, standard_error).all())
+
+    def test_reward_to_go_baselines_do_not_move_the_mean(self):
+        mean_0, error_0, _ = self._estimate([0.0, 0.0], 1.0, seed=3, to_go=True)
+        mean_b, error_b, _ = self._estimate([-5.0, 3.0], 1.0, seed=3, to_go=True)
+        self.assertAllLessEqual(np.abs(mean_0 - mean_b) - 5.0 * (error_0 + error_b) - 1e-4, 0.0)
+
+    def test_reward_to_go_with_argmax_baseline_has_lower_variance(self):
+        # The same samples under the paper's estimator (whole-caption reward, baseline 0)
+        # and under reward to go with the argmax baseline.
+        _, paper_error, _ = self._estimate(0.0, 1.0, seed=4)
+        _, _, words = self._run(None)
+        argmax = tf.math.cumsum(words[0], reverse=True).numpy()
+        _, default_error, _ = self._estimate(argmax, 1.0, seed=4, to_go=True)
+        self.assertLess(np.square(default_error).sum(), 0.5 * np.square(paper_error).sum())
 
     def test_without_score_function_term_is_biased(self):
         mean, standard_error, _ = self._estimate(0.0, 0.0)

@@ -45,11 +45,16 @@ def _log_softmax(x):
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def _numpy_log_likelihood(logits, captions):
-    """(B,) sum of log p(y_t) over the non-pad targets captions[:, 1:]."""
+def _numpy_word_log_likelihood(logits, captions):
+    """(B, T) log p(y_t) of the targets captions[:, 1:], 0 at pad."""
     targets = captions[:, 1:]
     log_probs = np.take_along_axis(_log_softmax(logits), targets[..., None], -1)[..., 0]
-    return (log_probs * (targets != 0)).sum(-1)
+    return log_probs * (targets != 0)
+
+
+def _numpy_log_likelihood(logits, captions):
+    """(B,) sum of log p(y_t) over the non-pad targets captions[:, 1:]."""
+    return _numpy_word_log_likelihood(logits, captions).sum(-1)
 
 
 class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
@@ -88,7 +93,6 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
             # Only captions that used a sampled location move it; the first such batch of
             # a length sets it, later ones move it by 0.1.
             for row, words in enumerate((4, 3)):
-                self.assertEqual(int(terms["baseline_slot"][row]), words)
                 if sampled[row]:
                     old = expected[words]
                     expected[words] = (
@@ -101,6 +105,62 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
             self.assertLess(reward.mean(), 0.0)
         if mix == 0.0:
             self.assertEqual(seen.sum(), 2.0)
+
+    def test_hard_baseline_moving_average_of_rewards_to_go(self):
+        batch = _batch()
+        model = _model("hard", seed=3, hard_mix_prob=0.0, reward_to_go=True)
+        model.compile(optimizer=keras.optimizers.SGD(0.5))
+        expected, seen = np.zeros(BASELINE_SLOTS), np.zeros(BASELINE_SLOTS)
+        for _ in range(3):
+            seed_state = model.seed_generator.state.numpy()
+            noise, _ = model._hard_noise(batch["features"], 5)
+            model.seed_generator.state.assign(seed_state)
+            outputs = model.decoder(
+                batch["features"],
+                batch["caption"][:, :-1],
+                gumbel_noise=noise,
+                use_expected=tf.zeros([2], tf.bool),
+            )
+            words = _numpy_word_log_likelihood(outputs["logits"].numpy(), batch["caption"])
+            model.fit(tf.data.Dataset.from_tensors(batch), epochs=1, verbose=0)
+            # Step t of a caption of n words carries the reward of its last n - t words,
+            # and moves the slot n - t: slot k averages the rewards to go of both captions
+            # that cover k words (4 and 3 target words: slots 1-3 get two values, 4 one).
+            by_slot = {}
+            for row, count in enumerate((4, 3)):
+                for t in range(count):
+                    by_slot.setdefault(count - t, []).append(words[row, t:].sum())
+            for slot, values in by_slot.items():
+                mean = np.mean(values)
+                expected[slot] = mean if not seen[slot] else 0.9 * expected[slot] + 0.1 * mean
+                seen[slot] = 1.0
+            self.assertAllClose(model.baseline.numpy(), expected, atol=1e-4)
+        self.assertAllEqual(np.flatnonzero(seen), [1, 2, 3, 4])
+
+    def test_hard_warmup_uses_the_expected_context_only(self):
+        batch = {
+            "features": np.random.default_rng(0).normal(size=(64, LOCATIONS, FEATURES)),
+            "caption": np.tile(_batch()["caption"], [32, 1]),
+        }
+        batch["features"] = batch["features"].astype(np.float32)
+        model = _model("hard", hard_mix_prob=0.25, hard_warmup_steps=2)
+        # Without an optimizer (no step count) there is no warm-up.
+        _, use_expected = model._hard_noise(batch["features"], 5)
+        self.assertBetween(np.mean(use_expected.numpy()), 0.05, 0.5)
+        model.compile(optimizer=keras.optimizers.SGD(0.1))
+        shares = []
+        for _ in range(4):
+            terms = model.loss_terms(batch, training=True)
+            shares.append(float(np.mean(terms["sampled"].numpy())))
+            model.fit(tf.data.Dataset.from_tensors(batch), epochs=1, verbose=0)
+            if len(shares) <= 2:
+                self.assertAllEqual(model.baseline_seen.numpy(), np.zeros(BASELINE_SLOTS))
+        # Steps 0 and 1 sample nothing; then about 3/4 of the captions use a sample.
+        self.assertEqual(shares[:2], [0.0, 0.0])
+        self.assertBetween(shares[2], 0.5, 0.95)
+        self.assertBetween(shares[3], 0.5, 0.95)
+        # One moving average per caption length (4 and 3 words).
+        self.assertAllEqual(np.flatnonzero(model.baseline_seen.numpy()), [3, 4])
 
     def test_hard_baseline_ignores_expected_context_captions(self):
         batch = _batch()
@@ -134,10 +194,13 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllClose(terms["objective"], terms["loss"])
         self.assertAllEqual(terms["words"], [4.0, 3.0])
 
-    def test_hard_loss_terms_use_the_given_samples(self):
+    @parameterized.product(to_go=(True, False), baseline=("argmax", "moving_average"))
+    def test_hard_loss_terms_use_the_given_samples(self, to_go, baseline):
         batch = _batch(seed=2)
-        model = _model("hard", entropy_weight=0.01)
-        model.baseline.assign(np.full(BASELINE_SLOTS, -2.0, np.float32))
+        model = _model("hard", entropy_weight=0.01, reward_to_go=to_go, reinforce_baseline=baseline)
+        for w in model.trainable_weights:
+            w.assign(np.random.default_rng(4).normal(size=w.shape).astype(np.float32))
+        model.baseline.assign(-np.arange(BASELINE_SLOTS, dtype=np.float32))
         noise = np.random.default_rng(2).gumbel(size=(2, 5, LOCATIONS)).astype(np.float32)
         use_expected = tf.constant([False, True])
         terms = model.loss_terms(
@@ -149,16 +212,38 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
             gumbel_noise=noise,
             use_expected=use_expected,
         )
-        log_likelihood = _numpy_log_likelihood(outputs["logits"].numpy(), batch["caption"])
+        words = _numpy_word_log_likelihood(outputs["logits"].numpy(), batch["caption"])
+        log_likelihood = words.sum(-1)
         mask = (batch["caption"][:, 1:] != 0).astype(np.float32)
-        log_p_path = (outputs["log_p_s"].numpy() * mask).sum(-1)
+        # The reward credited to step t, and its baseline: the moving average of the slot
+        # named by the number of words the reward covers (baseline[k] = -k here), or the
+        # same reward of the caption decoded at argmax alpha (no noise).
+        covered = np.cumsum(mask[:, ::-1], axis=1)[:, ::-1]  # (B, T) words t..
+        if to_go:
+            reward = np.cumsum(words[:, ::-1], axis=1)[:, ::-1]
+            slots = covered
+        else:
+            reward = np.repeat(log_likelihood[:, None], 5, axis=1)
+            slots = np.repeat(covered[:, :1], 5, axis=1)
+        if baseline == "argmax":
+            at_argmax = model.decoder(batch["features"], batch["caption"][:, :-1])["logits"]
+            argmax_words = _numpy_word_log_likelihood(at_argmax.numpy(), batch["caption"])
+            if to_go:
+                expected_baseline = np.cumsum(argmax_words[:, ::-1], axis=1)[:, ::-1]
+            else:
+                expected_baseline = np.repeat(argmax_words.sum(-1)[:, None], 5, axis=1)
+        else:
+            expected_baseline = -slots
+        credited = ((reward - expected_baseline) * outputs["log_p_s"].numpy() * mask).sum(-1)
         entropy = (outputs["entropy"].numpy() * mask).sum(-1)
-        # Row 0 sampled: -(r + (r - b) log p(s) + 0.01 H); row 1 used the expected context.
+        # Row 0 sampled: -(r + sum_t (r_t - b_t) log p(s_t) + 0.01 H); row 1 used the
+        # expected context and carries neither term.
         expected = -log_likelihood
-        expected[0] -= (log_likelihood[0] + 2.0) * log_p_path[0] + 0.01 * entropy[0]
-        self.assertAllClose(terms["reward"], log_likelihood, atol=1e-5)
-        self.assertAllClose(terms["objective"], expected, atol=1e-4)
-        self.assertAllClose(terms["loss"], -log_likelihood, atol=1e-5)
+        expected[0] -= credited[0] + 0.01 * entropy[0]
+        self.assertGreater(abs(credited[0]), 0.1)
+        self.assertAllClose(terms["reward"], log_likelihood, atol=1e-4)
+        self.assertAllClose(terms["objective"], expected, atol=1e-3)
+        self.assertAllClose(terms["loss"], -log_likelihood, atol=1e-4)
 
     def test_evaluate_metrics(self):
         batch = _batch(seed=3)

@@ -114,6 +114,8 @@ class UnwritableWorkdirTest(tf.test.TestCase):
 
 def _train_command(workdir, data_dir, epochs, steps, attention="soft"):
     flags = {**TINY, "epochs": epochs, "steps_per_epoch": steps, "attention": attention}
+    if attention == "hard":
+        flags["hard_warmup_steps"] = 10  # sampling starts within the first epoch
     return [
         sys.executable,
         os.path.join(ROOT, "scripts", "train.py"),
