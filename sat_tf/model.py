@@ -244,7 +244,9 @@ class ShowAttendTell(keras.Model):
         Returns:
           dict of (B,) tensors: "objective" (what is minimised), "loss" (the reported
           loss: -log p(y|a), plus the penalty for soft attention), "log_likelihood",
-          "words" (unmasked targets), and for hard attention "reward".
+          "words" (unmasked targets), and for hard attention "reward" (log p(y|s,a)),
+          "sampled" (1.0 where a sample was used) and what moves the moving averages:
+          "step_reward" ((B,) or (B, T) rewards to go), "baseline_slot", "baseline_weight".
         """
         captions = batch["caption"]
         targets = captions[:, 1:]
@@ -282,9 +284,10 @@ class ShowAttendTell(keras.Model):
                 self.entropy_weight,
                 reward=reward,
             )
-            # The moving averages are kept (and logged) with either baseline.
-            weight = sampled[:, None] * mask if self.reward_to_go else sampled
-            terms["reinforce"] = (reward, slots, weight)
+            # The moving averages are kept with either baseline.
+            terms["step_reward"] = reward
+            terms["baseline_slot"] = slots
+            terms["baseline_weight"] = sampled[:, None] * mask if self.reward_to_go else sampled
             terms["reward"] = log_likelihood
             terms["sampled"] = sampled
             terms["loss"] = -log_likelihood
@@ -358,7 +361,9 @@ class ShowAttendTell(keras.Model):
         grads = tape.gradient(scaled, variables)
         self.optimizer.apply(grads, variables)
         if self.attention == "hard":
-            self._update_baseline(*terms["reinforce"])
+            self._update_baseline(
+                terms["step_reward"], terms["baseline_slot"], terms["baseline_weight"]
+            )
         self._update_trackers(terms)
         return self._logs(self.metrics)
 
