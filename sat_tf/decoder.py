@@ -12,12 +12,15 @@ One step, given the previous word y_{t-1}, state (h_{t-1}, c_{t-1}) and annotati
 Under teacher forcing everything that does not depend on t runs once outside the
 recurrence: `W_a a`, the embedding half of the gates, and the deep output over all steps.
 The h-dependent projections (LSTM gates, additive score, beta gate) share one matmul.
+Soft attention in float32 runs the recurrence in `recurrence.py`, whose hand-written
+backward pass computes the kernel gradients once over all steps.
 """
 
 import keras
 import tensorflow as tf
 
 from sat_tf import attention as attention_lib
+from sat_tf import recurrence
 
 ATTENTION_TYPES = ("soft", "hard", "none")
 
@@ -80,6 +83,9 @@ class AttentionDecoder(keras.layers.Layer):
         self.out_z = keras.layers.Dense(embed_dim, use_bias=False, name="L_z")
         self.out_dropout = keras.layers.Dropout(dropout)
         self.deep_output = keras.layers.Dense(vocab_size, name="deep_output")
+        # True runs soft attention through the autodiff loop too: the reference for
+        # `recurrence.soft_attention_recurrence` in tests and benchmarks.
+        self._autodiff_recurrence = False
 
     def build(self, features_shape, captions_shape=None):
         feature_dim = features_shape[-1]
@@ -214,6 +220,22 @@ class AttentionDecoder(keras.layers.Layer):
         state = self.initial_state(features)
         features = state["features"]
         hidden_kernel = tf.cast(self._hidden_kernel(), self.compute_dtype)
+        if self._uses_recurrence():
+            score_kernel = None
+            if self.attention_score == "additive":
+                score_kernel = tf.convert_to_tensor(self.f_att.v.kernel)
+            hs, zs, alphas = recurrence.soft_attention_recurrence(
+                gates_x,
+                state["projected"],
+                features,
+                state["h"],
+                state["c"],
+                hidden_kernel,
+                tf.convert_to_tensor(self.lstm_context.kernel),
+                tf.convert_to_tensor(self.beta.bias),
+                score_kernel,
+            )
+            return self._outputs(embedded, hs, zs, alphas, training)
         mean_context = tf.reduce_mean(features, axis=1)  # (B, D)
         if self.attention == "none":
             gates_z = self.lstm_context(mean_context)
@@ -271,17 +293,30 @@ class AttentionDecoder(keras.layers.Layer):
         _, _, _, hs, zs, alphas, *hard_arrays = tf.while_loop(
             lambda t, *_: t < steps, body, loop_vars, maximum_iterations=steps
         )
-        hs = tf.transpose(hs.stack(), [1, 0, 2])  # (B, T, n)
-        zs = tf.transpose(zs.stack(), [1, 0, 2])  # (B, T, D)
-        outputs = {
-            "logits": tf.cast(self._logits(embedded, hs, zs, training=training), tf.float32),
-            "alpha": tf.transpose(alphas.stack(), [1, 0, 2]),  # (B, T, L)
-        }
+        outputs = self._outputs(embedded, hs.stack(), zs.stack(), alphas.stack(), training)
         if self.attention == "hard":
             log_p_s, entropy = hard_arrays
             outputs["log_p_s"] = tf.transpose(log_p_s.stack())  # (B, T)
             outputs["entropy"] = tf.transpose(entropy.stack())  # (B, T)
         return outputs
+
+    def _uses_recurrence(self):
+        """Whether `call` runs `recurrence.soft_attention_recurrence`: soft attention in
+        float32. Mixed precision keeps the autodiff loop."""
+        return (
+            self.attention == "soft"
+            and self.compute_dtype == "float32"
+            and not self._autodiff_recurrence
+        )
+
+    def _outputs(self, embedded, hs, zs, alphas, training):
+        """Logits and alpha from the time-major (T, B, .) states of the recurrence."""
+        hs = tf.transpose(hs, [1, 0, 2])  # (B, T, n)
+        zs = tf.transpose(zs, [1, 0, 2])  # (B, T, D)
+        return {
+            "logits": tf.cast(self._logits(embedded, hs, zs, training=training), tf.float32),
+            "alpha": tf.transpose(alphas, [1, 0, 2]),  # (B, T, L)
+        }
 
     def get_config(self):
         return {

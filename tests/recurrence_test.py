@@ -1,0 +1,141 @@
+"""Tests for sat_tf.recurrence: the hand-written backward pass of the soft-attention
+recurrence against autodiff of the decoder's loop, and against finite differences."""
+
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+from sat_tf import recurrence
+from sat_tf.decoder import AttentionDecoder
+
+# Uneven sizes, so that a transposed or misplaced axis cannot go unnoticed.
+BATCH, STEPS, LOCATIONS = 3, 5, 7
+VOCAB, EMBED, HIDDEN, ATTENTION, FEATURES = 11, 5, 8, 4, 6
+SCORES = ("additive", "dot")
+
+
+def _decoder(score, seed=0):
+    """A built soft-attention decoder with random weights (biases too)."""
+    decoder = AttentionDecoder(
+        VOCAB,
+        embed_dim=EMBED,
+        hidden_dim=HIDDEN,
+        attention_dim=ATTENTION,
+        attention="soft",
+        attention_score=score,
+        dropout=0.0,
+    )
+    decoder.build((None, LOCATIONS, FEATURES))
+    rng = np.random.default_rng(seed)
+    for w in decoder.weights:
+        w.assign(0.5 * rng.normal(size=w.shape).astype(np.float32))
+    return decoder
+
+
+def _inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    features = tf.constant(rng.normal(size=(BATCH, LOCATIONS, FEATURES)), tf.float32)
+    captions = tf.constant(rng.integers(1, VOCAB, size=(BATCH, STEPS)), tf.int32)
+    return features, captions
+
+
+def _loss(outputs, use_alpha):
+    """Uses hs and zs (through the logits) and, with `use_alpha`, alpha, like the soft
+    objective with its doubly stochastic penalty (paper §4.2.1)."""
+    log_probs = tf.nn.log_softmax(outputs["logits"])
+    weights = tf.reshape(tf.range(VOCAB, dtype=tf.float32) / VOCAB, [1, 1, VOCAB])
+    loss = -tf.reduce_sum(log_probs * weights)
+    if use_alpha:
+        loss += 3.0 * tf.reduce_sum(tf.square(1.0 - tf.reduce_sum(outputs["alpha"], 1)))
+    return loss
+
+
+def _gradients(decoder, features, captions, autodiff, use_alpha=True, function=False):
+    """Outputs and gradients (features first, then every trainable variable)."""
+    decoder._autodiff_recurrence = autodiff
+
+    def run(features, captions):
+        with tf.GradientTape() as tape:
+            tape.watch(features)
+            outputs = decoder(features, captions)
+            loss = _loss(outputs, use_alpha)
+        grads = tape.gradient(loss, [features] + decoder.trainable_variables)
+        return outputs, [tf.convert_to_tensor(g) for g in grads]
+
+    if function:
+        run = tf.function(run)
+    return run(features, captions)
+
+
+class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.product(score=SCORES, function=(False, True))
+    def test_forward_is_the_autodiff_loop(self, score, function):
+        features, captions = _inputs(seed=1)
+        decoder = _decoder(score, seed=1)
+        old, _ = _gradients(decoder, features, captions, autodiff=True, function=function)
+        new, _ = _gradients(decoder, features, captions, autodiff=False, function=function)
+        if function:
+            # Grappler rewrites the two graphs differently: a few float32 ulps, as far
+            # as the autodiff loop's own graph is from its eager run.
+            self.assertAllClose(new["logits"], old["logits"], atol=1e-6, rtol=0.0)
+            self.assertAllClose(new["alpha"], old["alpha"], atol=1e-7, rtol=0.0)
+        else:
+            self.assertAllEqual(new["logits"], old["logits"])
+            self.assertAllEqual(new["alpha"], old["alpha"])
+
+    @parameterized.product(score=SCORES, function=(False, True), use_alpha=(True, False))
+    def test_gradients_match_autodiff_loop(self, score, function, use_alpha):
+        features, captions = _inputs(seed=2)
+        decoder = _decoder(score, seed=2)
+        names = ["features"] + [v.path for v in decoder.trainable_variables]
+        _, old = _gradients(decoder, features, captions, True, use_alpha, function)
+        _, new = _gradients(decoder, features, captions, False, use_alpha, function)
+        self.assertLen(new, len(old))
+        for name, expected, actual in zip(names, old, new, strict=True):
+            scale = max(1.0, float(np.abs(expected).max()))
+            self.assertAllClose(actual, expected, atol=1e-5 * scale, rtol=0.0, msg=name)
+            self.assertGreater(np.abs(expected).max(), 0.0, name)
+
+    @parameterized.parameters(*SCORES)
+    def test_jacobian_matches_finite_differences(self, score):
+        # float64 and sizes of 2 or 3, so that every output (hs, zs and alphas) is
+        # differentiated with respect to every input element.
+        rng = np.random.default_rng(3)
+        batch, steps, locations, dim, hidden, units = 2, 3, 3, 2, 2, 3
+
+        def normal(*shape):
+            return tf.constant(0.7 * rng.normal(size=shape), tf.float64)
+
+        additive = score == "additive"
+        width = 4 * hidden + (units if additive else 0) + 1
+        inputs = [
+            normal(steps, batch, 4 * hidden),
+            normal(batch, locations, units if additive else hidden),
+            normal(batch, locations, dim),
+            normal(batch, hidden),
+            normal(batch, hidden),
+            normal(hidden, width),
+            normal(dim, 4 * hidden),
+            normal(1),
+        ]
+        if additive:
+            inputs.append(normal(units, 1))
+
+        @tf.function
+        def flat(*args):
+            outputs = recurrence.soft_attention_recurrence(*args)
+            return tf.concat([tf.reshape(x, [-1]) for x in outputs], 0)
+
+        theoretical, numerical = tf.test.compute_gradient(flat, inputs, delta=1e-6)
+        for i, (jac, num) in enumerate(zip(theoretical, numerical, strict=True)):
+            self.assertGreater(np.abs(num).max(), 1e-3, f"input {i}")
+            self.assertAllClose(jac, num, atol=1e-7, rtol=1e-6, msg=f"input {i}")
+
+    def test_mixed_precision_uses_the_autodiff_loop(self):
+        decoder = AttentionDecoder(VOCAB, dtype="mixed_bfloat16")
+        self.assertFalse(decoder._uses_recurrence())
+        self.assertTrue(_decoder("additive")._uses_recurrence())
+
+
+if __name__ == "__main__":
+    tf.test.main()
