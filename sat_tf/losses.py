@@ -24,16 +24,8 @@ def word_log_likelihood(logits, targets, mask):
 
 
 def sequence_log_likelihood(logits, targets, mask):
-    """`log p(y | a) = sum_t log p(y_t | ...)` over unmasked steps.
-
-    Args:
-      logits: (B, T, V) unnormalised output scores.
-      targets: (B, T) int32 target words.
-      mask: (B, T) float32.
-
-    Returns:
-      (B,) log-likelihood of each caption.
-    """
+    """`log p(y | a) = sum_t log p(y_t | ...)` over unmasked steps: (B,) log-likelihood
+    of each caption, with the arguments of `word_log_likelihood`."""
     return tf.reduce_sum(word_log_likelihood(logits, targets, mask), axis=1)  # (B,)
 
 
