@@ -132,9 +132,8 @@ class AttentionDecoder(keras.layers.Layer):
         return self.f_att.score(projected, h)
 
     def _lstm(self, gates, c):
-        i, f, o, g = tf.split(gates, 4, axis=-1)
-        c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
-        return tf.sigmoid(o) * tf.tanh(c), c
+        h, c, _ = recurrence.lstm_cell(gates, c)
+        return h, c
 
     def initial_state(self, features):
         """State before the first word (paper eq. 5).

@@ -317,10 +317,8 @@ class ShowAttendTell(keras.Model):
           mask: None for one reward per caption (slots (B,)); (B, T) for rewards to go,
             where step t's reward covers `words - t` words (slots (B, T)).
         """
-        if mask is None:
-            return tf.minimum(tf.cast(words, tf.int32), BASELINE_SLOTS - 1)
-        remaining = tf.math.cumsum(mask, axis=1, reverse=True)
-        return tf.minimum(tf.cast(remaining, tf.int32), BASELINE_SLOTS - 1)
+        covered = words if mask is None else tf.math.cumsum(mask, axis=1, reverse=True)
+        return tf.minimum(tf.cast(covered, tf.int32), BASELINE_SLOTS - 1)
 
     def _argmax_reward(self, features, captions, mask):
         """The reward of each caption with every location at `argmax alpha`, without

@@ -29,8 +29,8 @@ def _zeros_if_none(grad, like):
     return tf.zeros_like(like) if grad is None else grad
 
 
-def _lstm(gates, c):
-    """The LSTM cell; returns h, c and the activated gates (i, f, o, g)."""
+def lstm_cell(gates, c):
+    """The LSTM cell (paper eq. 1-3); returns h, c and the activated gates (i, f, o, g)."""
     i, f, o, g = tf.split(gates, 4, axis=-1)
     i, f, o, g = tf.sigmoid(i), tf.sigmoid(f), tf.sigmoid(o), tf.tanh(g)
     c = f * c + i * g
@@ -40,7 +40,7 @@ def _lstm(gates, c):
 def _lstm_backward(gates, c_prev, c, dh, dc):
     """Gradients of the gates and of c_{t-1}, from those of h_t and c_t (dc: the part
     that comes from step t + 1)."""
-    _, _, (i, f, o, g) = _lstm(gates, c_prev)
+    _, _, (i, f, o, g) = lstm_cell(gates, c_prev)
     tanh_c = tf.tanh(c)
     dc = dc + tf.raw_ops.TanhGrad(y=tanh_c, dy=dh * o)
     d_gates = tf.concat(
@@ -115,7 +115,7 @@ def soft_attention_recurrence(
             context = attention_lib.soft_context(alpha, features)
             z = beta * context
             gates = gates_x[t] + projected_h[:, :n4] + tf.matmul(z, context_kernel)
-            h, c, _ = _lstm(gates, c)
+            h, c, _ = lstm_cell(gates, c)
             saved = (h, z, alpha, c, gates, context, beta)
             arrays = tuple(a.write(t, x) for a, x in zip(arrays, saved, strict=True))
             return t + 1, h, c, arrays, pres.write(t, pre) if additive else pres
