@@ -23,6 +23,7 @@ class Shape:
       vocab_size: V, including the four special tokens.
       attention: "soft", "hard" or "none".
       score: "additive" or "dot".
+      hard_gate: hard attention gated by beta as soft attention is (`--hard_gate`).
     """
 
     locations: int
@@ -33,13 +34,18 @@ class Shape:
     vocab_size: int
     attention: str = "soft"
     score: str = "additive"
+    hard_gate: bool = False
+
+    def gated(self):
+        """Whether the context is scaled by beta = sigmoid(w_beta h + b)."""
+        return self.attention == "soft" or (self.attention == "hard" and self.hard_gate)
 
     def hidden_projection_width(self):
         """Columns of the fused h_{t-1} kernel [U | U_a | w_beta] (decoder._hidden_kernel)."""
         width = 4 * self.hidden_dim
         if self.attention != "none" and self.score == "additive":
             width += self.attention_dim
-        if self.attention == "soft":
+        if self.gated():
             width += 1
         return width
 
@@ -54,7 +60,7 @@ class Shape:
                 count += (D * A + A) + n * A + A  # W_a, U_a, v
             else:
                 count += D * n  # W_a
-        if self.attention == "soft":
+        if self.gated():
             count += n + 1  # beta
         return count
 
@@ -130,10 +136,10 @@ def train_step_flops(shape: Shape, batch: int, steps: int, optimizer_flops_per_p
     if attend:
         step_mm += (2 * L * A if additive else 2 * L * n) + 2 * L * D + 2 * D * 4 * n
         step_ew += (2 * L * A if additive else 0) + 4 * L
-        if shape.attention == "soft":
-            step_ew += D + 1
-        else:
+        if shape.attention == "hard":
             step_ew += 2 * L + D + 3 * L
+        if shape.gated():
+            step_ew += D + 1
     else:
         once_mm += 2 * D * 4 * n
 
@@ -162,7 +168,7 @@ def decode_step_bytes(shape: Shape, bytes_per_value=4):
     At batch 1 every product is a matrix-vector product, so a step streams each weight
     it uses once; activations are negligible except the per-image tensors the
     attention reads every step:
-      weights: [U | U_a | w_beta]  n W
+      weights: U, U_a, w_beta               n W
                embedding half of the gates  m 4n + 4n
                context half of the gates    D 4n
                L_h, L_z, L_o                n m + m + D m + m V + V

@@ -193,6 +193,7 @@ def decoder_shape(p, attention="soft", score="additive"):
         vocab_size=p["vocab_words"] + SPECIALS,
         attention=attention,
         score=score,
+        hard_gate=Config().hard_gate,
     )
 
 
@@ -310,9 +311,9 @@ def case_decode(p, bandwidth_gbps):
 
     spec = tf.TensorSpec([None, locations, p["feature_dim"]], tf.float32)
 
-    def generate(beam):
+    def generate(beam, jit_compile=False):
         # A dynamic batch dimension, as in the exported signatures.
-        @tf.function(input_signature=[spec])
+        @tf.function(input_signature=[spec], jit_compile=jit_compile)
         def run(features):
             return model.generate({"features": features}, max_length=steps, beam_size=beam)
 
@@ -331,6 +332,8 @@ def case_decode(p, bandwidth_gbps):
         fn = generate(beam)
         for batch in (1, p["decode_batch"]):
             result[f"{name}_batch{batch}"] = guarded(lambda f=fn, b=batch: timed(f, b))
+    # What-if: the same greedy loop compiled by XLA, which fuses the step's small ops.
+    result["greedy_batch1_jit"] = guarded(lambda: timed(generate(1, jit_compile=True), 1))
     step_bytes = flops.decode_step_bytes(decoder_shape(p))
     if not bandwidth_gbps:
         result["bandwidth_bound_greedy_batch1"] = {"bytes_per_step": step_bytes}

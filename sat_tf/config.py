@@ -24,8 +24,8 @@ CHOICES = {
     "reinforce_baseline": ("moving_average", "argmax"),
 }
 
-# Settings of the hard-attention objective (paper 4.1): REINFORCE, entropy, baseline and
-# the mix with the expected context.
+# Settings of hard attention (paper 4.1): REINFORCE, entropy, baseline, the mix with the
+# expected context, and the gate.
 HARD_ONLY = (
     "reinforce_weight",
     "entropy_weight",
@@ -34,6 +34,7 @@ HARD_ONLY = (
     "baseline_decay",
     "hard_mix_prob",
     "hard_warmup_steps",
+    "hard_gate",
 )
 
 
@@ -81,12 +82,12 @@ class Config:
     reinforce_weight: float = _field(1.0, "Hard attention: weight lambda_r of the REINFORCE term.")
     entropy_weight: float = _field(0.002, "Hard attention: weight lambda_e of the entropy term.")
     reinforce_reward: str = _field(
-        "sequence",
+        "to_go",
         "Hard attention: reward of s_t: the whole caption's log-likelihood (sequence, "
         "paper 4.1) or that of the words from t on (to_go).",
     )
     reinforce_baseline: str = _field(
-        "moving_average",
+        "argmax",
         "Hard attention: baseline: moving averages (moving_average, paper 4.1) or the "
         "caption's reward at argmax alpha (argmax).",
     )
@@ -98,6 +99,12 @@ class Config:
         625,
         "Hard attention: steps at the start that use only the expected context, before "
         "sampling and REINFORCE start; 0 = none (paper 4.1).",
+    )
+    hard_gate: bool = _field(
+        True,
+        "Hard attention: scale the sampled annotation by the gate beta_t of soft attention "
+        "(paper 4.2.1; the original code's `selector` gates both); false = the paper's "
+        "hard model.",
     )
 
     optimizer: str = _field("adam", "Optimizer: adam (Flickr30k, COCO) or rmsprop (Flickr8k).")
@@ -174,6 +181,9 @@ class Config:
                 values = json.load(f)
         except (OSError, ValueError) as e:
             raise ValueError(f"cannot read config {path}: {e}") from e
+        if isinstance(values, dict) and values.get("attention") == "hard":
+            # Written before `hard_gate` existed: that hard attention had no gate.
+            values.setdefault("hard_gate", False)
         return cls.from_dict(values)
 
     def save(self, path: str) -> None:
@@ -203,7 +213,7 @@ def check_given_settings(config: Config, given: Collection[str]) -> None:
         if name in given and config.attention != "hard":
             raise ValueError(
                 f"--{name}={getattr(config, name)} contradicts --attention={config.attention}: "
-                f"it sets the hard-attention objective (paper 4.1); leave it out or use "
+                f"it is a setting of hard attention (paper 4.1); leave it out or use "
                 f"--attention=hard"
             )
     if "alpha_c" in given and config.alpha_c > 0 and config.attention != "soft":

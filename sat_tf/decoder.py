@@ -4,6 +4,7 @@ One step, given the previous word y_{t-1}, state (h_{t-1}, c_{t-1}) and annotati
   e_t = f_att(a, h_{t-1});  alpha_t = softmax(e_t)
   z_t = beta_t * sum_i alpha_ti a_i                      (soft, beta_t = sigmoid(f_beta(h)))
   z_t = a_{s_t},  s_t ~ Multinoulli(alpha_t)              (hard; argmax at inference)
+  z_t = beta_t * a_{s_t}                                  (hard with `hard_gate`)
   z_t = mean_i a_i                                        (none: the no-attention ablation)
   i, f, o, g = split(W_e E y_{t-1} + U h_{t-1} + Z z_t + b)
   c_t = sigmoid(f) c_{t-1} + sigmoid(i) tanh(g);  h_t = sigmoid(o) tanh(c_t)
@@ -42,6 +43,9 @@ class AttentionDecoder(keras.layers.Layer):
       attention: "soft", "hard" or "none".
       attention_score: "additive" or "dot".
       dropout: dropout rate before L_o.
+      hard_gate: hard attention only: scale the sampled annotation by the gate
+        beta_t = sigmoid(f_beta(h_{t-1})) that soft attention has (paper §4.2.1), so the
+        decoder can turn a glimpse down without moving where it looks.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class AttentionDecoder(keras.layers.Layer):
         attention="soft",
         attention_score="additive",
         dropout=0.2,
+        hard_gate=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -67,6 +72,7 @@ class AttentionDecoder(keras.layers.Layer):
         self.attention = attention
         self.attention_score = attention_score
         self.dropout = dropout
+        self.hard_gate = bool(hard_gate) and attention == "hard"
 
         self.embedding = keras.layers.Embedding(vocab_size, embed_dim, name="embedding")
         self.init_h = keras.layers.Dense(hidden_dim, activation="tanh", name="init_h")
@@ -75,7 +81,8 @@ class AttentionDecoder(keras.layers.Layer):
         if attention != "none":
             units = attention_dim if attention_score == "additive" else hidden_dim
             self.f_att = attention_lib.SCORES[attention_score](units, name="f_att")
-        self.beta = keras.layers.Dense(1, name="beta") if attention == "soft" else None
+        gated = attention == "soft" or self.hard_gate
+        self.beta = keras.layers.Dense(1, name="beta") if gated else None
         self.lstm_embed = keras.layers.Dense(4 * hidden_dim, name="lstm_embed")
         self.lstm_hidden = keras.layers.Dense(4 * hidden_dim, use_bias=False, name="lstm_hidden")
         self.lstm_context = keras.layers.Dense(4 * hidden_dim, use_bias=False, name="lstm_context")
@@ -155,12 +162,21 @@ class AttentionDecoder(keras.layers.Layer):
         pre = tf.tanh(embedded + self.out_h(h) + self.out_z(z))
         return self.deep_output(self.out_dropout(pre, training=training))
 
-    def step_fn(self):
-        """`step` with the fused kernel of h built once, outside the decoding loop."""
-        hidden_kernel = self._hidden_kernel()
-        return lambda tokens, state: self.step(tokens, state, hidden_kernel)
+    def _project_hidden(self, h):
+        """(gates, score input, beta logit) of h, one matmul per kernel.
 
-    def step(self, tokens, state, hidden_kernel=None):
+        The decoding step's version of `_split_hidden(h @ _hidden_kernel())`: at batch 1
+        concatenating the kernels would copy 19 MB at paper scale on every call, as long
+        as the matmuls themselves.
+        """
+        gates = self.lstm_hidden(h)
+        score_in = None
+        if self.attention_score == "additive" and self.f_att is not None:
+            score_in = self.f_att.u_a(h)
+        beta_logit = self.beta(h) if self.beta is not None else None
+        return gates, score_in, beta_logit
+
+    def step(self, tokens, state):
         """One decoding step; the `step_fn` that `decoding.py` drives.
 
         Hard attention attends at `argmax_i alpha_ti` (DESIGN §1).
@@ -168,17 +184,13 @@ class AttentionDecoder(keras.layers.Layer):
         Args:
           tokens: (B,) int32 previous words.
           state: dict from `initial_state` or a previous step.
-          hidden_kernel: `_hidden_kernel()`, when built outside the loop (`step_fn`).
 
         Returns:
           (log_probs (B, V), new state, alpha (B, L)).
         """
         features, h = state["features"], state["h"]
         embedded = self.embedding(tokens)
-        if hidden_kernel is None:
-            hidden_kernel = self._hidden_kernel()
-        projected_h = tf.matmul(h, tf.cast(hidden_kernel, h.dtype))
-        gates_h, score_in, beta_logit = self._split_hidden(projected_h)
+        gates_h, score_in, beta_logit = self._project_hidden(h)
         if self.attention == "none":
             alpha = _uniform(features)
             z = tf.reduce_mean(features, axis=1)  # (B, D)
@@ -186,11 +198,12 @@ class AttentionDecoder(keras.layers.Layer):
             scores = self._scores(state["projected"], score_in, h)
             alpha = tf.nn.softmax(tf.cast(scores, tf.float32))
             if self.attention == "soft":
-                context = attention_lib.soft_context(tf.cast(alpha, features.dtype), features)
-                z = tf.sigmoid(beta_logit) * context
+                z = attention_lib.soft_context(tf.cast(alpha, features.dtype), features)
             else:
                 where = tf.argmax(alpha, axis=-1, output_type=tf.int32)
                 z = attention_lib.hard_context(where, features)
+            if beta_logit is not None:
+                z = tf.sigmoid(beta_logit) * z
         gates = self.lstm_embed(embedded) + gates_h + self.lstm_context(z)
         h, c = self._lstm(gates, state["c"])
         log_probs = tf.nn.log_softmax(tf.cast(self._logits(embedded, h, z), tf.float32))
@@ -254,7 +267,7 @@ class AttentionDecoder(keras.layers.Layer):
                 alpha = tf.exp(log_alpha)
                 expected = attention_lib.soft_context(tf.cast(alpha, features.dtype), features)
                 if self.attention == "soft":
-                    z = tf.sigmoid(beta_logit) * expected
+                    z = expected
                 else:
                     if gumbel_noise is not None:
                         where = attention_lib.gumbel_sample(log_alpha, gumbel_noise[t])
@@ -268,6 +281,8 @@ class AttentionDecoder(keras.layers.Layer):
                         hard_arrays[0].write(t, chosen),
                         hard_arrays[1].write(t, entropy),
                     )
+                if beta_logit is not None:
+                    z = tf.sigmoid(beta_logit) * z
                 gz = self.lstm_context(z)
             h, c = self._lstm(gates_x[t] + gates_h + gz, c)
             return (
@@ -327,4 +342,5 @@ class AttentionDecoder(keras.layers.Layer):
             "attention": self.attention,
             "attention_score": self.attention_score,
             "dropout": self.dropout,
+            "hard_gate": self.hard_gate,
         }

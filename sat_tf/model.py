@@ -47,6 +47,7 @@ class ShowAttendTell(keras.Model):
       hard_mix_prob: chance that a sequence uses the expected context (hard attention).
       hard_warmup_steps: hard attention: every sequence uses the expected context for the
         first this many optimizer steps; sampling and the REINFORCE term start after it.
+      hard_gate: see `AttentionDecoder`.
       seed: seed of the hard-attention samples.
     """
 
@@ -73,6 +74,7 @@ class ShowAttendTell(keras.Model):
         baseline_decay=0.9,
         hard_mix_prob=0.5,
         hard_warmup_steps=0,
+        hard_gate=False,
         seed=0,
         **kwargs,
     ):
@@ -119,6 +121,7 @@ class ShowAttendTell(keras.Model):
             attention=attention,
             attention_score=attention_score,
             dropout=dropout,
+            hard_gate=hard_gate,
             name="decoder",
         )
         self.baseline = self.add_weight(
@@ -270,7 +273,12 @@ class ShowAttendTell(keras.Model):
             reward = losses_lib.reinforce_reward(word_ll, self.reward_to_go)
             slots = self._baseline_slots(terms["words"], mask if self.reward_to_go else None)
             if self.reinforce_baseline == "argmax":
-                baseline = self._argmax_reward(features, captions, mask)
+                # Skipped when no caption sampled (the warm-up): nothing would use it.
+                baseline = tf.cond(
+                    tf.reduce_any(sampled > 0),
+                    lambda: self._argmax_reward(features, captions, mask),
+                    lambda: tf.zeros_like(reward),
+                )
             else:
                 baseline = tf.gather(self.baseline, slots)
             terms["objective"] = losses_lib.reinforce_surrogate(
@@ -395,7 +403,7 @@ class ShowAttendTell(keras.Model):
             max_length=max_length,
             num_locations=int(features.shape[1]),
         )
-        decoder_step = self.decoder.step_fn()
+        decoder_step = self.decoder.step
         # `<pad>` and `<start>` are never emitted: the words and the attention rows of a
         # caption would no longer line up. Their log-probabilities are not renormalised.
         banned = np.zeros([self.vocab_size], np.float32)
@@ -439,6 +447,7 @@ class ShowAttendTell(keras.Model):
             "baseline_decay": self.baseline_decay,
             "hard_mix_prob": self.hard_mix_prob,
             "hard_warmup_steps": self.hard_warmup_steps,
+            "hard_gate": self.decoder.hard_gate,
             "seed": self.seed,
         }
 
@@ -473,6 +482,7 @@ def build_model(config, vocab_size, feature_shape=None, load_encoder_weights=Tru
         baseline_decay=config.baseline_decay,
         hard_mix_prob=config.hard_mix_prob,
         hard_warmup_steps=config.hard_warmup_steps,
+        hard_gate=config.hard_gate,
         seed=config.seed,
     )
     if config.use_feature_cache:

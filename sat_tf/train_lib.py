@@ -83,9 +83,10 @@ def check_workdir(config: Config, workdir: str) -> None:
     path = os.path.join(workdir, CONFIG_FILE)
     if os.path.exists(path):
         saved = Config.load(path)
+        fields = MODEL_FIELDS + (("hard_gate",) if config.attention == "hard" else ())
         diff = [
             f"--{k}: workdir has {getattr(saved, k)!r}, this run {getattr(config, k)!r}"
-            for k in MODEL_FIELDS
+            for k in fields
             if getattr(saved, k) != getattr(config, k)
         ]
         if diff:

@@ -141,7 +141,7 @@ class GivenSettingsTest(parameterized.TestCase):
         message = str(raised.exception)
         default = dataclasses.asdict(Config())[name]
         self.assertStartsWith(message, f"--{name}={default} contradicts --attention={attention}:")
-        self.assertIn("hard-attention objective", message)
+        self.assertIn("setting of hard attention", message)
         self.assertNotIn("\n", message)
 
     @parameterized.named_parameters(
@@ -196,6 +196,17 @@ class FileTest(parameterized.TestCase):
         with open(path, "w", encoding="utf-8") as f:
             json.dump({"batch_size": 3}, f)
         self.assertEqual(Config.load(path), Config(batch_size=3))
+
+    def test_hard_config_without_gate_key_had_no_gate(self):
+        path = os.path.join(self.dir, "config.json")
+        for attention, gate in (("hard", False), ("soft", True)):
+            values = dataclasses.asdict(Config(attention=attention))
+            del values["hard_gate"]
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(values, f)
+            self.assertIs(Config.load(path).hard_gate, gate)
+        Config(attention="hard").save(path)
+        self.assertIs(Config.load(path).hard_gate, True)
 
     def test_unknown_key_is_named(self):
         path = os.path.join(self.dir, "config.json")

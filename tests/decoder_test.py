@@ -22,7 +22,7 @@ def _inputs(seed=0):
     return features, captions
 
 
-def _decoder(attention, score, dropout=0.0, seed=0):
+def _decoder(attention, score, dropout=0.0, seed=0, hard_gate=False):
     """A built decoder whose weights (biases too) are random, so none of them is 0."""
     decoder = AttentionDecoder(
         VOCAB,
@@ -32,6 +32,7 @@ def _decoder(attention, score, dropout=0.0, seed=0):
         attention=attention,
         attention_score=score,
         dropout=dropout,
+        hard_gate=hard_gate,
         name="decoder",
     )
     decoder.build((None, LOCATIONS, FEATURES))
@@ -94,6 +95,8 @@ def _numpy_decode(decoder, features, captions, noise=None, use_expected=None):
                 z = features[rows, where]
                 if use_expected is not None:
                     z = np.where(use_expected[:, None], expected, z)
+                if decoder.hard_gate:
+                    z = _sigmoid(h @ get(decoder.beta) + get(decoder.beta, "bias")) * z
                 out["log_p_s"].append(log_alpha[rows, where])
                 out["entropy"].append(-(alpha * log_alpha).sum(-1))
         gates = (
@@ -229,6 +232,31 @@ class AttentionDecoderTest(tf.test.TestCase, parameterized.TestCase):
         )
         self.assertAllClose(mixed["logits"], reference["logits"], atol=1e-4)
         self.assertAllClose(mixed["log_p_s"], reference["log_p_s"], atol=1e-5)
+
+    @parameterized.parameters(*SCORES)
+    def test_hard_gate_scales_the_glimpse(self, score):
+        features, captions = _inputs(seed=6)
+        gated = _decoder("hard", score, seed=6, hard_gate=True)
+        self.assertEqual(gated.beta.kernel.shape, (HIDDEN, 1))
+        noise = _gumbel((BATCH, STEPS, LOCATIONS), seed=6)
+        use_expected = np.array([True, False])
+        outputs = gated(features, captions, gumbel_noise=noise, use_expected=use_expected)
+        reference = _numpy_decode(gated, features, captions, noise, use_expected)
+        self.assertAllClose(outputs["logits"], reference["logits"], atol=1e-4)
+        self.assertAllClose(outputs["log_p_s"], reference["log_p_s"], atol=1e-5)
+        # Decoding attends at argmax alpha, gated the same way.
+        greedy = _numpy_decode(gated, features, captions)
+        state = gated.initial_state(features)
+        for t in range(STEPS):
+            log_probs, state, _ = gated.step(captions[:, t], state)
+            self.assertAllClose(log_probs, _log_softmax(greedy["logits"][:, t]), atol=1e-4)
+        # The gate is there: with its weights moved the outputs move.
+        gated.beta.bias.assign(gated.beta.bias - 3.0)
+        moved = gated(features, captions, gumbel_noise=noise, use_expected=use_expected)
+        self.assertNotAllClose(moved["logits"], outputs["logits"], atol=1e-3)
+        # Only hard attention takes the flag: soft is gated anyway, none has no glimpse.
+        self.assertFalse(_decoder("none", score, hard_gate=True).hard_gate)
+        self.assertIsNone(_decoder("none", score, hard_gate=True).beta)
 
     @parameterized.product(attention=ATTENTIONS, score=SCORES)
     def test_alpha_rows_sum_to_one(self, attention, score):

@@ -244,6 +244,15 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllClose(terms["reward"], log_likelihood, atol=1e-4)
         self.assertAllClose(terms["objective"], expected, atol=1e-3)
         self.assertAllClose(terms["loss"], -log_likelihood, atol=1e-4)
+        # No caption sampled (as in the warm-up): the objective is the likelihood alone,
+        # with the argmax baseline's pass skipped.
+        everywhere = tf.constant([True, True])
+        unsampled = model.loss_terms(batch, gumbel_noise=noise, use_expected=everywhere)
+        logits = model.decoder(
+            batch["features"], batch["caption"][:, :-1], gumbel_noise=noise, use_expected=everywhere
+        )["logits"]
+        expected_only = _numpy_word_log_likelihood(logits.numpy(), batch["caption"]).sum(-1)
+        self.assertAllClose(unsampled["objective"], -expected_only, atol=1e-4)
 
     def test_evaluate_metrics(self):
         batch = _batch(seed=3)

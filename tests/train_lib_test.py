@@ -84,6 +84,25 @@ class TrainAndEvaluateTest(tf.test.TestCase):
             train_lib.load_trained(copy)
 
 
+class CheckWorkdirTest(tf.test.TestCase):
+    """The gate changes the weights of hard attention only."""
+
+    def _workdir(self, config):
+        workdir = self.get_temp_dir()
+        train_lib.check_workdir(config, workdir)
+        return workdir
+
+    def test_hard_gate_must_match(self):
+        workdir = self._workdir(Config(attention="hard", hard_gate=False))
+        with self.assertRaisesRegex(ValueError, "--hard_gate: workdir has False, this run True"):
+            train_lib.check_workdir(Config(attention="hard"), workdir)
+        train_lib.check_workdir(Config(attention="hard", hard_gate=False), workdir)
+
+    def test_hard_gate_is_ignored_for_soft(self):
+        workdir = self._workdir(Config(hard_gate=False))
+        train_lib.check_workdir(Config(), workdir)
+
+
 class UnwritableWorkdirTest(tf.test.TestCase):
     """A workdir that cannot be written stops the run before any training."""
 
