@@ -332,7 +332,8 @@ def case_decode(p, bandwidth_gbps):
         fn = generate(beam)
         for batch in (1, p["decode_batch"]):
             result[f"{name}_batch{batch}"] = guarded(lambda f=fn, b=batch: timed(f, b))
-    # What-if: the same greedy loop compiled by XLA, which fuses the step's small ops.
+    # The same greedy loop compiled by XLA (captioning with --jit_compile), which fuses
+    # the step's small ops.
     result["greedy_batch1_jit"] = guarded(lambda: timed(generate(1, jit_compile=True), 1))
     step_bytes = flops.decode_step_bytes(decoder_shape(p))
     if not bandwidth_gbps:

@@ -125,7 +125,7 @@ class Config:
 
     strategy: str = _field("default", "tf.distribute strategy.")
     mixed_precision: str = _field("", "Keras mixed precision policy ('' = float32).")
-    jit_compile: bool = _field(False, "Compile the train step with XLA.")
+    jit_compile: bool = _field(False, "Compile the train step and the captioning with XLA.")
 
     def __post_init__(self):
         self.validate()

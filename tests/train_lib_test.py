@@ -1,5 +1,6 @@
 """train_and_evaluate on a tiny shapes set, resume after a kill, divergence, optimizers."""
 
+import dataclasses
 import errno
 import json
 import os
@@ -16,6 +17,7 @@ import tensorflow as tf
 
 from sat_tf import train_lib
 from sat_tf.config import Config
+from sat_tf.model import build_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(
@@ -82,6 +84,23 @@ class TrainAndEvaluateTest(tf.test.TestCase):
             f.write("\n".join(words))
         with self.assertRaisesRegex(ValueError, r"not the vocabulary its weights were trained"):
             train_lib.load_trained(copy)
+
+
+class CaptionFnTest(tf.test.TestCase):
+    def test_jit_compile_captions_the_same(self):
+        config = Config(
+            use_feature_cache=True, embed_dim=8, hidden_dim=16, attention_dim=8, max_decode_length=6
+        )
+        model = build_model(config, 20, (9, 12))
+        features = np.random.default_rng(0).normal(size=(3, 9, 12)).astype(np.float32)
+        jit = dataclasses.replace(config, jit_compile=True)
+        for beam in (1, 2):
+            plain = train_lib.make_caption_fn(model, config, beam)({"features": features})
+            compiled = train_lib.make_caption_fn(model, jit, beam)({"features": features})
+            self.assertGreater(np.count_nonzero(plain.length), 0)
+            self.assertAllEqual(compiled.tokens, plain.tokens)
+            self.assertAllClose(compiled.log_prob, plain.log_prob, atol=1e-4)
+            self.assertAllClose(compiled.attention, plain.attention, atol=1e-5)
 
 
 class CheckWorkdirTest(tf.test.TestCase):
