@@ -207,6 +207,9 @@ def feature_model(p, attention="soft", score="additive"):
         attention_dim=p["attention_dim"],
         attention=attention,
         attention_score=score,
+        # Hard attention samples from the first step: the warm-up steps would time the
+        # expected-context path instead.
+        hard_warmup_steps=0,
     )
     locations = p["grid"][0] * p["grid"][1]
     model = build_model(config, p["vocab_words"] + SPECIALS, (locations, p["feature_dim"]))
