@@ -65,6 +65,7 @@ class Mention:
       color: colour word, or None.
       shape: shape word.
       location: location words ("top left", "center", ...), or None.
+      start: position of the phrase's first word: its size or colour word, else `index`.
     """
 
     index: int
@@ -72,6 +73,7 @@ class Mention:
     color: str | None
     shape: str
     location: str | None
+    start: int
 
 
 def generate(
@@ -138,9 +140,12 @@ def generate(
         rng = np.random.default_rng([int(seed), imgid])
         pixels, objects = _draw_scene(rng, int(image_size))
         filename = f"{imgid:05d}.png"
-        Image.fromarray(pixels).save(
-            os.path.join(image_dir, filename), format="PNG", compress_level=3
-        )
+        # Written under a temporary name, then renamed: a run that reads the folder while
+        # another run regenerates it sees whole images, never a half-written one.
+        path = os.path.join(image_dir, filename)
+        tmp_image = f"{path}.tmp{os.getpid()}"
+        Image.fromarray(pixels).save(tmp_image, format="PNG", compress_level=3)
+        os.replace(tmp_image, path)
         sentences = []
         for k, caption in enumerate(_captions(objects, rng)):
             sentences.append(
@@ -341,6 +346,7 @@ def parse_object_mentions(words: Sequence[str]) -> list[Mention]:
         if word not in SHAPES:
             continue
         size = color = None
+        start = i
         for j in (i - 1, i - 2):
             if j < 0 or words[j] not in SIZES + COLORS:
                 break
@@ -348,6 +354,9 @@ def parse_object_mentions(words: Sequence[str]) -> list[Mention]:
                 size = words[j]
             elif words[j] in COLORS and color is None:
                 color = words[j]
+            else:
+                break
+            start = j
         k = i + 1
         if k < len(words) and words[k] in ("at", "in"):
             k += 1
@@ -361,7 +370,7 @@ def parse_object_mentions(words: Sequence[str]) -> list[Mention]:
                     location += " " + words[k + 1]
             elif words[k] in ("left", "right", "center"):
                 location = words[k]
-        mentions.append(Mention(i, size, color, word, location))
+        mentions.append(Mention(i, size, color, word, location, start))
     return mentions
 
 
@@ -387,6 +396,14 @@ def _check_lengths(**lists: Sequence) -> None:
         raise ValueError(f"lists must have the same length, got {lengths}")
 
 
+def _cell_in_box(cell: int, box: Sequence[float], cols: int, cell_w: float, cell_h: float):
+    """True if the centre of grid cell `cell` (row-major) lies in `box` grown by half a cell."""
+    row, col = divmod(cell, cols)
+    x, y = (col + 0.5) * cell_w, (row + 0.5) * cell_h
+    x0, y0, x1, y1 = box
+    return x0 - cell_w / 2 <= x < x1 + cell_w / 2 and y0 - cell_h / 2 <= y < y1 + cell_h / 2
+
+
 def pointing_accuracy(
     captions: Sequence[Sequence[str]],
     alphas: Sequence[np.ndarray],
@@ -401,7 +418,13 @@ def pointing_accuracy(
     shape; where several match, by the location words, then the size), the attention
     alpha_t that produced the word (Sec. 3.1.2) is reduced to its argmax location; it is a
     hit when that grid cell's centre, in image pixels, lies inside the object's box grown
-    by half a grid cell on each side.
+    by half a grid cell on each side (DESIGN.md §2).
+
+    A decoder may look at the object while producing the size or colour word and carry
+    what it saw to the shape word in its memory; which word of the phrase carries the look
+    can change with the seed alone. `phrase_pointing_accuracy` therefore also counts a
+    mention as a hit when the attention of any word of its phrase (size, colour, shape)
+    peaks on the object.
 
     Args:
       captions: generated captions, each a list of words.
@@ -412,7 +435,8 @@ def pointing_accuracy(
       image_size: side of the square image the boxes are given in.
 
     Returns:
-      {"pointing_accuracy": hits / scored (0.0 if nothing was scored), "hits", "scored"}.
+      {"pointing_accuracy": hits / scored (0.0 if nothing was scored), "hits", "scored",
+      "phrase_pointing_accuracy": phrase_hits / scored, "phrase_hits"}.
 
     Raises:
       ValueError: if the lists differ in length or an alpha does not have L = H * W.
@@ -420,28 +444,31 @@ def pointing_accuracy(
     _check_lengths(captions=captions, alphas=alphas, objects=objects)
     rows, cols = grid
     cell_h, cell_w = image_size / rows, image_size / cols
-    hits = scored = 0
+    hits = phrase_hits = scored = 0
     for words, alpha, objs in zip(captions, alphas, objects, strict=True):
         alpha = np.asarray(alpha, dtype=np.float64)
         if alpha.ndim != 2 or alpha.shape[1] != rows * cols:
             raise ValueError(
                 f"alpha must have shape (T, {rows * cols}) for grid {grid}, got {alpha.shape}"
             )
+        peaks = np.argmax(alpha, axis=1)
         for mention in parse_object_mentions(list(words)):
             target = _referent(mention, objs)
             if target is None or mention.index >= alpha.shape[0]:
                 continue
-            row, col = divmod(int(np.argmax(alpha[mention.index])), cols)
-            x, y = (col + 0.5) * cell_w, (row + 0.5) * cell_h
-            x0, y0, x1, y1 = target["box"]
+            on_target = [
+                _cell_in_box(int(peaks[t]), target["box"], cols, cell_w, cell_h)
+                for t in range(mention.start, mention.index + 1)
+            ]
             scored += 1
-            hits += int(
-                x0 - cell_w / 2 <= x < x1 + cell_w / 2 and y0 - cell_h / 2 <= y < y1 + cell_h / 2
-            )
+            hits += int(on_target[-1])
+            phrase_hits += int(any(on_target))
     return {
         "pointing_accuracy": hits / scored if scored else 0.0,
         "hits": hits,
         "scored": scored,
+        "phrase_pointing_accuracy": phrase_hits / scored if scored else 0.0,
+        "phrase_hits": phrase_hits,
     }
 
 

@@ -283,7 +283,7 @@ class EvaluationCallback(keras.callbacks.Callback):
             self.records, results, self.objects, self.grid, self.config.image_size
         )
         logs["val_bleu4"] = scores["BLEU-4"]
-        for key in ("pointing_accuracy", "location_accuracy"):
+        for key in ("pointing_accuracy", "phrase_pointing_accuracy", "location_accuracy"):
             if key in scores:
                 logs[f"val_{key}"] = scores[key]
         history = [h for h in read_history(self.history_path) if h["epoch"] != epoch + 1]

@@ -234,18 +234,22 @@ def test_parse_object_mentions():
         "a big red circle at the top left and to its right a small blue square in the top right"
     ).split()
     assert shapes.parse_object_mentions(words) == [
-        Mention(3, "big", "red", "circle", "top left"),
-        Mention(15, "small", "blue", "square", "top right"),
+        Mention(3, "big", "red", "circle", "top left", start=1),
+        Mention(15, "small", "blue", "square", "top right", start=13),
     ]
     assert shapes.parse_object_mentions("there is a white triangle at the bottom".split()) == [
-        Mention(4, None, "white", "triangle", "bottom")
+        Mention(4, None, "white", "triangle", "bottom", start=3)
     ]
     assert shapes.parse_object_mentions(["green", "big", "diamond", "center", "circle"]) == [
-        Mention(2, "big", "green", "diamond", "center"),
-        Mention(4, None, None, "circle", None),
+        Mention(2, "big", "green", "diamond", "center", start=0),
+        Mention(4, None, None, "circle", None, start=4),
     ]
     assert shapes.parse_object_mentions("the the small square right of".split()) == [
-        Mention(3, "small", None, "square", "right")
+        Mention(3, "small", None, "square", "right", start=2)
+    ]
+    # A repeated size word is not part of the phrase.
+    assert shapes.parse_object_mentions("a big big circle".split()) == [
+        Mention(3, "big", None, "circle", None, start=2)
     ]
 
 
@@ -277,28 +281,42 @@ def _alphas(num_words, peaks):
 
 
 @pytest.mark.parametrize(
-    "caption, peaks, hits, scored",
+    "caption, peaks, hits, phrase_hits, scored",
     [
-        ("a big blue square at the bottom", {3: (11, 6)}, 1, 1),
-        ("a big blue square at the bottom", {3: (1, 1)}, 0, 1),
-        ("a red circle and a blue square", {2: (1, 1), 6: (11, 6)}, 1, 1),
-        ("a red circle at the top right", {2: (1, 10)}, 1, 1),
-        ("a red circle at the top right", {2: (1, 1)}, 0, 1),
-        ("a small red circle", {3: (1, 10)}, 1, 1),
-        ("a red circle at the top right", {2: (1, 9)}, 1, 1),
-        ("a red circle at the top right", {2: (1, 12)}, 0, 1),
-        ("a red circle at the top right", {2: (3, 10)}, 1, 1),
-        ("a red circle at the top right", {2: (4, 10)}, 0, 1),
-        ("a red circle at the center", {2: (1, 10)}, 0, 0),
-        ("a green triangle", {2: (1, 1)}, 0, 0),
-        ("a big red circle at the top left and a big blue square", {3: (1, 1), 12: (1, 1)}, 1, 2),
+        ("a big blue square at the bottom", {3: (11, 6)}, 1, 1, 1),
+        ("a big blue square at the bottom", {3: (1, 1)}, 0, 0, 1),
+        ("a red circle and a blue square", {2: (1, 1), 6: (11, 6)}, 1, 1, 1),
+        ("a red circle at the top right", {2: (1, 10)}, 1, 1, 1),
+        ("a red circle at the top right", {2: (1, 1)}, 0, 0, 1),
+        ("a small red circle", {3: (1, 10)}, 1, 1, 1),
+        ("a red circle at the top right", {2: (1, 9)}, 1, 1, 1),
+        ("a red circle at the top right", {2: (1, 12)}, 0, 0, 1),
+        ("a red circle at the top right", {2: (3, 10)}, 1, 1, 1),
+        ("a red circle at the top right", {2: (4, 10)}, 0, 0, 1),
+        ("a red circle at the center", {2: (1, 10)}, 0, 0, 0),
+        ("a green triangle", {2: (1, 1)}, 0, 0, 0),
+        (
+            "a big red circle at the top left and a big blue square",
+            {3: (1, 1), 12: (1, 1)},
+            1,
+            1,
+            2,
+        ),
+        # The phrase's size or colour word looks at the object, its shape word elsewhere.
+        ("a big blue square at the bottom", {1: (11, 6), 3: (1, 1)}, 0, 1, 1),
+        ("a big blue square at the bottom", {2: (11, 6), 3: (1, 1)}, 0, 1, 1),
+        # Words outside the phrase do not count, nor a look at another object.
+        ("a big blue square at the bottom", {0: (11, 6), 3: (1, 1)}, 0, 0, 1),
+        ("a big blue square at the bottom", {4: (11, 6), 3: (1, 1)}, 0, 0, 1),
+        ("a red circle at the top right", {1: (1, 1), 2: (1, 1)}, 0, 0, 1),
     ],
 )
-def test_pointing_accuracy(caption, peaks, hits, scored):
+def test_pointing_accuracy(caption, peaks, hits, phrase_hits, scored):
     words = caption.split()
     result = shapes.pointing_accuracy([words], [_alphas(len(words), peaks)], [OBJECTS])
-    assert result["hits"] == hits and result["scored"] == scored
+    assert (result["hits"], result["phrase_hits"], result["scored"]) == (hits, phrase_hits, scored)
     assert result["pointing_accuracy"] == (hits / scored if scored else 0.0)
+    assert result["phrase_pointing_accuracy"] == (phrase_hits / scored if scored else 0.0)
 
 
 def test_pointing_accuracy_pools_captions_and_skips_words_past_alpha():
@@ -309,7 +327,13 @@ def test_pointing_accuracy_pools_captions_and_skips_words_past_alpha():
         [_alphas(len(first), {3: (1, 1), 12: (11, 6)}), _alphas(4, {3: (0, 0)})],
         [OBJECTS, OBJECTS],
     )
-    assert result == {"pointing_accuracy": 2 / 3, "hits": 2, "scored": 3}
+    assert result == {
+        "pointing_accuracy": 2 / 3,
+        "hits": 2,
+        "scored": 3,
+        "phrase_pointing_accuracy": 2 / 3,
+        "phrase_hits": 2,
+    }
 
 
 def test_pointing_accuracy_uses_the_grid():

@@ -45,8 +45,10 @@ class TrainAndEvaluateTest(tf.test.TestCase):
         cls.scores = train_lib.train_and_evaluate(cls.config, cls.workdir)
 
     def test_prints_the_test_metrics(self):
-        for key in ("BLEU-4", "paper BLEU-4 (no BP)", "pointing_accuracy", "location_accuracy"):
+        keys = ("BLEU-4", "paper BLEU-4 (no BP)", "pointing_accuracy", "location_accuracy")
+        for key in (*keys, "phrase_pointing_accuracy"):
             self.assertBetween(self.scores[key], 0.0, 1.0)
+        self.assertGreaterEqual(self.scores["phrase_hits"], self.scores["hits"])
         with open(os.path.join(self.workdir, "metrics_test.json"), encoding="utf-8") as f:
             self.assertEqual(json.load(f)["BLEU-4"], self.scores["BLEU-4"])
 
