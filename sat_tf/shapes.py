@@ -396,7 +396,7 @@ def _check_lengths(**lists: Sequence) -> None:
         raise ValueError(f"lists must have the same length, got {lengths}")
 
 
-def _cell_in_box(cell: int, box: Sequence[float], cols: int, cell_w: float, cell_h: float):
+def _cell_in_box(cell: int, box: Sequence[float], cols: int, cell_w: float, cell_h: float) -> bool:
     """True if the centre of grid cell `cell` (row-major) lies in `box` grown by half a cell."""
     row, col = divmod(cell, cols)
     x, y = (col + 0.5) * cell_w, (row + 0.5) * cell_h
