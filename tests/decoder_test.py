@@ -255,8 +255,9 @@ class AttentionDecoderTest(tf.test.TestCase, parameterized.TestCase):
         moved = gated(features, captions, gumbel_noise=noise, use_expected=use_expected)
         self.assertNotAllClose(moved["logits"], outputs["logits"], atol=1e-3)
         # Only hard attention takes the flag: soft is gated anyway, none has no glimpse.
-        self.assertFalse(_decoder("none", score, hard_gate=True).hard_gate)
-        self.assertIsNone(_decoder("none", score, hard_gate=True).beta)
+        ungated = _decoder("none", score, hard_gate=True)
+        self.assertFalse(ungated.hard_gate)
+        self.assertIsNone(ungated.beta)
 
     @parameterized.product(attention=ATTENTIONS, score=SCORES)
     def test_alpha_rows_sum_to_one(self, attention, score):
