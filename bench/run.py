@@ -32,6 +32,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import sat_tf
 from sat_tf import input_pipeline
 from sat_tf import vocab as vocab_lib
 from sat_tf.config import Config
@@ -179,6 +180,8 @@ def machine_info():
         "numpy": np.__version__,
         "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
         "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+        # sat_tf selects the BFC allocator on import (sat_tf/__init__.py).
+        "cpu_allocator": sat_tf.cpu_allocator(),
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
@@ -240,17 +243,19 @@ def train_batch(p, seed=0):
     }
 
 
-def case_matmul(p):
+def matmul_product(p):
+    """(a blocking call of one n x n float32 product under `tf.function`, its GFLOP)."""
     n = p["matmul_n"]
     a = tf.random.normal([n, n])
     b = tf.random.normal([n, n])
     product = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)))
-    seconds = time_calls(blocking(product), p["warmup"], p["repeats"], number=3)
-    return {
-        "n": n,
-        "seconds": stats(seconds),
-        "gflops": rate(seconds, 2 * n**3 / 1e9),
-    }
+    return blocking(product), 2 * n**3 / 1e9
+
+
+def case_matmul(p):
+    product, gflop = matmul_product(p)
+    seconds = time_calls(product, p["warmup"], p["repeats"], number=3)
+    return {"n": p["matmul_n"], "seconds": stats(seconds), "gflops": rate(seconds, gflop)}
 
 
 def case_memory_bandwidth(p):
@@ -275,52 +280,130 @@ def case_memory_bandwidth(p):
     }
 
 
-def case_train_step(p, attention, score, jit, matmul_gflops):
+def case_train_step(p, attention, score, jit):
+    """The train step, timed in rounds that alternate with three matmul products.
+
+    Its share of the matmul rate is taken within each round (step GFLOP/s over the
+    rate of the products right after it), so that a change of the machine's speed
+    during the run moves both alike; the median over rounds is reported.
+    """
     model = feature_model(p, attention, score)
-    batch = train_batch(p)
-    step = tf.function(model.train_step, jit_compile=jit)
+    step = blocking(tf.function(model.train_step, jit_compile=jit), train_batch(p))
+    product, product_gflop = matmul_product(p)
     try:
-        seconds = time_calls(blocking(step, batch), p["warmup"], p["repeats"])
+        for _ in range(p["warmup"]):
+            step()
+            product()
     except Exception as e:  # noqa: BLE001 - XLA may reject the while loop: report it
         return error_report(e)
+    seconds, product_seconds = [], []
+    for _ in range(p["repeats"]):
+        seconds += time_calls(step, 0, 1)
+        product_seconds += time_calls(product, 0, 1, number=3)
     counts = flops.train_step_flops(decoder_shape(p, attention, score), p["batch"], p["words"] + 1)
-    achieved = rate(seconds, counts["total"] / 1e9)
+    gflop = counts["total"] / 1e9
+    fractions = [
+        (gflop / s) / (product_gflop / m) for s, m in zip(seconds, product_seconds, strict=True)
+    ]
     return {
         "seconds_per_step": stats(seconds),
         "captions_per_s": rate(seconds, p["batch"]),
         "batches_per_s": rate(seconds, 1),
         "flops_per_step": counts,
-        "gflops": achieved,
-        "fraction_of_matmul_rate": achieved["median"] / matmul_gflops if matmul_gflops else None,
+        "gflops": rate(seconds, gflop),
+        "matmul_gflops_alongside": rate(product_seconds, product_gflop),
+        "fraction_of_matmul_rate": statistics.median(fractions),
+        "fraction_of_matmul_rate_by_round": stats(fractions),
         "parameters": int(sum(np.prod(v.shape) for v in model.trainable_weights)),
         "parameters_analytic": decoder_shape(p, attention, score).parameters(),
     }
 
 
-def case_decode(p, bandwidth_gbps):
-    """Greedy and beam-3 decoding from features with the paper-scale decoder.
-
-    `<end>` is made impossible (its output bias set to -1e4) so that every caption runs
-    the full `words` steps and the timings do not depend on random weights.
-    """
+def decode_model(p):
+    """The paper-scale soft decoder with `<end>` made impossible (its output bias set to
+    -1e4), so that every caption runs the full `words` steps whatever the weights."""
     model = feature_model(p)
     bias = model.decoder.deep_output.bias.numpy()
     bias[vocab_lib.END_ID] = -1e4
     model.decoder.deep_output.bias.assign(bias)
+    return model
+
+
+def generate_fn(p, model, beam, jit_compile=False):
+    """`model.generate` from (B, L, D) features under `tf.function`, `words` steps."""
+    locations = p["grid"][0] * p["grid"][1]
+    # A dynamic batch dimension, as in the exported signatures.
+    spec = tf.TensorSpec([None, locations, p["feature_dim"]], tf.float32)
+
+    @tf.function(input_signature=[spec], jit_compile=jit_compile)
+    def run(features):
+        return model.generate({"features": features}, max_length=p["words"], beam_size=beam)
+
+    return run
+
+
+def weight_products_fn(model, steps):
+    """The greedy step's weight products alone at batch 1, chained over `steps` steps.
+
+    Each product's input is made from the previous product's output, so they run one
+    after another with nothing else beside them: any graph that reads these weights once
+    per step costs at least this, and greedy decoding over it is the loop's own overhead.
+    """
+    decoder = model.decoder
+    kernels = [
+        layer.kernel
+        for layer in (
+            decoder.lstm_hidden,
+            decoder.f_att.u_a,
+            decoder.lstm_embed,
+            decoder.lstm_context,
+            decoder.out_h,
+            decoder.out_z,
+            decoder.deep_output,
+        )
+    ]
+
+    @tf.function
+    def chain():
+        def body(t, carry):
+            for kernel in kernels:
+                inputs = tf.fill([1, kernel.shape[0]], carry)
+                carry += 1e-9 * tf.matmul(inputs, kernel)[0, 0]
+            return t + 1, carry
+
+        return tf.while_loop(lambda t, _: t < steps, body, (0, tf.constant(0.0)))[1]
+
+    return blocking(chain)
+
+
+def greedy_over_weight_products(p, model, features):
+    """Greedy decoding at batch 1 and `weight_products_fn`, alternated round by round;
+    the ratio is taken within each round, so a change of the machine's speed (its
+    memory bandwidth above all) during the run cancels."""
+    greedy = blocking(generate_fn(p, model, 1), features)
+    products = weight_products_fn(model, p["words"])
+    for _ in range(p["warmup"]):
+        greedy()
+        products()
+    greedy_s, products_s = [], []
+    for _ in range(3 * p["repeats"]):
+        greedy_s += time_calls(greedy, 0, 1)
+        products_s += time_calls(products, 0, 1)
+    return {
+        "greedy_ms": stats([1e3 * s for s in greedy_s]),
+        "weight_products_ms": stats([1e3 * s for s in products_s]),
+        "ratio": stats([g / w for g, w in zip(greedy_s, products_s, strict=True)]),
+    }
+
+
+def case_decode(p, bandwidth_gbps):
+    """Greedy and beam-3 decoding from features with the paper-scale decoder
+    (`decode_model`: every caption runs the full `words` steps)."""
+    model = decode_model(p)
     steps = p["words"]
     locations = p["grid"][0] * p["grid"][1]
     rng = np.random.default_rng(1)
     result = {"steps": steps}
-
-    spec = tf.TensorSpec([None, locations, p["feature_dim"]], tf.float32)
-
-    def generate(beam, jit_compile=False):
-        # A dynamic batch dimension, as in the exported signatures.
-        @tf.function(input_signature=[spec], jit_compile=jit_compile)
-        def run(features):
-            return model.generate({"features": features}, max_length=steps, beam_size=beam)
-
-        return run
 
     def timed(fn, batch):
         features = tf.constant(rng.normal(size=(batch, locations, p["feature_dim"])), tf.float32)
@@ -332,12 +415,18 @@ def case_decode(p, bandwidth_gbps):
 
     for beam in (1, 3):
         name = "greedy" if beam == 1 else f"beam{beam}"
-        fn = generate(beam)
+        fn = generate_fn(p, model, beam)
         for batch in (1, p["decode_batch"]):
             result[f"{name}_batch{batch}"] = guarded(lambda f=fn, b=batch: timed(f, b))
+    one = tf.constant(rng.normal(size=(1, locations, p["feature_dim"])), tf.float32)
+    result["greedy_batch1_over_weight_products"] = guarded(
+        lambda: greedy_over_weight_products(p, model, one)
+    )
     # The same greedy loop compiled by XLA (captioning with --jit_compile), which fuses
     # the step's small ops.
-    result["greedy_batch1_jit"] = guarded(lambda: timed(generate(1, jit_compile=True), 1))
+    result["greedy_batch1_jit"] = guarded(
+        lambda: timed(generate_fn(p, model, 1, jit_compile=True), 1)
+    )
     step_bytes = flops.decode_step_bytes(decoder_shape(p))
     if not bandwidth_gbps:
         result["bandwidth_bound_greedy_batch1"] = {"bytes_per_step": step_bytes}
@@ -527,12 +616,9 @@ def run(quick):
     cases = report["cases"]
     keras.utils.set_random_seed(0)
     cases["matmul"] = guarded(lambda: case_matmul(p))
-    matmul_gflops = cases["matmul"].get("gflops", {}).get("median")
     train = cases["train_step"] = {}
     for name, (attention, score, jit) in TRAIN_CASES.items():
-        train[name] = guarded(
-            lambda a=attention, s=score, j=jit: case_train_step(p, a, s, j, matmul_gflops)
-        )
+        train[name] = guarded(lambda a=attention, s=score, j=jit: case_train_step(p, a, s, j))
     cases["peak_rss_mb_after_train_step"] = peak_rss_mb()
     cases["memory_bandwidth"] = guarded(lambda: case_memory_bandwidth(p))
     bandwidth = cases["memory_bandwidth"].get("read_gbps", {}).get("median")

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+import sat_tf
 from sat_tf import datasets, features, input_pipeline, metrics, shapes, visualize
 from sat_tf import vocab as vocab_lib
 from sat_tf.config import Config
@@ -622,6 +623,13 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
             os.path.join(workdir, "backup"), double_checkpoint=True, delete_checkpoint=False
         )
     )
+    if sat_tf.cpu_allocator() != "bfc":
+        logging.warning(
+            "TensorFlow allocates CPU memory with its default allocator "
+            "(TF_CPU_ALLOCATOR_USE_BFC=%s, or TensorFlow ran ops before sat_tf was "
+            "imported): training steps run about 15 %% slower than with the BFC allocator",
+            os.environ.get("TF_CPU_ALLOCATOR_USE_BFC"),
+        )
     logging.info(
         "training on %d images (%d captions), %d steps per epoch, vocabulary %d",
         len(train),
