@@ -405,9 +405,11 @@ def case_decode(p, bandwidth_gbps):
     rng = np.random.default_rng(1)
     result = {"steps": steps}
 
+    def random_features(batch):
+        return tf.constant(rng.normal(size=(batch, locations, p["feature_dim"])), tf.float32)
+
     def timed(fn, batch):
-        features = tf.constant(rng.normal(size=(batch, locations, p["feature_dim"])), tf.float32)
-        seconds = time_calls(blocking(fn, features), p["warmup"], p["repeats"])
+        seconds = time_calls(blocking(fn, random_features(batch)), p["warmup"], p["repeats"])
         out = {"seconds": stats(seconds), "images_per_s": rate(seconds, batch)}
         if batch == 1:
             out["ms_per_image"] = stats([1e3 * s for s in seconds])
@@ -418,9 +420,8 @@ def case_decode(p, bandwidth_gbps):
         fn = generate_fn(p, model, beam)
         for batch in (1, p["decode_batch"]):
             result[f"{name}_batch{batch}"] = guarded(lambda f=fn, b=batch: timed(f, b))
-    one = tf.constant(rng.normal(size=(1, locations, p["feature_dim"])), tf.float32)
     result["greedy_batch1_over_weight_products"] = guarded(
-        lambda: greedy_over_weight_products(p, model, one)
+        lambda: greedy_over_weight_products(p, model, random_features(1))
     )
     # The same greedy loop compiled by XLA (captioning with --jit_compile), which fuses
     # the step's small ops.

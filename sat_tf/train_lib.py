@@ -627,7 +627,8 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         logging.warning(
             "TensorFlow allocates CPU memory with its default allocator "
             "(TF_CPU_ALLOCATOR_USE_BFC=%s, or TensorFlow ran ops before sat_tf was "
-            "imported): training steps run about 15 %% slower than with the BFC allocator",
+            "imported): paper-scale training steps ran 3-20 %% slower than with the BFC "
+            "allocator on the build machine (BUILD_NOTES.md)",
             os.environ.get("TF_CPU_ALLOCATOR_USE_BFC"),
         )
     logging.info(

@@ -45,8 +45,13 @@ class TrainAndEvaluateTest(tf.test.TestCase):
         cls.scores = train_lib.train_and_evaluate(cls.config, cls.workdir)
 
     def test_prints_the_test_metrics(self):
-        keys = ("BLEU-4", "paper BLEU-4 (no BP)", "pointing_accuracy", "location_accuracy")
-        for key in (*keys, "phrase_pointing_accuracy"):
+        for key in (
+            "BLEU-4",
+            "paper BLEU-4 (no BP)",
+            "pointing_accuracy",
+            "phrase_pointing_accuracy",
+            "location_accuracy",
+        ):
             self.assertBetween(self.scores[key], 0.0, 1.0)
         self.assertGreaterEqual(self.scores["phrase_hits"], self.scores["hits"])
         with open(os.path.join(self.workdir, "metrics_test.json"), encoding="utf-8") as f:
