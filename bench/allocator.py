@@ -1,16 +1,21 @@
-"""TensorFlow's default CPU allocator against the BFC allocator that sat_tf selects on
-import; prints one JSON document.
+"""The CPU allocators TensorFlow can run with, against the BFC allocator that sat_tf
+selects on import; prints one JSON document.
 
-    python bench/allocator.py            # paper scale, 3 pairs of processes, ~3 minutes
-    python bench/allocator.py --quick    # small shapes, 1 pair
+    python bench/allocator.py            # paper scale, 3 rounds of 4 processes, ~8 minutes
+    python bench/allocator.py --quick    # small shapes, 1 round
 
-The allocator is fixed for the life of a process, so the two cannot be compared in
-one: each round starts one child process per allocator (order alternating between
-rounds) and each child times, after warm-up, the soft-attention train step and greedy
-decoding at batch 1 (`run.py`'s cases), the page faults and kernel time of the train
-steps, and the machine's matmul rate next to them. A ratio default / BFC is taken
-within each round, so that a change of the machine's speed between rounds cancels.
-Never run as a test.
+TensorFlow's own choice depends on oneDNN: with oneDNN off it is the malloc allocator
+("default"), with oneDNN on (the default on CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI
+or AMX) oneDNN's allocator ("onednn"). oneDNN also changes the kernels, so each is
+compared with the BFC allocator under the same oneDNN setting: default against bfc with
+oneDNN off, onednn against bfc_onednn with it on.
+
+The allocator is fixed for the life of a process, so they cannot be compared in one:
+each round starts one child process per setting (order reversed every other round) and
+each child times, after warm-up, the soft-attention train step and greedy decoding at
+batch 1 (`run.py`'s cases), the page faults and kernel time of the train steps, and the
+machine's matmul rate next to them. Ratios are taken within each round, so that a change
+of the machine's speed between rounds cancels. Never run as a test.
 """
 
 import argparse
@@ -21,7 +26,15 @@ import statistics
 import subprocess
 import sys
 
-ALLOCATORS = ("default", "bfc")
+# setting -> (TF_CPU_ALLOCATOR_USE_BFC, TF_ENABLE_ONEDNN_OPTS, the allocator it gives)
+SETTINGS = {
+    "default": ("false", "0", "default"),
+    "bfc": ("true", "0", "bfc"),
+    "onednn": ("false", "1", "onednn"),
+    "bfc_onednn": ("true", "1", "bfc"),
+}
+# (setting, its BFC twin under the same oneDNN setting)
+PAIRS = (("default", "bfc"), ("onednn", "bfc_onednn"))
 
 
 def child(quick):
@@ -66,8 +79,9 @@ def child(quick):
     )
 
 
-def run_child(allocator, quick):
-    env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true" if allocator == "bfc" else "false"}
+def run_child(setting, quick):
+    use_bfc, onednn, allocator = SETTINGS[setting]
+    env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": use_bfc, "TF_ENABLE_ONEDNN_OPTS": onednn}
     command = [sys.executable, os.path.abspath(__file__), "--child"] + ["--quick"] * quick
     proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -92,17 +106,18 @@ def main(argv=None):
     pairs = args.pairs or (1 if args.quick else 3)
     rounds = []
     for i in range(pairs):
-        order = ALLOCATORS if i % 2 == 0 else ALLOCATORS[::-1]
-        rounds.append({allocator: run_child(allocator, args.quick) for allocator in order})
+        order = list(SETTINGS) if i % 2 == 0 else list(SETTINGS)[::-1]
+        rounds.append({setting: run_child(setting, args.quick) for setting in order})
     ok = [r for r in rounds if not any("error" in m for m in r.values())]
     summary = {}
     for key in ("train_step_s", "greedy_batch1_ms", "page_faults_per_step", "kernel_s_per_step"):
         if ok:
-            summary[key] = {a: statistics.median(r[a][key] for r in ok) for a in ALLOCATORS}
+            summary[key] = {s: statistics.median(r[s][key] for r in ok) for s in SETTINGS}
     for key in ("train_step_s", "greedy_batch1_ms"):
-        ratios = [r["default"][key] / r["bfc"][key] for r in ok]
-        if ratios:
-            summary[f"{key}_default_over_bfc"] = run.stats(ratios)
+        for setting, twin in PAIRS:
+            ratios = [r[setting][key] / r[twin][key] for r in ok]
+            if ratios:
+                summary[f"{key}_{setting}_over_{twin}"] = run.stats(ratios)
     report = {
         "machine": {k: v for k, v in run.machine_info().items() if k != "cpu_allocator"},
         "mode": "quick" if args.quick else "full",

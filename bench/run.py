@@ -159,18 +159,25 @@ def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+VECTOR_EXTENSIONS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
+
+
 def machine_info():
-    model = "unknown"
+    model, flags = "unknown", set()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("model name"):
                     model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
                     break
     except OSError:
         pass
     return {
         "cpu": model,
+        # The vector units the kernels use; the last three turn oneDNN on by default.
+        "vector_extensions": [f for f in VECTOR_EXTENSIONS if f in flags],
         "cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)),
         "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
@@ -180,7 +187,7 @@ def machine_info():
         "numpy": np.__version__,
         "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
         "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
-        # sat_tf selects the BFC allocator on import (sat_tf/__init__.py).
+        # bfc, onednn or default (sat_tf.cpu_allocator); sat_tf asks for bfc on import.
         "cpu_allocator": sat_tf.cpu_allocator(),
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }

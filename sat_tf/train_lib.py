@@ -623,12 +623,12 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
             os.path.join(workdir, "backup"), double_checkpoint=True, delete_checkpoint=False
         )
     )
-    if sat_tf.cpu_allocator() != "bfc":
+    if sat_tf.cpu_allocator() == "default":
         logging.warning(
-            "TensorFlow allocates CPU memory with its default allocator "
-            "(TF_CPU_ALLOCATOR_USE_BFC=%s, or TensorFlow ran ops before sat_tf was "
-            "imported): paper-scale training steps ran 3-20 %% slower than with the BFC "
-            "allocator on the build machine (BUILD_NOTES.md)",
+            "TensorFlow allocates CPU memory with its malloc allocator "
+            "(TF_CPU_ALLOCATOR_USE_BFC=%s and oneDNN off, or TensorFlow ran ops before "
+            "sat_tf was imported): paper-scale training steps ran slower than with the "
+            "BFC allocator on the build machine (BUILD_NOTES.md, 'The CPU allocator')",
             os.environ.get("TF_CPU_ALLOCATOR_USE_BFC"),
         )
     logging.info(

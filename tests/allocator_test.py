@@ -1,6 +1,9 @@
 """Tests that importing sat_tf selects TensorFlow's BFC allocator for CPU memory, and
-when it cannot or must not. Each case runs in a fresh Python process: the allocator is
-fixed for the life of a process once TensorFlow has run an op."""
+when it cannot or must not, and that `cpu_allocator` tells the three allocators apart.
+Each case runs in a fresh Python process: the allocator is fixed for the life of a
+process once TensorFlow has run an op. Every case sets TF_ENABLE_ONEDNN_OPTS, whose
+default depends on the CPU (on with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX), so the
+expected answers are the same on every machine."""
 
 import os
 import subprocess
@@ -18,7 +21,8 @@ def _allocators(programs, env_overrides):
     printed."""
     procs = []
     for program, overrides in zip(programs, env_overrides, strict=True):
-        env = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}
+        drop = ("TF_CPU_ALLOCATOR_USE_BFC", "TF_ENABLE_ONEDNN_OPTS")
+        env = {k: v for k, v in os.environ.items() if k not in drop}
         env.update(overrides)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
         procs.append(
@@ -43,9 +47,19 @@ class CpuAllocatorTest(absltest.TestCase):
     def test_import_selects_bfc_unless_told_or_too_late(self):
         after_keras = "import keras, tensorflow as tf\n" + REPORT
         too_late = "import tensorflow as tf\ntf.constant(1.0) + 1\n" + REPORT
+        no_onednn = {"TF_ENABLE_ONEDNN_OPTS": "0"}
+        onednn = {"TF_ENABLE_ONEDNN_OPTS": "1"}
         got = _allocators(
-            [REPORT, after_keras, REPORT, too_late],
-            [{}, {}, {"TF_CPU_ALLOCATOR_USE_BFC": "false"}, {}],
+            [REPORT, after_keras, REPORT, too_late, REPORT, REPORT, too_late],
+            [
+                no_onednn,
+                no_onednn,
+                {**no_onednn, "TF_CPU_ALLOCATOR_USE_BFC": "false"},
+                no_onednn,
+                onednn,
+                {**onednn, "TF_CPU_ALLOCATOR_USE_BFC": "false"},
+                onednn,
+            ],
         )
         self.assertEqual(
             got,
@@ -54,6 +68,9 @@ class CpuAllocatorTest(absltest.TestCase):
                 "bfc",  # TensorFlow and Keras imported first, but no op run yet
                 "default",  # the user's own setting wins
                 "default",  # TensorFlow had already chosen, at its first op
+                "bfc",  # requested in time, oneDNN on: still the BFC allocator
+                "onednn",  # not requested, oneDNN on: oneDNN's allocator
+                "onednn",  # requested too late, oneDNN on
             ],
         )
 
