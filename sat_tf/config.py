@@ -6,6 +6,7 @@ fields of `Config` (see `scripts/flags_lib.py`).
 """
 
 import dataclasses
+import hashlib
 import json
 import os
 from collections.abc import Collection
@@ -60,13 +61,25 @@ class Config:
     encoder: str = _field("shapes_cnn", "Backbone from the registry in encoder.py.")
     encoder_weights: str = _field("", "'' (random), 'imagenet', or a weights file path.")
     image_size: int = _field(112, "Square input size of the encoder.")
+    crop_fraction: float = _field(
+        0.0,
+        "Share of the resized shorter side kept by the centre crop: 0 = the encoder's own "
+        "(224/256 for ImageNet backbones, paper 5.4); 1 = resize the whole frame, uncropped.",
+    )
     fine_tune_encoder: bool = _field(
         False, "Train a pretrained encoder too (an encoder without weights is always trained)."
     )
     use_feature_cache: bool = _field(
         False, "Read encoder features from TFRecord shards (extract_features.py)."
     )
-    feature_dir: str = _field("", "Folder of feature shards; default <data_dir>/features_<enc>.")
+    feature_dir: str = _field(
+        "", "Folder of feature shards; default <cache_dir>/<dataset>-<hash>/features_<encoder>."
+    )
+    cache_dir: str = _field(
+        "data/cache",
+        "Where files derived from a dataset (feature shards, vocabulary) go, one folder per "
+        "dataset folder; nothing is ever written into --data_dir.",
+    )
 
     attention: str = _field("soft", "Attention: soft (4.2), hard (4.1) or none (ablation).")
     attention_score: str = _field("additive", "Score f_att: additive (Bahdanau) or dot.")
@@ -154,6 +167,8 @@ class Config:
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name}={getattr(self, name)} must not be negative")
+        if not 0.0 <= self.crop_fraction <= 1.0:
+            raise ValueError(f"--crop_fraction={self.crop_fraction} must lie in [0, 1]")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout={self.dropout} must lie in [0, 1)")
         for name in ("hard_mix_prob", "baseline_decay"):
@@ -192,6 +207,16 @@ class Config:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(self.to_json())
         os.replace(tmp, path)
+
+
+def derived_dir(config: Config) -> str:
+    """`<cache_dir>/<dataset>-<hash of the data folder's real path>`: the folder for the
+    files derived from one dataset folder (two copies of a dataset, such as original and
+    resized photos, never share features)."""
+    real = os.path.realpath(config.data_dir).encode("utf-8")
+    return os.path.join(
+        config.cache_dir, f"{config.dataset}-{hashlib.sha256(real).hexdigest()[:8]}"
+    )
 
 
 def check_given_settings(config: Config, given: Collection[str]) -> None:

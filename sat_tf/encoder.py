@@ -146,6 +146,16 @@ REGISTRY = {
         _efficientnet_lite_preprocess,
         image_size=260,
     ),
+    # The stride-32 head (1x1 convolution to 1280 channels, before pooling): 7 x 7 at 224.
+    "efficientnet_lite0_head": EncoderSpec(
+        _efficientnet_lite("lite0"), "top_activation", _efficientnet_lite_preprocess
+    ),
+    "efficientnet_lite2_head": EncoderSpec(
+        _efficientnet_lite("lite2"),
+        "top_activation",
+        _efficientnet_lite_preprocess,
+        image_size=260,
+    ),
 }
 
 
@@ -155,8 +165,13 @@ def get_spec(name: str) -> EncoderSpec:
     return REGISTRY[name]
 
 
-def _layer_name(name, spec):
-    if name.startswith("efficientnet_lite"):
+def crop_fraction_of(config) -> float:
+    """The centre-crop share a `Config` asks for: `--crop_fraction`, else the encoder's."""
+    return config.crop_fraction or get_spec(config.encoder).crop_fraction
+
+
+def _layer_name(spec):
+    if spec.layer in ("lite0", "lite2"):  # the stride-16 map, named by the variant's plan
         return _efficientnet_lite_layer(spec.layer)
     return spec.layer
 
@@ -187,7 +202,7 @@ class ImageEncoder(keras.layers.Layer):
         if self.weights_source not in (None, "imagenet") and not os.path.exists(weights):
             raise ValueError(f"encoder weights file {weights!r} does not exist")
         full = spec.build(weights=self.weights_source, input_shape=(image_size, image_size, 3))
-        layer = full.get_layer(_layer_name(backbone, spec))
+        layer = full.get_layer(_layer_name(spec))
         self.net = keras.Model(full.inputs, layer.output, name=f"{backbone}_features")
         self._preprocess = spec.preprocess
 

@@ -31,8 +31,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from sat_tf import config as config_lib
 from sat_tf import datasets, input_pipeline
-from sat_tf.encoder import ImageEncoder, get_spec
+from sat_tf.encoder import ImageEncoder, crop_fraction_of, get_spec
 
 INDEX_FILE = "index.json"
 FORMAT_VERSION = 1
@@ -42,14 +43,14 @@ _FLOAT16_MAX = float(np.finfo(np.float16).max)
 _SHOW = 5
 
 
-def default_feature_dir(data_dir: str, encoder: str) -> str:
-    """`<data_dir>/features_<encoder>`, where `--feature_dir=''` puts the shards."""
-    return os.path.join(data_dir, f"features_{encoder}")
+def default_feature_dir(config) -> str:
+    """`<derived_dir>/features_<encoder>`, where `--feature_dir=''` puts the shards."""
+    return os.path.join(config_lib.derived_dir(config), f"features_{config.encoder}")
 
 
 def feature_dir_of(config) -> str:
     """The feature folder of a `Config`: `--feature_dir`, else the default."""
-    return config.feature_dir or default_feature_dir(config.data_dir, config.encoder)
+    return config.feature_dir or default_feature_dir(config)
 
 
 def shard_name(shard: int, num_shards: int) -> str:
@@ -239,6 +240,7 @@ def extract_features(
     image_size: int,
     out_dir: str,
     *,
+    crop_fraction: float = 0.0,
     shard_size: int = 1000,
     batch_size: int = 32,
     progress: bool = True,
@@ -258,6 +260,7 @@ def extract_features(
       encoder_weights: "" or None (random), "imagenet", or a weights file.
       image_size: square encoder input size.
       out_dir: the feature folder.
+      crop_fraction: see `input_pipeline.resize_and_crop`; 0 = the encoder's own.
       shard_size: images per shard.
       batch_size: images per encoder call.
       progress: show a progress bar.
@@ -276,7 +279,7 @@ def extract_features(
     _check_records(records)
     if shard_size < 1 or batch_size < 1:
         raise ValueError(f"shard_size={shard_size} and batch_size={batch_size} must be >= 1")
-    crop_fraction = get_spec(encoder_name).crop_fraction
+    crop_fraction = crop_fraction or get_spec(encoder_name).crop_fraction
     settings = {
         "format": FORMAT_VERSION,
         "encoder": encoder_name,
@@ -386,6 +389,7 @@ def extract_for_config(config, **kwargs) -> dict:
         config.encoder_weights,
         config.image_size,
         feature_dir_of(config),
+        crop_fraction=crop_fraction_of(config),
         **kwargs,
     )
 
@@ -498,4 +502,5 @@ def feature_dataset_for(config, records):
         encoder=config.encoder,
         encoder_weights=config.encoder_weights or "",
         image_size=config.image_size,
+        crop_fraction=crop_fraction_of(config),
     )

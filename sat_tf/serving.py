@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from sat_tf import input_pipeline, train_lib
 from sat_tf import vocab as vocab_lib
-from sat_tf.encoder import ImageEncoder, get_spec
+from sat_tf.encoder import ImageEncoder, crop_fraction_of
 
 EXPORT_INFO = "sat_tf_export.json"
 VOCAB_FILE = "vocab.txt"
@@ -328,7 +328,7 @@ def export_spec(model, encoder, config, beam_size=None, max_length=None) -> Expo
     height, width, depth = encoder.feature_grid()
     spec = ExportSpec(
         image_size=config.image_size,
-        crop_fraction=get_spec(config.encoder).crop_fraction,
+        crop_fraction=crop_fraction_of(config),
         grid=(int(height), int(width)),
         feature_dim=int(depth),
         max_length=max_length or config.max_decode_length,

@@ -5,8 +5,9 @@ paper §4.3), `backup/` (the state `BackupAndRestore` resumes from), `tensorboar
 the evaluation outputs `captions_<split>.json` and `metrics_<split>.json`; a run on cached
 features (`--use_feature_cache`) also keeps `features.json`, the settings of its features.
 
-The vocabulary of a downloaded dataset is built once and kept beside it as
-`<data_dir>/vocab_<vocab_size>.txt`; each workdir gets a copy.
+The vocabulary of a downloaded dataset is built once and kept with its other derived
+files as `<cache_dir>/<dataset>-<hash>/vocab_<vocab_size>.txt` (never in the data
+folder); each workdir gets a copy.
 """
 
 import dataclasses
@@ -23,8 +24,8 @@ from absl import logging
 import sat_tf
 from sat_tf import datasets, features, input_pipeline, metrics, shapes, visualize
 from sat_tf import vocab as vocab_lib
-from sat_tf.config import Config
-from sat_tf.encoder import get_spec
+from sat_tf.config import Config, derived_dir
+from sat_tf.encoder import crop_fraction_of
 from sat_tf.model import build_model
 
 CONFIG_FILE, VOCAB_FILE, BEST_WEIGHTS = "config.json", "vocab.txt", "best.weights.h5"
@@ -101,18 +102,19 @@ def check_workdir(config: Config, workdir: str) -> None:
 def dataset_vocab(config: Config, train_records) -> vocab_lib.Vocab:
     """The `config.vocab_size` most frequent training words (paper §5.1).
 
-    For a downloaded dataset it is built once and kept as `<data_dir>/vocab_<vocab_size>.txt`
-    (when data_dir is writable); shapes, regenerated when its settings change, builds it
-    afresh.
+    For a downloaded dataset it is built once and kept as
+    `<derived_dir>/vocab_<vocab_size>.txt` (`config.derived_dir`); shapes, regenerated
+    when its settings change, builds it afresh.
     """
     captions = (c for r in train_records for c in r.captions)
     if config.dataset == "shapes":
         return vocab_lib.Vocab.build(captions, max_words=config.vocab_size)
-    path = os.path.join(config.data_dir, f"vocab_{config.vocab_size}.txt")
+    path = os.path.join(derived_dir(config), f"vocab_{config.vocab_size}.txt")
     if os.path.exists(path):
         return vocab_lib.Vocab.load(path)
     vocab = vocab_lib.Vocab.build(captions, max_words=config.vocab_size)
     try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         vocab.save(path)
     except OSError as e:
         logging.warning("cannot keep the vocabulary in %s (%s); the workdir has it", path, e)
@@ -198,12 +200,11 @@ def caption_records(model, records, vocab, config: Config, beam_size=None, batch
       `<end>`; n_words rows when the caption reached the length limit without `<end>`),
       "log_prob": float}, in record order.
     """
-    spec = get_spec(config.encoder)
     cached, _ = cached_features(config, records)
     ds = input_pipeline.eval_dataset(
         records,
         image_size=config.image_size,
-        crop_fraction=spec.crop_fraction,
+        crop_fraction=crop_fraction_of(config),
         batch_size=batch_size,
         features=cached,
     )
@@ -312,9 +313,9 @@ class EvaluationCallback(keras.callbacks.Callback):
         )
 
     def _picture(self, record, res):
-        spec = get_spec(self.config.encoder)
         data = tf.io.read_file(record.image_path)
-        image = input_pipeline.decode_image(data, self.config.image_size, spec.crop_fraction)
+        crop = crop_fraction_of(self.config)
+        image = input_pipeline.decode_image(data, self.config.image_size, crop)
         image = np.clip(image.numpy(), 0, 255).astype(np.uint8)
         hard = self.config.attention == "hard"
         words, points = visualize.caption_panels(res["words"], res["alpha"], hard)
@@ -565,7 +566,6 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         keras.mixed_precision.set_global_policy(config.mixed_precision)
     data = prepare_data(config, workdir)
     train = data.splits["train"]
-    spec = get_spec(config.encoder)
     cached, feature_shape = cached_features(config, train)
     checked = data.splits["val"] if config.use_feature_cache else train + data.splits["val"]
     input_pipeline.check_image_files([r.image_path for r in checked])
@@ -581,7 +581,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         train,
         data.vocab,
         image_size=config.image_size,
-        crop_fraction=spec.crop_fraction,
+        crop_fraction=crop_fraction_of(config),
         batch_size=config.batch_size,
         max_length=config.max_caption_length,
         seed=config.seed,

@@ -14,7 +14,7 @@ from absl import flags
 from flags_lib import run
 
 from sat_tf import input_pipeline, serving, train_lib, visualize
-from sat_tf.encoder import get_spec
+from sat_tf.encoder import crop_fraction_of
 
 flags.DEFINE_string("workdir", "runs/shapes", "A trained workdir (scripts/train.py).")
 flags.DEFINE_integer("beam_size", 0, "Beam size; 0 = the workdir's setting.")
@@ -29,7 +29,7 @@ def main(argv):
     if FLAGS.beam_size < 0:
         raise ValueError(f"--beam_size={FLAGS.beam_size} must be 0 (workdir default) or more")
     model, vocab, config = train_lib.load_trained(FLAGS.workdir)
-    crop = get_spec(config.encoder).crop_fraction
+    crop = crop_fraction_of(config)
     images = [input_pipeline.load_image_file(p, config.image_size, crop) for p in paths]
     caption = train_lib.make_caption_fn(model, config, FLAGS.beam_size or None)
     batch = np.stack([i.numpy() for i in images])

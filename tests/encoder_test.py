@@ -12,7 +12,8 @@ from sat_tf.encoder import AddCoords, ImageEncoder
 
 # name -> (input size, feature grid (H, W, D)), from the published architectures: VGG and
 # ResNet conv4 / EfficientNet stage 5 have stride 16; InceptionV3 mixed7 is 17 x 17 at 299;
-# EfficientNet-Lite2 has width 1.1 (112 * 1.1 rounded to 8 = 120).
+# EfficientNet-Lite2 has width 1.1 (112 * 1.1 rounded to 8 = 120); the Lite heads are a
+# stride-32 1x1 convolution to 1280 channels, unscaled in the lite variants.
 GRIDS = {
     "shapes_cnn": (112, (14, 14, 50)),
     "vgg19": (224, (14, 14, 512)),
@@ -22,6 +23,8 @@ GRIDS = {
     "efficientnet_b0": (224, (14, 14, 112)),
     "efficientnet_lite0": (224, (14, 14, 112)),
     "efficientnet_lite2": (260, (17, 17, 120)),
+    "efficientnet_lite0_head": (224, (7, 7, 1280)),
+    "efficientnet_lite2_head": (260, (9, 9, 1280)),
 }
 
 

@@ -379,6 +379,7 @@ class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
         config = Config(
             dataset=dataset,
             data_dir=data_dir,
+            cache_dir=os.path.join(root, "cache"),
             encoder="shapes_cnn",
             encoder_weights=encoder_weights(os.path.join(root, "encoder.weights.h5")),
             image_size=IMAGE_SIZE,
@@ -394,8 +395,11 @@ class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
             eval_images=0,
             max_decode_length=5,
         )
+        data_files = sorted(os.walk(data_dir))
         index = features.extract_for_config(config, shard_size=4, progress=False)
-        self.assertEqual(features.feature_dir_of(config), f"{data_dir}/features_shapes_cnn")
+        feature_dir = features.feature_dir_of(config)
+        self.assertEqual(os.path.basename(feature_dir), "features_shapes_cnn")
+        self.assertEqual(os.path.dirname(os.path.dirname(feature_dir)), config.cache_dir)
         self.assertEqual(index["num_shards"], 2)
         # Shards hold val, then test, then train images (features.SPLIT_ORDER).
         split_by_id = {ids[s]: split_of[s] for s in ids}
@@ -408,6 +412,8 @@ class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
         with mock.patch.object(metrics, "coco_scores", _bleu4_only):
             scores = train_lib.train_and_evaluate(config, workdir)
         self.assertBetween(scores["BLEU-4"], 0.0, 1.0)
+        # Features and vocabulary went to the cache: the data folder is as it was.
+        self.assertEqual(sorted(os.walk(data_dir)), data_files)
 
         counter = collections.Counter(
             w.strip(",.").lower()
@@ -419,7 +425,7 @@ class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
         top = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))[:12]
         vocab = Vocab.load(os.path.join(workdir, train_lib.VOCAB_FILE))
         self.assertEqual(vocab.words[4:], [w for w, _ in top])
-        with open(os.path.join(data_dir, "vocab_12.txt")) as f:
+        with open(os.path.join(os.path.dirname(feature_dir), "vocab_12.txt")) as f:
             self.assertEqual(f.read().split("\n")[:-1], vocab.words)
         with open(os.path.join(workdir, train_lib.FEATURES_FILE)) as f:
             self.assertEqual(json.load(f)["feature_shape"], [16, DEPTH])
