@@ -1,0 +1,44 @@
+"""Workdirs saved by earlier code still load and caption as they did.
+
+`testdata/v0_workdirs/` holds tiny models written by the code before the package layout
+changed (`testdata/make_v0_workdirs.py`), with the tokens and log-probabilities that
+code decoded for fixed inputs (greedy and beam 2).
+"""
+
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+from sat_tf import train_lib
+
+V0 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata", "v0_workdirs")
+FEATURE_SHAPE = (16, 6)
+
+
+def _inputs(config):
+    rng = np.random.default_rng(0)
+    if config.use_feature_cache:
+        return {"features": rng.normal(size=(2, *FEATURE_SHAPE)).astype(np.float32)}
+    size = config.image_size
+    return {"image": rng.uniform(0, 255, size=(2, size, size, 3)).astype(np.float32)}
+
+
+class V0WorkdirTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters(sorted(os.listdir(V0)))
+    def test_loads_and_captions_as_before(self, name):
+        workdir = os.path.join(V0, name)
+        model, vocab, config = train_lib.load_trained(workdir)
+        self.assertLen(vocab, model.vocab_size)
+        with open(os.path.join(workdir, "expected_captions.json"), encoding="utf-8") as f:
+            expected = json.load(f)
+        for beam in (1, 2):
+            out = model.generate(_inputs(config), max_length=8, beam_size=beam)
+            self.assertAllEqual(out.tokens, expected[f"beam{beam}"]["tokens"])
+            self.assertAllClose(out.log_prob, expected[f"beam{beam}"]["log_prob"], atol=1e-5)
+
+
+if __name__ == "__main__":
+    tf.test.main()
