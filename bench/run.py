@@ -33,12 +33,12 @@ import numpy as np
 import tensorflow as tf
 
 import sat_tf
-from sat_tf import input_pipeline
-from sat_tf import vocab as vocab_lib
 from sat_tf.config import Config
-from sat_tf.datasets import Record
-from sat_tf.encoder import ImageEncoder
-from sat_tf.model import build_model
+from sat_tf.data import input_pipeline
+from sat_tf.data import vocab as vocab_lib
+from sat_tf.data.datasets import Record
+from sat_tf.model.captioner import build_model
+from sat_tf.model.encoder import ImageEncoder
 
 SPECIALS = len(vocab_lib.SPECIALS)
 

@@ -25,9 +25,10 @@ import tempfile
 import keras
 import tensorflow as tf
 
-from sat_tf import input_pipeline, train_lib
-from sat_tf import vocab as vocab_lib
-from sat_tf.encoder import ImageEncoder, crop_fraction_of
+from sat_tf.data import input_pipeline
+from sat_tf.data import vocab as vocab_lib
+from sat_tf.model.encoder import ImageEncoder, crop_fraction_of
+from sat_tf.training import train_lib
 
 EXPORT_INFO = "sat_tf_export.json"
 VOCAB_FILE = "vocab.txt"

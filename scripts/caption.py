@@ -13,8 +13,11 @@ import numpy as np
 from absl import flags
 from flags_lib import run
 
-from sat_tf import input_pipeline, serving, train_lib, visualize
-from sat_tf.encoder import crop_fraction_of
+from sat_tf import serving
+from sat_tf.data import input_pipeline
+from sat_tf.evaluation import visualize
+from sat_tf.model.encoder import crop_fraction_of
+from sat_tf.training import train_lib
 
 flags.DEFINE_string("workdir", "runs/shapes", "A trained workdir (scripts/train.py).")
 flags.DEFINE_integer("beam_size", 0, "Beam size; 0 = the workdir's setting.")

@@ -12,7 +12,8 @@ import os
 from absl import flags
 from flags_lib import run
 
-from sat_tf import metrics, train_lib
+from sat_tf.evaluation import metrics
+from sat_tf.training import train_lib
 
 flags.DEFINE_string("workdir", "runs/shapes", "A trained workdir (scripts/train.py).")
 flags.DEFINE_enum("split", "test", ["train", "val", "test"], "Split to caption.")

@@ -12,7 +12,7 @@ them with --use_feature_cache.
 from absl import flags
 from flags_lib import config_from_flags, define_config_flags, run
 
-from sat_tf import features
+from sat_tf.data import feature_cache as features
 
 flags.DEFINE_integer("shard_size", 1000, "Images per TFRecord shard.")
 flags.DEFINE_integer("extract_batch_size", 32, "Images per encoder call.")

@@ -12,7 +12,7 @@ import json
 from absl import flags
 from flags_lib import config_from_flags, define_config_flags, run
 
-from sat_tf import train_lib
+from sat_tf.training import train_lib
 
 flags.DEFINE_string("workdir", "runs/shapes", "Where checkpoints, logs and results go.")
 define_config_flags()

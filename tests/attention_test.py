@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from sat_tf import attention
+from sat_tf.model import attention
 
 BATCH, LOCATIONS, FEATURES, HIDDEN, UNITS = 2, 4, 8, 6, 8
 

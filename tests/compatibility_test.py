@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from sat_tf import train_lib
+from sat_tf.training import train_lib
 
 V0 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata", "v0_workdirs")
 FEATURE_SHAPE = (16, 6)

@@ -11,8 +11,8 @@ import tensorflow as tf
 from absl.testing import parameterized
 from PIL import Image
 
-from sat_tf import datasets
-from sat_tf.datasets import DatasetError, Record
+from sat_tf.data import datasets
+from sat_tf.data.datasets import DatasetError, Record
 
 
 def _jpeg_bytes(color) -> bytes:

@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from sat_tf.decoder import AttentionDecoder
+from sat_tf.model.decoder import AttentionDecoder
 
 BATCH, STEPS, LOCATIONS = 2, 5, 4
 VOCAB, EMBED, HIDDEN, ATTENTION, FEATURES = 12, 6, 8, 5, 7

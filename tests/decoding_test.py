@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from sat_tf import decoding
+from sat_tf.model import decoding
 
 PAD, START, END, A, B = 0, 1, 2, 3, 4
 VOCAB = 5

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sat_tf.model import ShowAttendTell
+from sat_tf.model.captioner import ShowAttendTell
 
 VOCAB, WIDTH, LOCATIONS, FEATURES = 12, 8, 4, 8
 REPLICAS = 2

@@ -9,7 +9,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 from PIL import Image
 
-from sat_tf import efficientnet_lite, torch_weights
+from sat_tf.model import efficientnet_lite, torch_weights
 
 _CATS = {281, 282, 283, 284, 285}  # tabby, tiger cat, Persian, Siamese, Egyptian cat
 _COFFEE = {967, 968, 504}  # espresso, cup, coffee mug

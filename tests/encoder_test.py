@@ -7,8 +7,8 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from sat_tf import encoder
-from sat_tf.encoder import AddCoords, ImageEncoder
+from sat_tf.model import encoder
+from sat_tf.model.encoder import AddCoords, ImageEncoder
 
 # name -> (input size, feature grid (H, W, D)), from the published architectures: VGG and
 # ResNet conv4 / EfficientNet stage 5 have stride 16; InceptionV3 mixed7 is 17 x 17 at 299;

@@ -18,7 +18,9 @@ from ai_edge_litert.interpreter import Interpreter
 from serving_test import MAX_LENGTH, encode, scenes, tiny_model
 from tensorflow_serving.apis import predict_pb2
 
-from sat_tf import input_pipeline, serving, train_lib
+from sat_tf import serving
+from sat_tf.data import input_pipeline
+from sat_tf.training import train_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "export", "serving"))

@@ -14,10 +14,13 @@ import tensorflow as tf
 from absl.testing import parameterized
 from PIL import Image
 
-from sat_tf import datasets, features, input_pipeline, metrics, train_lib
 from sat_tf.config import Config
-from sat_tf.encoder import ImageEncoder
-from sat_tf.vocab import UNK, Vocab
+from sat_tf.data import datasets, input_pipeline
+from sat_tf.data import feature_cache as features
+from sat_tf.data.vocab import UNK, Vocab
+from sat_tf.evaluation import metrics
+from sat_tf.model.encoder import ImageEncoder
+from sat_tf.training import train_lib
 
 IMAGE_SIZE = 32  # shapes_cnn has stride 8: a 4 x 4 grid of 48 + 2 channels.
 GRID, DEPTH = (4, 4), 50

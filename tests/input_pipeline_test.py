@@ -11,9 +11,9 @@ from absl.testing import parameterized
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-from sat_tf import input_pipeline
-from sat_tf.datasets import Record
-from sat_tf.vocab import Vocab
+from sat_tf.data import input_pipeline
+from sat_tf.data.datasets import Record
+from sat_tf.data.vocab import Vocab
 
 COLOURS = {
     "red": (255, 0, 0),

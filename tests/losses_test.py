@@ -12,8 +12,8 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from sat_tf import losses
-from sat_tf.decoder import AttentionDecoder
+from sat_tf.model import losses
+from sat_tf.model.decoder import AttentionDecoder
 
 
 class SequenceLogLikelihoodTest(tf.test.TestCase):

@@ -11,7 +11,7 @@ import pytest
 from nltk.translate.bleu_score import brevity_penalty, corpus_bleu
 from pycocoevalcap.bleu.bleu import Bleu
 
-from sat_tf import metrics
+from sat_tf.evaluation import metrics
 
 HAS_JAVA = shutil.which("java") is not None
 needs_java = pytest.mark.skipif(not HAS_JAVA, reason="java is not installed")

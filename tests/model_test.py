@@ -7,8 +7,8 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from sat_tf import decoding
-from sat_tf.model import BASELINE_SLOTS, ShowAttendTell
+from sat_tf.model import decoding
+from sat_tf.model.captioner import BASELINE_SLOTS, ShowAttendTell
 
 VOCAB, WIDTH, LOCATIONS, FEATURES = 12, 8, 4, 8
 START, END = 1, 2

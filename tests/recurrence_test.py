@@ -5,8 +5,8 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from sat_tf import recurrence
-from sat_tf.decoder import AttentionDecoder
+from sat_tf.model import recurrence
+from sat_tf.model.decoder import AttentionDecoder
 
 # Uneven sizes, so that a transposed or misplaced axis cannot go unnoticed.
 BATCH, STEPS, LOCATIONS = 3, 5, 7

@@ -10,11 +10,12 @@ import tensorflow as tf
 from absl.testing import parameterized
 from PIL import Image
 
-from sat_tf import input_pipeline, serving
-from sat_tf import vocab as vocab_lib
+from sat_tf import serving
 from sat_tf.config import Config
-from sat_tf.encoder import ImageEncoder
-from sat_tf.model import build_model
+from sat_tf.data import input_pipeline
+from sat_tf.data import vocab as vocab_lib
+from sat_tf.model.captioner import build_model
+from sat_tf.model.encoder import ImageEncoder
 
 WORDS = [*vocab_lib.SPECIALS, "a", "big", "small", "red", "blue", "circle", "square", "top"]
 MAX_LENGTH = 8

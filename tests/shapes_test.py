@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sat_tf import shapes
-from sat_tf.shapes import Mention
+from sat_tf.data import shapes
+from sat_tf.data.shapes import Mention
 
 LOCATION_NAMES = [
     "top left",

@@ -15,9 +15,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from sat_tf import train_lib
 from sat_tf.config import Config
-from sat_tf.model import build_model
+from sat_tf.model.captioner import build_model
+from sat_tf.training import train_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sat_tf import visualize
+from sat_tf.evaluation import visualize
 
 GRID = (14, 14)
 

@@ -7,8 +7,8 @@ import tensorflow as tf
 from absl.testing import parameterized
 from hypothesis import strategies as st
 
-from sat_tf import vocab as vocab_lib
-from sat_tf.vocab import SPECIALS, Vocab
+from sat_tf.data import vocab as vocab_lib
+from sat_tf.data.vocab import SPECIALS, Vocab
 
 WORDS = ["a", "dog", "runs", "école"]
 

@@ -14,11 +14,11 @@ import sys
 
 import keras
 import numpy as np
+from sat_tf.vocab import Vocab
 
 from sat_tf import train_lib
 from sat_tf.config import Config
 from sat_tf.model import build_model
-from sat_tf.vocab import Vocab
 
 WORDS = ["a", "big", "small", "red", "blue", "circle", "square", "at", "the", "top", "left"]
 TINY = dict(embed_dim=8, hidden_dim=16, attention_dim=8, max_decode_length=8, vocab_size=11)

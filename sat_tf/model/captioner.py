@@ -9,11 +9,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from sat_tf import decoding
-from sat_tf import losses as losses_lib
-from sat_tf import vocab as vocab_lib
-from sat_tf.decoder import AttentionDecoder
-from sat_tf.encoder import ImageEncoder
+from sat_tf.data import vocab as vocab_lib
+from sat_tf.model import decoding
+from sat_tf.model import losses as losses_lib
+from sat_tf.model.decoder import AttentionDecoder
+from sat_tf.model.encoder import ImageEncoder
 
 BASELINE_SLOTS = 128
 

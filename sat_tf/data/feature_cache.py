@@ -32,8 +32,8 @@ import tensorflow as tf
 from absl import logging
 
 from sat_tf import config as config_lib
-from sat_tf import datasets, input_pipeline
-from sat_tf.encoder import ImageEncoder, crop_fraction_of, get_spec
+from sat_tf.data import datasets, input_pipeline
+from sat_tf.model.encoder import ImageEncoder, crop_fraction_of, get_spec
 
 INDEX_FILE = "index.json"
 FORMAT_VERSION = 1

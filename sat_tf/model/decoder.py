@@ -20,8 +20,8 @@ backward pass computes the kernel gradients once over all steps.
 import keras
 import tensorflow as tf
 
-from sat_tf import attention as attention_lib
-from sat_tf import recurrence
+from sat_tf.model import attention as attention_lib
+from sat_tf.model import recurrence
 
 ATTENTION_TYPES = ("soft", "hard", "none")
 

@@ -196,7 +196,7 @@ def _tokenize(
         tokens = _java_ptb_tokenize(java, sentences, timeout)
     except _Unavailable as e:
         tokens = [simple_ptb_tokenize(s) for s in sentences]
-        tokenizer = f"sat_tf.metrics.simple_ptb_tokenize (Python), because {e}"
+        tokenizer = f"sat_tf.evaluation.metrics.simple_ptb_tokenize (Python), because {e}"
     res = {i: [tokens[k]] for k, i in enumerate(ids)}
     gts, k = {}, len(ids)
     for i in ids:

@@ -14,7 +14,7 @@ import tensorflow as tf
 from absl import logging
 from PIL import Image
 
-from sat_tf import vocab as vocab_lib
+from sat_tf.data import vocab as vocab_lib
 
 AUTOTUNE = tf.data.AUTOTUNE
 SHUFFLE_BYTES = 2 * 1024**3

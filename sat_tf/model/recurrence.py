@@ -22,7 +22,7 @@ this function does not repeat.
 
 import tensorflow as tf
 
-from sat_tf import attention as attention_lib
+from sat_tf.model import attention as attention_lib
 
 
 def _zeros_if_none(grad, like):

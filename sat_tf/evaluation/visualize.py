@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from PIL import Image
 
-from sat_tf.vocab import END
+from sat_tf.data.vocab import END
 
 _ROWS = ("top", "", "bottom")
 _COLS = ("left", "", "right")

@@ -22,11 +22,13 @@ import tensorflow as tf
 from absl import logging
 
 import sat_tf
-from sat_tf import datasets, features, input_pipeline, metrics, shapes, visualize
-from sat_tf import vocab as vocab_lib
 from sat_tf.config import Config, derived_dir
-from sat_tf.encoder import crop_fraction_of
-from sat_tf.model import build_model
+from sat_tf.data import datasets, input_pipeline, shapes
+from sat_tf.data import feature_cache as features
+from sat_tf.data import vocab as vocab_lib
+from sat_tf.evaluation import metrics, visualize
+from sat_tf.model.captioner import build_model
+from sat_tf.model.encoder import crop_fraction_of
 
 CONFIG_FILE, VOCAB_FILE, BEST_WEIGHTS = "config.json", "vocab.txt", "best.weights.h5"
 BEST_INFO = "best.json"

@@ -95,7 +95,7 @@ def _applications(constructor):
 
 def _efficientnet_lite(variant):
     def build(weights=None, input_shape=(224, 224, 3)):
-        from sat_tf import efficientnet_lite
+        from sat_tf.model import efficientnet_lite
 
         return efficientnet_lite.build_efficientnet_lite(
             variant, weights=weights, include_top=False, input_shape=input_shape
@@ -105,13 +105,13 @@ def _efficientnet_lite(variant):
 
 
 def _efficientnet_lite_preprocess(x):
-    from sat_tf import efficientnet_lite
+    from sat_tf.model import efficientnet_lite
 
     return efficientnet_lite.preprocess_input(x)
 
 
 def _efficientnet_lite_layer(variant):
-    from sat_tf import efficientnet_lite
+    from sat_tf.model import efficientnet_lite
 
     return efficientnet_lite.feature_layer_name(variant)
 
