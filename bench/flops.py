@@ -9,6 +9,8 @@ element.
 
 import dataclasses
 
+from sat_tf.model.step import HiddenLayout
+
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
@@ -41,13 +43,9 @@ class Shape:
         return self.attention == "soft" or (self.attention == "hard" and self.hard_gate)
 
     def hidden_projection_width(self):
-        """Columns of the fused h_{t-1} kernel [U | U_a | w_beta] (decoder._hidden_kernel)."""
-        width = 4 * self.hidden_dim
-        if self.attention != "none" and self.score == "additive":
-            width += self.attention_dim
-        if self.gated():
-            width += 1
-        return width
+        """Columns W of the fused h_{t-1} kernel (`step.HiddenLayout`)."""
+        score = self.attention_dim if self.attention != "none" and self.score == "additive" else 0
+        return HiddenLayout(4 * self.hidden_dim, score, self.gated()).width
 
     def parameters(self):
         """Trainable parameters of the decoder."""
@@ -89,7 +87,7 @@ def train_step_flops(shape: Shape, batch: int, steps: int, optimizer_flops_per_p
       matmul: [U | U_a | w_beta] h_{t-1}          2 n W, W = hidden_projection_width()
               score v^T tanh(.) (additive)        2 L A       (dot: a^T W_a h: 2 L n)
               expected context sum_i alpha_i a_i  2 L D       (soft and hard)
-              Z z_t (context half of the gates)   2 D 4n      (none: hoisted, x1 not x T)
+              Z z_t (context half of the gates)   2 D 4n      (none too: z_t = mean_i a_i)
       elementwise: score add + tanh (additive)    2 L A
               log-softmax + exp of alpha          4 L
               beta gate sigmoid + scale (soft)    D + 1
@@ -131,17 +129,15 @@ def train_step_flops(shape: Shape, batch: int, steps: int, optimizer_flops_per_p
         once_mm += 2 * L * D * (A if additive else n)
         once_ew += L * A if additive else 0
 
-    step_mm = 2 * n * shape.hidden_projection_width()
+    step_mm = 2 * n * shape.hidden_projection_width() + 2 * D * 4 * n
     step_ew = 2 * 4 * n + 9 * n
     if attend:
-        step_mm += (2 * L * A if additive else 2 * L * n) + 2 * L * D + 2 * D * 4 * n
+        step_mm += (2 * L * A if additive else 2 * L * n) + 2 * L * D
         step_ew += (2 * L * A if additive else 0) + 4 * L
         if shape.attention == "hard":
             step_ew += 2 * L + D + 3 * L
         if shape.gated():
             step_ew += D + 1
-    else:
-        once_mm += 2 * D * 4 * n
 
     out_mm = 2 * n * m + 2 * D * m + 2 * m * V
     out_ew = 4 * m + V + 4 * V

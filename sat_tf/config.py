@@ -12,10 +12,13 @@ import os
 from collections.abc import Collection
 from typing import Any
 
+DATASETS = ("shapes", "flickr8k", "flickr30k", "coco", "coco_captions_tfds")
+ATTENTIONS = ("soft", "hard", "none")
+ATTENTION_SCORES = ("additive", "dot")
 CHOICES = {
-    "dataset": ("shapes", "flickr8k", "flickr30k", "coco", "coco_captions_tfds"),
-    "attention": ("soft", "hard", "none"),
-    "attention_score": ("additive", "dot"),
+    "dataset": DATASETS,
+    "attention": ATTENTIONS,
+    "attention_score": ATTENTION_SCORES,
     "optimizer": ("adam", "rmsprop"),
     "lr_schedule": ("constant", "cosine"),
     "strategy": ("default", "mirrored", "multi_worker"),

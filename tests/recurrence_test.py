@@ -52,12 +52,11 @@ def _loss(outputs, use_alpha):
 
 def _gradients(decoder, features, captions, autodiff, use_alpha=True, function=False):
     """Outputs and gradients (features first, then every trainable variable)."""
-    decoder._autodiff_recurrence = autodiff
 
     def run(features, captions):
         with tf.GradientTape() as tape:
             tape.watch(features)
-            outputs = decoder(features, captions)
+            outputs = decoder(features, captions, autodiff=autodiff)
             loss = _loss(outputs, use_alpha)
         grads = tape.gradient(loss, [features] + decoder.trainable_variables)
         return outputs, [tf.convert_to_tensor(g) for g in grads]
@@ -133,8 +132,8 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_mixed_precision_uses_the_autodiff_loop(self):
         decoder = AttentionDecoder(VOCAB, dtype="mixed_bfloat16")
-        self.assertFalse(decoder._uses_recurrence())
-        self.assertTrue(_decoder("additive")._uses_recurrence())
+        self.assertFalse(decoder.uses_recurrence())
+        self.assertTrue(_decoder("additive").uses_recurrence())
 
 
 if __name__ == "__main__":

@@ -59,8 +59,9 @@ from collections.abc import Iterable, Sequence
 
 from absl import logging
 
+from sat_tf.config import DATASETS
+
 SPLITS = ("train", "val", "test")
-DATASETS = ("shapes", "flickr8k", "flickr30k", "coco", "coco_captions_tfds")
 
 FLICKR8K_TOKEN_FILE = "Flickr8k.token.txt"
 FLICKR8K_SPLIT_FILES = {

@@ -1,7 +1,10 @@
 """Attention scores f_att and the soft / hard context (paper §4).
 
-A score layer splits into `project(a)`, which does not depend on t and runs once per
-image, and `score(projected, h)`, which runs every step. `call(a, h)` does both.
+A score layer splits into `project(a)`, `W_a a`, which does not depend on t and runs
+once per image, and `step_scores`, which runs every step on the score's slice of the
+fused projection of h_{t-1} (`step.HiddenLayout`): each layer names its slice
+(`hidden_kernels`) and the other weights its step reads (`step_kernels`).
+`score(projected, h)` and `call(a, h)` run the same step from the layer's own weights.
 """
 
 import keras
@@ -33,10 +36,25 @@ class AdditiveScore(keras.layers.Layer):
         """(B, L, D) annotation vectors -> (B, L, units) `W_a a`."""
         return self.w_a(features)
 
+    def hidden_kernels(self):
+        """Its slice of the fused kernel applied to h_{t-1}: [U_a]."""
+        return [self.u_a.kernel]
+
+    def step_kernels(self):
+        """The other weights a step reads: [v]."""
+        return [self.v.kernel]
+
+    @staticmethod
+    def step_scores(projected, score_in, hidden, v):
+        """(B, L) scores from `W_a a` (B, L, A) and `U_a h` (B, A); also returns the tanh
+        layer (B, L, A), which the hand-written backward pass needs."""
+        del hidden  # the additive score sees h only through U_a h
+        pre = tf.tanh(projected + score_in[:, None, :])  # (B, L, A)
+        return tf.squeeze(tf.tensordot(pre, v, [[-1], [0]]), -1), pre  # (B, L)
+
     def score(self, projected, hidden):
         """(B, L, units) projection and (B, n) state -> (B, L) scores."""
-        pre = tf.tanh(projected + self.u_a(hidden)[:, None, :])  # (B, L, units)
-        return tf.squeeze(self.v(pre), -1)  # (B, L)
+        return self.step_scores(projected, self.u_a(hidden), hidden, self.v.kernel)[0]
 
     def call(self, features, hidden):
         return self.score(self.project(features), hidden)
@@ -49,7 +67,8 @@ class AdditiveScore(keras.layers.Layer):
 class DotScore(keras.layers.Layer):
     """Multiplicative score `e_i = a_i^T W_a h` (Luong "general").
 
-    `project` computes `a W_a` once per image, so a step costs one batched dot product.
+    `project` computes `a W_a` once per image, so a step costs one batched dot product
+    and has no slice of the fused projection of h.
 
     Args:
       units: size of the decoder state h that the score is taken against.
@@ -67,9 +86,21 @@ class DotScore(keras.layers.Layer):
         """(B, L, D) -> (B, L, units) `a W_a`."""
         return self.w_a(features)
 
+    def hidden_kernels(self):
+        return []
+
+    def step_kernels(self):
+        return []
+
+    @staticmethod
+    def step_scores(projected, score_in, hidden):
+        """(B, L) scores from `a W_a` (B, L, n) and h (B, n); nothing else to keep."""
+        del score_in  # no slice of the fused projection
+        return tf.einsum("blu,bu->bl", projected, hidden), None
+
     def score(self, projected, hidden):
         """(B, L, units) and (B, units) -> (B, L) scores."""
-        return tf.einsum("blu,bu->bl", projected, hidden)
+        return self.step_scores(projected, None, hidden)[0]
 
     def call(self, features, hidden):
         return self.score(self.project(features), hidden)
@@ -85,13 +116,13 @@ def soft_context(alpha, features):
     """Expected context `sum_i alpha_i a_i` (paper eq. 13).
 
     Args:
-      alpha: (B, L) attention weights.
+      alpha: (B, L) attention weights (cast to the features' dtype).
       features: (B, L, D) annotation vectors.
 
     Returns:
       (B, D) context.
     """
-    return tf.einsum("bl,bld->bd", alpha, features)
+    return tf.einsum("bl,bld->bd", tf.cast(alpha, features.dtype), features)
 
 
 def hard_context(locations, features):
@@ -112,9 +143,39 @@ def gumbel_sample(log_alpha, gumbel_noise):
 
     Args:
       log_alpha: (B, L) log attention weights (or unnormalised scores).
-      gumbel_noise: (B, L) standard Gumbel noise, drawn once per batch for all steps.
+      gumbel_noise: (B, L) standard Gumbel noise.
 
     Returns:
       (B,) int32 sampled locations.
     """
     return tf.argmax(log_alpha + gumbel_noise, axis=-1, output_type=tf.int32)
+
+
+def soft_attend(alpha, log_alpha, features):
+    """Soft attention's context (paper §4.2): the expected one; no location."""
+    del log_alpha
+    return soft_context(alpha, features), None
+
+
+def hard_attend(gumbel_noise=None, use_expected=None):
+    """Hard attention's context (paper §4.1) as `attend(alpha, log_alpha, features) ->
+    (context (B, D), location (B,))`.
+
+    Args:
+      gumbel_noise: (B, L) noise that fixes the sample s_t; None attends at
+        `argmax alpha` (inference).
+      use_expected: (B,) bool, sequences that take the expected context instead of
+        the sample; None for none.
+    """
+
+    def attend(alpha, log_alpha, features):
+        if gumbel_noise is None:
+            where = tf.argmax(log_alpha, axis=-1, output_type=tf.int32)
+        else:
+            where = gumbel_sample(log_alpha, gumbel_noise)
+        context = hard_context(where, features)
+        if use_expected is not None:
+            context = tf.where(use_expected[:, None], soft_context(alpha, features), context)
+        return context, where
+
+    return attend

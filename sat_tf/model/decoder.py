@@ -10,25 +10,22 @@ One step, given the previous word y_{t-1}, state (h_{t-1}, c_{t-1}) and annotati
   c_t = sigmoid(f) c_{t-1} + sigmoid(i) tanh(g);  h_t = sigmoid(o) tanh(c_t)
   p(y_t) = softmax(L_o dropout(tanh(E y_{t-1} + L_h h_t + L_z z_t)))
 
-Under teacher forcing everything that does not depend on t runs once outside the
-recurrence: `W_a a`, the embedding half of the gates, and the deep output over all steps.
-The h-dependent projections (LSTM gates, additive score, beta gate) share one matmul.
-Soft attention in float32 runs the recurrence in `recurrence.py`, whose hand-written
-backward pass computes the kernel gradients once over all steps.
+The step itself is `step.attention_step`; this layer owns the weights and runs that
+step in three schedules: `step` (decoding, one word at a time), and under teacher forcing
+`call`, where everything that does not depend on t runs once outside the recurrence
+(`W_a a`, the embedding half of the gates, the deep output over all steps) and the
+h-dependent projections share one product over the fused kernel. Soft attention in
+float32 runs the fused recurrence of `recurrence.py`, whose hand-written backward pass
+computes the kernel gradients once over all steps; hard attention, the ablation and
+mixed precision run the autodiff loop.
 """
 
 import keras
 import tensorflow as tf
 
+from sat_tf.config import ATTENTIONS
 from sat_tf.model import attention as attention_lib
-from sat_tf.model import recurrence
-
-ATTENTION_TYPES = ("soft", "hard", "none")
-
-
-def _uniform(features):
-    """(B, L) float32 weights 1/L: the "attention" of the no-attention ablation."""
-    return tf.ones(tf.shape(features)[:2]) / tf.cast(tf.shape(features)[1], tf.float32)
+from sat_tf.model import recurrence, step
 
 
 @keras.saving.register_keras_serializable(package="sat_tf")
@@ -61,8 +58,8 @@ class AttentionDecoder(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if attention not in ATTENTION_TYPES:
-            raise ValueError(f"attention={attention!r} is not one of {ATTENTION_TYPES}")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention={attention!r} is not one of {ATTENTIONS}")
         if attention_score not in attention_lib.SCORES:
             raise ValueError(f"attention_score={attention_score!r} is not additive or dot")
         self.vocab_size = vocab_size
@@ -90,9 +87,6 @@ class AttentionDecoder(keras.layers.Layer):
         self.out_z = keras.layers.Dense(embed_dim, use_bias=False, name="L_z")
         self.out_dropout = keras.layers.Dropout(dropout)
         self.deep_output = keras.layers.Dense(vocab_size, name="deep_output")
-        # True runs soft attention through the autodiff loop too: the reference for
-        # `recurrence.soft_attention_recurrence` in tests and benchmarks.
-        self._autodiff_recurrence = False
 
     def build(self, features_shape, captions_shape=None):
         feature_dim = features_shape[-1]
@@ -111,36 +105,42 @@ class AttentionDecoder(keras.layers.Layer):
         self.out_z.build((None, None, feature_dim))
         self.deep_output.build((None, None, self.embed_dim))
 
-    def _hidden_kernel(self):
-        """[U | U_a | w_beta]: every projection of h_{t-1}, applied as one matmul."""
+    @property
+    def hidden_layout(self) -> step.HiddenLayout:
+        """The columns of the fused kernel applied to h_{t-1}."""
+        score = 0
+        if self.f_att is not None:
+            score = sum(k.shape[1] for k in self.f_att.hidden_kernels())
+        return step.HiddenLayout(4 * self.hidden_dim, score, self.beta is not None)
+
+    def _read(self, variable):
+        return tf.cast(variable, self.compute_dtype)
+
+    def _hidden_kernels(self):
+        """[U, the score's slice, w_beta] in the order of `hidden_layout`."""
         kernels = [self.lstm_hidden.kernel]
-        if self.attention_score == "additive" and self.f_att is not None:
-            kernels.append(self.f_att.u_a.kernel)
+        if self.f_att is not None:
+            kernels += self.f_att.hidden_kernels()
         if self.beta is not None:
             kernels.append(self.beta.kernel)
-        return tf.concat(kernels, axis=1)
+        return [self._read(k) for k in kernels]
 
-    def _split_hidden(self, projected_h):
-        """Splits the fused h projection into (gates, score input, beta logit)."""
-        n4 = 4 * self.hidden_dim
-        gates = projected_h[:, :n4]
-        rest = projected_h[:, n4:]
-        score_in = None
-        if self.attention_score == "additive" and self.f_att is not None:
-            score_in, rest = rest[:, : self.f_att.units], rest[:, self.f_att.units :]
-        beta_logit = rest + tf.cast(self.beta.bias, rest.dtype) if self.beta is not None else None
-        return gates, score_in, beta_logit
+    def _gate_bias(self):
+        return self._read(self.beta.bias) if self.beta is not None else None
 
-    def _scores(self, projected, score_in, h):
-        """(B, L) attention scores e_t from the hoisted projection."""
-        if self.attention_score == "additive":
-            pre = tf.tanh(projected + score_in[:, None, :])  # (B, L, A)
-            return tf.squeeze(self.f_att.v(pre), -1)  # (B, L)
-        return self.f_att.score(projected, h)
+    def _score_fn(self):
+        """The score's per-step function on its own weights; None without attention."""
+        if self.f_att is None:
+            return None
+        kernels = [self._read(k) for k in self.f_att.step_kernels()]
+        return lambda projected, score_in, h: self.f_att.step_scores(
+            projected, score_in, h, *kernels
+        )
 
-    def _lstm(self, gates, c):
-        h, c, _ = recurrence.lstm_cell(gates, c)
-        return h, c
+    def _attend_fn(self, gumbel_noise=None, use_expected=None):
+        if self.attention == "hard":
+            return attention_lib.hard_attend(gumbel_noise, use_expected)
+        return attention_lib.soft_attend
 
     def initial_state(self, features):
         """State before the first word (paper eq. 5).
@@ -162,23 +162,11 @@ class AttentionDecoder(keras.layers.Layer):
         pre = tf.tanh(embedded + self.out_h(h) + self.out_z(z))
         return self.deep_output(self.out_dropout(pre, training=training))
 
-    def _project_hidden(self, h):
-        """(gates, score input, beta logit) of h, one matmul per kernel.
-
-        The decoding step's version of `_split_hidden(h @ _hidden_kernel())`: at batch 1
-        concatenating the kernels would copy 19 MB at paper scale on every call, as long
-        as the matmuls themselves.
-        """
-        gates = self.lstm_hidden(h)
-        score_in = None
-        if self.attention_score == "additive" and self.f_att is not None:
-            score_in = self.f_att.u_a(h)
-        beta_logit = self.beta(h) if self.beta is not None else None
-        return gates, score_in, beta_logit
-
     def step(self, tokens, state):
         """One decoding step; the `step_fn` that `decoding.py` drives.
 
+        The projections of h_{t-1} run as one product per kernel: at batch 1 joining the
+        kernels on every call would copy them, which costs as much as the products.
         Hard attention attends at `argmax_i alpha_ti` (DESIGN §1).
 
         Args:
@@ -188,28 +176,33 @@ class AttentionDecoder(keras.layers.Layer):
         Returns:
           (log_probs (B, V), new state, alpha (B, L)).
         """
-        features, h = state["features"], state["h"]
         embedded = self.embedding(tokens)
-        gates_h, score_in, beta_logit = self._project_hidden(h)
-        if self.attention == "none":
-            alpha = _uniform(features)
-            z = tf.reduce_mean(features, axis=1)  # (B, D)
-        else:
-            scores = self._scores(state["projected"], score_in, h)
-            alpha = tf.nn.softmax(tf.cast(scores, tf.float32))
-            if self.attention == "soft":
-                z = attention_lib.soft_context(tf.cast(alpha, features.dtype), features)
-            else:
-                where = tf.argmax(alpha, axis=-1, output_type=tf.int32)
-                z = attention_lib.hard_context(where, features)
-            if beta_logit is not None:
-                z = tf.sigmoid(beta_logit) * z
-        gates = self.lstm_embed(embedded) + gates_h + self.lstm_context(z)
-        h, c = self._lstm(gates, state["c"])
-        log_probs = tf.nn.log_softmax(tf.cast(self._logits(embedded, h, z), tf.float32))
-        return log_probs, {**state, "h": h, "c": c}, alpha
+        projected_h = self.hidden_layout.project(
+            state["h"], self._hidden_kernels(), self._gate_bias()
+        )
+        out = step.attention_step(
+            self.lstm_embed(embedded),
+            state["h"],
+            state["c"],
+            projected_h,
+            state["features"],
+            state.get("projected"),
+            self._read(self.lstm_context.kernel),
+            self._score_fn(),
+            self._attend_fn(),
+        )
+        log_probs = tf.nn.log_softmax(tf.cast(self._logits(embedded, out.h, out.z), tf.float32))
+        return log_probs, {**state, "h": out.h, "c": out.c}, out.alpha
 
-    def call(self, features, captions, training=False, gumbel_noise=None, use_expected=None):
+    def call(
+        self,
+        features,
+        captions,
+        training=False,
+        gumbel_noise=None,
+        use_expected=None,
+        autodiff=False,
+    ):
         """Teacher-forced pass over whole captions.
 
         Args:
@@ -220,78 +213,70 @@ class AttentionDecoder(keras.layers.Layer):
             the sampled locations; without it the decoder attends at `argmax alpha`.
           use_expected: hard attention only: (B,) bool, sequences that use the expected
             context instead of a sample (paper §4.1).
+          autodiff: run soft attention through the autodiff loop instead of the fused
+            recurrence: the reference its hand-written backward pass is checked against.
 
         Returns:
           dict with logits (B, T, V), alpha (B, T, L), and for hard attention
           log_p_s (B, T): log alpha at the sampled location, and entropy (B, T) of alpha.
         """
-        batch = tf.shape(captions)[0]
-        steps = tf.shape(captions)[1]
         embedded = self.embedding(captions)  # (B, T, m)
-        gates_x = tf.transpose(self.lstm_embed(embedded), [1, 0, 2])  # (T, B, 4n)
+        word_gates = tf.transpose(self.lstm_embed(embedded), [1, 0, 2])  # (T, B, 4n)
         state = self.initial_state(features)
-        features = state["features"]
-        hidden_kernel = tf.cast(self._hidden_kernel(), self.compute_dtype)
-        if self._uses_recurrence():
-            score_kernel = None
-            if self.attention_score == "additive":
-                score_kernel = tf.convert_to_tensor(self.f_att.v.kernel)
+        if self.uses_recurrence() and not autodiff:
             hs, zs, alphas = recurrence.soft_attention_recurrence(
-                gates_x,
+                word_gates,
                 state["projected"],
-                features,
+                state["features"],
                 state["h"],
                 state["c"],
-                hidden_kernel,
-                tf.convert_to_tensor(self.lstm_context.kernel),
-                tf.convert_to_tensor(self.beta.bias),
-                score_kernel,
+                tf.concat(self._hidden_kernels(), axis=1),
+                self._read(self.lstm_context.kernel),
+                self._gate_bias(),
+                *[self._read(k) for k in self.f_att.step_kernels()],
             )
             return self._outputs(embedded, hs, zs, alphas, training)
-        mean_context = tf.reduce_mean(features, axis=1)  # (B, D)
-        if self.attention == "none":
-            gates_z = self.lstm_context(mean_context)
-            uniform = _uniform(features)
+        return self._autodiff_loop(
+            embedded, word_gates, state, training, gumbel_noise, use_expected
+        )
+
+    def _autodiff_loop(self, embedded, word_gates, state, training, gumbel_noise, use_expected):
+        """`call` through a `tf.while_loop` that autodiff differentiates."""
+        steps = tf.shape(word_gates)[0]
+        features, projected = state["features"], state.get("projected")
+        hard = self.attention == "hard"
+        layout = self.hidden_layout
+        hidden_kernel = tf.concat(self._hidden_kernels(), axis=1)
+        gate_bias = self._gate_bias()
+        context_kernel = self._read(self.lstm_context.kernel)
+        score = self._score_fn()
         if gumbel_noise is not None:
             gumbel_noise = tf.transpose(tf.cast(gumbel_noise, tf.float32), [1, 0, 2])  # (T, B, L)
-        if use_expected is None:
-            use_expected = tf.zeros([batch], tf.bool)
 
         def body(t, h, c, hs, zs, alphas, *hard_arrays):
-            gates_h, score_in, beta_logit = self._split_hidden(tf.matmul(h, hidden_kernel))
-            if self.attention == "none":
-                z, gz, alpha = mean_context, gates_z, uniform
-            else:
-                scores = self._scores(state["projected"], score_in, h)
-                log_alpha = tf.nn.log_softmax(tf.cast(scores, tf.float32))
-                alpha = tf.exp(log_alpha)
-                expected = attention_lib.soft_context(tf.cast(alpha, features.dtype), features)
-                if self.attention == "soft":
-                    z = expected
-                else:
-                    if gumbel_noise is not None:
-                        where = attention_lib.gumbel_sample(log_alpha, gumbel_noise[t])
-                    else:
-                        where = tf.argmax(log_alpha, axis=-1, output_type=tf.int32)
-                    sampled = attention_lib.hard_context(where, features)
-                    z = tf.where(use_expected[:, None], expected, sampled)
-                    chosen = tf.gather(log_alpha, where, axis=1, batch_dims=1)
-                    entropy = -tf.reduce_sum(alpha * log_alpha, axis=-1)  # (B,)
-                    hard_arrays = (
-                        hard_arrays[0].write(t, chosen),
-                        hard_arrays[1].write(t, entropy),
-                    )
-                if beta_logit is not None:
-                    z = tf.sigmoid(beta_logit) * z
-                gz = self.lstm_context(z)
-            h, c = self._lstm(gates_x[t] + gates_h + gz, c)
-            return (
-                t + 1,
+            noise = gumbel_noise[t] if gumbel_noise is not None else None
+            out = step.attention_step(
+                word_gates[t],
                 h,
                 c,
-                hs.write(t, h),
-                zs.write(t, z),
-                alphas.write(t, alpha),
+                layout.split(tf.matmul(h, hidden_kernel), gate_bias),
+                features,
+                projected,
+                context_kernel,
+                score,
+                self._attend_fn(noise, use_expected),
+            )
+            if hard:
+                chosen = tf.gather(out.log_alpha, out.where, axis=1, batch_dims=1)
+                entropy = -tf.reduce_sum(out.alpha * out.log_alpha, axis=-1)  # (B,)
+                hard_arrays = (hard_arrays[0].write(t, chosen), hard_arrays[1].write(t, entropy))
+            return (
+                t + 1,
+                out.h,
+                out.c,
+                hs.write(t, out.h),
+                zs.write(t, out.z),
+                alphas.write(t, out.alpha),
                 *hard_arrays,
             )
 
@@ -302,26 +287,22 @@ class AttentionDecoder(keras.layers.Layer):
         hs, zs = array(compute), array(compute)
         # log alpha at the samples and the entropy exist for hard attention only: XLA
         # cannot differentiate a TensorArray that is never written.
-        hard_arrays = (array(), array()) if self.attention == "hard" else ()
+        hard_arrays = (array(), array()) if hard else ()
         loop_vars = (0, state["h"], state["c"], hs, zs, array(), *hard_arrays)
         _, _, _, hs, zs, alphas, *hard_arrays = tf.while_loop(
             lambda t, *_: t < steps, body, loop_vars, maximum_iterations=steps
         )
         outputs = self._outputs(embedded, hs.stack(), zs.stack(), alphas.stack(), training)
-        if self.attention == "hard":
+        if hard:
             log_p_s, entropy = hard_arrays
             outputs["log_p_s"] = tf.transpose(log_p_s.stack())  # (B, T)
             outputs["entropy"] = tf.transpose(entropy.stack())  # (B, T)
         return outputs
 
-    def _uses_recurrence(self):
+    def uses_recurrence(self):
         """Whether `call` runs `recurrence.soft_attention_recurrence`: soft attention in
         float32. Mixed precision keeps the autodiff loop."""
-        return (
-            self.attention == "soft"
-            and self.compute_dtype == "float32"
-            and not self._autodiff_recurrence
-        )
+        return self.attention == "soft" and self.compute_dtype == "float32"
 
     def _outputs(self, embedded, hs, zs, alphas, training):
         """Logits and alpha from the time-major (T, B, .) states of the recurrence."""

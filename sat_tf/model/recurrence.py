@@ -1,10 +1,7 @@
 """The teacher-forced soft-attention recurrence with a hand-written backward pass.
 
-The forward pass is the decoder's step (paper §3.1.2, soft attention §4.2) for every t:
-  P_t = h_{t-1} [U | U_a | w_beta]
-  e_t = v^T tanh(W_a a + U_a h_{t-1})   or   a W_a h_{t-1};   alpha_t = softmax(e_t)
-  z_t = sigmoid(w_beta h_{t-1} + b_beta) sum_i alpha_ti a_i
-  c_t, h_t = LSTM(gates_x_t + U h_{t-1} + Z z_t, c_{t-1})
+The forward pass runs the decoder's step (`step.attention_step`, paper §3.1.2, soft
+attention §4.2) for every t, with P_t = h_{t-1} [U | S | w_beta] as one product.
 
 Autodiff of a `tf.while_loop` computes the gradients of the kernels the loop reads one
 step at a time: a product with inner dimension B per step, accumulated T times. Here a
@@ -23,18 +20,12 @@ this function does not repeat.
 import tensorflow as tf
 
 from sat_tf.model import attention as attention_lib
+from sat_tf.model import step
+from sat_tf.model.step import lstm_cell
 
 
 def _zeros_if_none(grad, like):
     return tf.zeros_like(like) if grad is None else grad
-
-
-def lstm_cell(gates, c):
-    """The LSTM cell (paper eq. 1-3); returns h, c and the activated gates (i, f, o, g)."""
-    i, f, o, g = tf.split(gates, 4, axis=-1)
-    i, f, o, g = tf.sigmoid(i), tf.sigmoid(f), tf.sigmoid(o), tf.tanh(g)
-    c = f * c + i * g
-    return o * tf.tanh(c), c, (i, f, o, g)
 
 
 def _lstm_backward(gates, c_prev, c, dh, dc):
@@ -79,8 +70,8 @@ def soft_attention_recurrence(
       features: (B, L, D) annotation vectors a.
       h0: (B, n) initial hidden state.
       c0: (B, n) initial cell.
-      hidden_kernel: (n, W) `[U | U_a | w_beta]`, W = 4n + A + 1 (additive) or 4n + 1
-        (dot).
+      hidden_kernel: (n, W) `[U | U_a | w_beta]` (additive, W = 4n + A + 1) or
+        `[U | w_beta]` (dot, W = 4n + 1), as `step.HiddenLayout` orders them.
       context_kernel: (D, 4n) Z.
       beta_bias: (1,) bias of the gating scalar beta.
       score_kernel: (A, 1) v of the additive score; None for the dot score.
@@ -90,9 +81,11 @@ def soft_attention_recurrence(
     """
     additive = score_kernel is not None
     n4 = context_kernel.shape[1]
+    layout = step.HiddenLayout(n4, projected.shape[-1] if additive else 0, gated=True)
     kernels = (hidden_kernel, context_kernel, beta_bias)
     if additive:
         kernels += (score_kernel,)
+    score_layer = attention_lib.AdditiveScore if additive else attention_lib.DotScore
 
     @tf.custom_gradient
     def recurrence(gates_x, projected, features, h0, c0, *kernels):
@@ -100,25 +93,30 @@ def soft_attention_recurrence(
         steps = tf.shape(gates_x)[0]
         dtype = gates_x.dtype
 
-        def scores_of(h, score_in):
-            """(B, L) scores e_t, and for the additive score its tanh layer."""
-            if additive:
-                pre = tf.tanh(projected + score_in[:, None, :])  # (B, L, A)
-                return tf.squeeze(tf.tensordot(pre, kernels[3], [[-1], [0]]), -1), pre  # (B, L)
-            return tf.einsum("blu,bu->bl", projected, h), None
+        def score(projected, score_in, h):
+            return score_layer.step_scores(projected, score_in, h, *kernels[3:])
 
         def body(t, h, c, arrays, pres):
-            projected_h = tf.matmul(h, hidden_kernel)
-            beta = tf.sigmoid(projected_h[:, -1:] + beta_bias)
-            scores, pre = scores_of(h, projected_h[:, n4:-1])
-            alpha = tf.exp(tf.nn.log_softmax(scores))
-            context = attention_lib.soft_context(alpha, features)
-            z = beta * context
-            gates = gates_x[t] + projected_h[:, :n4] + tf.matmul(z, context_kernel)
-            h, c, _ = lstm_cell(gates, c)
-            saved = (h, z, alpha, c, gates, context, beta)
+            out = step.attention_step(
+                gates_x[t],
+                h,
+                c,
+                layout.split(tf.matmul(h, hidden_kernel), beta_bias),
+                features,
+                projected,
+                context_kernel,
+                score,
+                attention_lib.soft_attend,
+            )
+            saved = (out.h, out.z, out.alpha, out.c, out.gates, out.context, out.beta)
             arrays = tuple(a.write(t, x) for a, x in zip(arrays, saved, strict=True))
-            return t + 1, h, c, arrays, pres.write(t, pre) if additive else pres
+            return (
+                t + 1,
+                out.h,
+                out.c,
+                arrays,
+                pres.write(t, out.score_hidden) if additive else pres,
+            )
 
         arrays = tuple(tf.TensorArray(dtype, size=steps) for _ in range(7))
         # The tanh layers of the additive score, (B, L, A) per step and by far the most
@@ -160,10 +158,10 @@ def soft_attention_recurrence(
                     )  # (B, L, A)
                     d_projected += d_pre
                     d_score_kernel += tf.einsum("bl,bla->a", d_scores, pre)
-                    d_p = tf.concat([d_gates, tf.reduce_sum(d_pre, 1), d_beta_logit], -1)
+                    d_p = layout.join(d_gates, tf.reduce_sum(d_pre, 1), d_beta_logit)
                     dh = tf.matmul(d_p, hidden_kernel_t)
                 else:
-                    d_p = tf.concat([d_gates, d_beta_logit], -1)
+                    d_p = layout.join(d_gates, None, d_beta_logit)
                     dh = tf.matmul(d_p, hidden_kernel_t)
                     dh += tf.einsum("bl,blu->bu", d_scores, projected)
                 saved = (d_p, d_context, d_scores)
