@@ -28,6 +28,7 @@ import pytest
 import tensorflow as tf
 
 from sat_tf.model.captioner import ShowAttendTell
+from sat_tf.model.decoder import AttentionDecoder
 
 VOCAB, WIDTH, LOCATIONS, FEATURES = 12, 8, 4, 8
 REPLICAS = 2
@@ -41,7 +42,7 @@ CHILD_TIMEOUT = 300
 
 
 def _tiny_model(attention="soft", score="additive", hard_mix_prob=0.5, alpha_c=0.01):
-    model = ShowAttendTell(
+    decoder = AttentionDecoder(
         VOCAB,
         embed_dim=WIDTH,
         hidden_dim=WIDTH,
@@ -49,10 +50,13 @@ def _tiny_model(attention="soft", score="additive", hard_mix_prob=0.5, alpha_c=0
         attention=attention,
         attention_score=score,
         dropout=0.0,
-        encoder=None,
+        name="decoder",
+    )
+    model = ShowAttendTell(
+        decoder,
         feature_dim=FEATURES,
         alpha_c=alpha_c,
-        hard_mix_prob=hard_mix_prob,
+        reinforce={"hard_mix_prob": hard_mix_prob},
         seed=3,
     )
     model.build()

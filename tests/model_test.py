@@ -8,7 +8,10 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 from sat_tf.model import decoding
-from sat_tf.model.captioner import BASELINE_SLOTS, ShowAttendTell
+from sat_tf.model.captioner import ShowAttendTell
+from sat_tf.model.decoder import AttentionDecoder
+from sat_tf.model.encoder import ImageEncoder
+from sat_tf.model.reinforce import BASELINE_SLOTS
 
 VOCAB, WIDTH, LOCATIONS, FEATURES = 12, 8, 4, 8
 START, END = 1, 2
@@ -23,8 +26,8 @@ def _batch(seed=0):
     }
 
 
-def _model(attention="soft", score="additive", dropout=0.0, **kwargs):
-    model = ShowAttendTell(
+def _model(attention="soft", score="additive", dropout=0.0, seed=0, alpha_c=0.0, **reinforce):
+    decoder = AttentionDecoder(
         VOCAB,
         embed_dim=WIDTH,
         hidden_dim=WIDTH,
@@ -32,9 +35,10 @@ def _model(attention="soft", score="additive", dropout=0.0, **kwargs):
         attention=attention,
         attention_score=score,
         dropout=dropout,
-        encoder=None,
-        feature_dim=FEATURES,
-        **kwargs,
+        name="decoder",
+    )
+    model = ShowAttendTell(
+        decoder, feature_dim=FEATURES, alpha_c=alpha_c, reinforce=reinforce, seed=seed
     )
     model.build()
     return model
@@ -108,12 +112,12 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_hard_baseline_moving_average_of_rewards_to_go(self):
         batch = _batch()
-        model = _model("hard", seed=3, hard_mix_prob=0.0, reward_to_go=True)
+        model = _model("hard", seed=3, hard_mix_prob=0.0, reinforce_reward="to_go")
         model.compile(optimizer=keras.optimizers.SGD(0.5))
         expected, seen = np.zeros(BASELINE_SLOTS), np.zeros(BASELINE_SLOTS)
         for _ in range(3):
             seed_state = model.seed_generator.state.numpy()
-            noise, _ = model._hard_noise(batch["features"], 5)
+            noise, _ = model.hard_noise(batch["features"], 5)
             model.seed_generator.state.assign(seed_state)
             outputs = model.decoder(
                 batch["features"],
@@ -145,7 +149,7 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         batch["features"] = batch["features"].astype(np.float32)
         model = _model("hard", hard_mix_prob=0.25, hard_warmup_steps=2)
         # Without an optimizer (no step count) there is no warm-up.
-        _, use_expected = model._hard_noise(batch["features"], 5)
+        _, use_expected = model.hard_noise(batch["features"], 5)
         self.assertBetween(np.mean(use_expected.numpy()), 0.05, 0.5)
         model.compile(optimizer=keras.optimizers.SGD(0.1))
         shares = []
@@ -197,7 +201,12 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.product(to_go=(True, False), baseline=("argmax", "moving_average"))
     def test_hard_loss_terms_use_the_given_samples(self, to_go, baseline):
         batch = _batch(seed=2)
-        model = _model("hard", entropy_weight=0.01, reward_to_go=to_go, reinforce_baseline=baseline)
+        model = _model(
+            "hard",
+            entropy_weight=0.01,
+            reinforce_reward="to_go" if to_go else "sequence",
+            reinforce_baseline=baseline,
+        )
         for w in model.trainable_weights:
             w.assign(np.random.default_rng(4).normal(size=w.shape).astype(np.float32))
         model.baseline.assign(-np.arange(BASELINE_SLOTS, dtype=np.float32))
@@ -439,14 +448,10 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
 class ShapesEncoderTest(tf.test.TestCase):
     def test_features_and_coordinates(self):
         keras.utils.set_random_seed(0)
-        model = ShowAttendTell(
-            VOCAB,
-            embed_dim=WIDTH,
-            hidden_dim=WIDTH,
-            attention_dim=WIDTH,
-            encoder="shapes_cnn",
-            image_size=112,
+        decoder = AttentionDecoder(
+            VOCAB, embed_dim=WIDTH, hidden_dim=WIDTH, attention_dim=WIDTH, name="decoder"
         )
+        model = ShowAttendTell(decoder, encoder=ImageEncoder("shapes_cnn", 112, name="encoder"))
         model.build()
         self.assertEqual(model.grid, (14, 14))
         self.assertEqual(model.feature_dim, 50)

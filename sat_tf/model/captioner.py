@@ -5,6 +5,8 @@ Batches are dicts: {"image": (B, S, S, 3) float pixels in [0, 255]} or
 ids `<start> w1 .. wn <end>` padded with 0.
 """
 
+import dataclasses
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -12,136 +14,70 @@ import tensorflow as tf
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model import decoding
 from sat_tf.model import losses as losses_lib
+from sat_tf.model import reinforce as reinforce_lib
 from sat_tf.model.decoder import AttentionDecoder
 from sat_tf.model.encoder import ImageEncoder
-
-BASELINE_SLOTS = 128
+from sat_tf.model.resumable import ResumableModel
 
 
 @keras.saving.register_keras_serializable(package="sat_tf")
-class ShowAttendTell(keras.Model):
+class ShowAttendTell(ResumableModel):
     """Show, Attend and Tell (Xu et al., 2015).
 
     Args:
-      vocab_size, embed_dim, hidden_dim, attention_dim, attention, attention_score,
-        dropout: see `AttentionDecoder`.
-      encoder: backbone name in `encoder.REGISTRY`, or None when the model reads cached
-        features.
-      image_size: encoder input size.
-      encoder_weights: see `ImageEncoder`; like there, not kept in `get_config`.
-      train_encoder: update the encoder's weights too.
+      decoder: the `AttentionDecoder` (or its serialized config).
+      encoder: the `ImageEncoder` (or its serialized config), trained when it is
+        trainable; None when the model reads cached features.
       feature_dim: D of cached features (only without an encoder).
       grid: (H, W) of cached features (only without an encoder), for attention maps.
       alpha_c: weight of the doubly stochastic penalty (soft attention, §4.2.1).
-      reinforce_weight, entropy_weight: lambda_r, lambda_e of the hard objective (§4.1).
-      reward_to_go: credit s_t with the log-likelihood of words t.. only, not the
-        whole caption's (`losses.reinforce_reward`).
-      reinforce_baseline: "moving_average" (paper 4.1): one moving average per number
-        of words the reward covers (rewards `log p(y|s,a)` of captions of different
-        lengths differ by far more than the samples make them differ, and batches hold
-        one length); "argmax": the reward of the same caption decoded with every
-        location at `argmax alpha` (the path captioning takes), computed without
-        gradient; it does not depend on the samples, so the estimate stays unbiased,
-        and it removes how hard each image's caption is from the advantage.
-      baseline_decay: decay of the moving-average baselines.
-      hard_mix_prob: chance that a sequence uses the expected context (hard attention).
-      hard_warmup_steps: hard attention: every sequence uses the expected context for the
-        first this many optimizer steps; sampling and the REINFORCE term start after it.
-      hard_gate: see `AttentionDecoder`.
+      reinforce: dict of `reinforce.Settings` fields (hard attention, §4.1); None for
+        the paper's.
       seed: seed of the hard-attention samples.
     """
 
     def __init__(
         self,
-        vocab_size,
-        embed_dim=64,
-        hidden_dim=256,
-        attention_dim=64,
-        attention="soft",
-        attention_score="additive",
-        dropout=0.2,
-        encoder="shapes_cnn",
-        image_size=112,
-        encoder_weights=None,
-        train_encoder=True,
+        decoder,
+        encoder=None,
         feature_dim=None,
         grid=None,
         alpha_c=0.0,
-        reinforce_weight=1.0,
-        entropy_weight=0.002,
-        reward_to_go=False,
-        reinforce_baseline="moving_average",
-        baseline_decay=0.9,
-        hard_mix_prob=0.5,
-        hard_warmup_steps=0,
-        hard_gate=False,
+        reinforce=None,
         seed=0,
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.vocab_size = vocab_size
-        self.embed_dim = embed_dim
-        self.hidden_dim = hidden_dim
-        self.attention_dim = attention_dim
-        self.attention = attention
-        self.attention_score = attention_score
-        self.dropout = dropout
-        self.encoder_name = encoder
-        self.image_size = image_size
-        self.encoder_weights = encoder_weights
-        self.train_encoder = train_encoder
-        self.feature_dim = feature_dim
+        if isinstance(encoder, dict):
+            encoder = keras.saving.deserialize_keras_object(encoder)
+        if isinstance(decoder, dict):
+            decoder = keras.saving.deserialize_keras_object(decoder)
         self.alpha_c = alpha_c
-        self.reinforce_weight = reinforce_weight
-        self.entropy_weight = entropy_weight
-        self.reward_to_go = reward_to_go
-        if reinforce_baseline not in ("moving_average", "argmax"):
-            raise ValueError(f"reinforce_baseline={reinforce_baseline!r} is not a baseline")
-        self.reinforce_baseline = reinforce_baseline
-        self.baseline_decay = baseline_decay
-        self.hard_mix_prob = hard_mix_prob
-        self.hard_warmup_steps = hard_warmup_steps
+        self.settings = reinforce_lib.Settings(**(reinforce or {}))
         self.seed = seed
-
-        self.encoder = None
-        if encoder:
-            self.encoder = ImageEncoder(encoder, image_size, encoder_weights, name="encoder")
-            self.encoder.trainable = train_encoder
-            height, width, self.feature_dim = self.encoder.feature_grid()
+        self.encoder = encoder
+        if encoder is not None:
+            height, width, self.feature_dim = encoder.feature_grid()
             self.grid = (height, width)
         elif feature_dim is None:
             raise ValueError("a model without an encoder needs feature_dim")
         else:
+            self.feature_dim = feature_dim
             self.grid = tuple(grid) if grid else None
-        self.decoder = AttentionDecoder(
-            vocab_size,
-            embed_dim=embed_dim,
-            hidden_dim=hidden_dim,
-            attention_dim=attention_dim,
-            attention=attention,
-            attention_score=attention_score,
-            dropout=dropout,
-            hard_gate=hard_gate,
-            name="decoder",
-        )
-        self.baseline = self.add_weight(
-            shape=(BASELINE_SLOTS,),
-            initializer="zeros",
-            trainable=False,
-            aggregation="only_first_replica",
-            name="reinforce_baseline",
-        )
-        self.baseline_seen = self.add_weight(
-            shape=(BASELINE_SLOTS,),
-            initializer="zeros",
-            trainable=False,
-            aggregation="only_first_replica",
-            name="reinforce_baseline_seen",
-        )
+        self.decoder = decoder
+        self.baseline, self.baseline_seen = reinforce_lib.add_baselines(self)
         self.seed_generator = keras.random.SeedGenerator(seed, name="hard_attention_seed")
         self.loss_tracker = keras.metrics.Mean(name="loss")
         self.nll_tracker = keras.metrics.Mean(name="nll_per_word")
         self.reward_tracker = keras.metrics.Mean(name="reward")
+
+    @property
+    def vocab_size(self):
+        return self.decoder.vocab_size
+
+    @property
+    def attention(self):
+        return self.decoder.attention
 
     @property
     def metrics(self):
@@ -152,52 +88,10 @@ class ShowAttendTell(keras.Model):
 
     def build(self, input_shape=None):
         if self.encoder is not None:
-            size = self.image_size
+            size = self.encoder.image_size
             self.encoder.build((None, size, size, 3))
         self.decoder.build((None, None, self.feature_dim))
         self.built = True
-
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        """Builds the optimizer only: `build()` made every variable, and no losses or
-        metrics are compiled. Keras's own version first reduces a dict batch across
-        replicas, which fails under `MultiWorkerMirroredStrategy` (keras-team/keras#20329).
-        """
-        if self.optimizer is not None and not self.optimizer.built:
-            with self.distribute_strategy.scope():
-                self.optimizer.build(self.trainable_variables)
-
-    def _random_states(self):
-        """The state of every random generator in the model (hard-attention samples,
-        dropout masks), in a fixed order."""
-        return [
-            generator.state
-            for layer in self._flatten_layers(include_self=True)
-            for generator in getattr(layer, "_seed_generators", ())
-        ]
-
-    def save_own_variables(self, store):
-        """Saves the baselines and the random generators' states with the weights, so
-        that a run resumed from a backup draws the random numbers an uninterrupted run
-        draws (Keras saves neither generator state by itself)."""
-        super().save_own_variables(store)
-        for i, state in enumerate(self._random_states()):
-            store[f"random_state_{i}"] = state
-
-    def load_own_variables(self, store):
-        own = self._trainable_variables + self._non_trainable_variables
-        numbered = [k for k in store.keys() if k.isdigit()]
-        if len(numbered) != len(own):
-            raise ValueError(
-                f"the file holds {len(numbered)} variables of the model itself, the model has "
-                f"{len(own)}: it was saved from another configuration"
-            )
-        for i, variable in enumerate(own):
-            variable.assign(store[f"{i}"])
-        states = self._random_states()
-        keys = [f"random_state_{i}" for i in range(len(states))]
-        if all(k in store.keys() for k in keys):
-            for key, state in zip(keys, states, strict=True):
-                state.assign(store[key])
 
     def encode(self, batch, training=False):
         """(B, L, D) annotation vectors of a batch (from "image" or "features")."""
@@ -205,36 +99,17 @@ class ShowAttendTell(keras.Model):
             return tf.cast(batch["features"], tf.float32)
         if self.encoder is None:
             raise ValueError("this model reads cached features; the batch has no 'features'")
-        return self.encoder(batch["image"], training=training and self.train_encoder)
+        return self.encoder(batch["image"], training=training and self.encoder.trainable)
 
     def call(self, batch, training=False):
         """Teacher-forced outputs (see `AttentionDecoder.call`) for batch["caption"]."""
         features = self.encode(batch, training=training)
         return self.decoder(features, batch["caption"][:, :-1], training=training)
 
-    def _hard_noise(self, features, steps):
-        """Gumbel noise fixing s_t for every step and the per-sequence mixing choice.
-
-        Under a `tf.distribute` strategy the noise is drawn for the global batch and each
-        replica keeps its own rows: replicas sample independently, and a step draws the
-        same samples on any number of replicas.
-        """
-        batch, length = tf.shape(features)[0], tf.shape(features)[1]
-        replicas, replica = 1, 0
-        context = tf.distribute.get_replica_context()
-        if context is not None:
-            replicas = context.num_replicas_in_sync
-            replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
-        rows = replica * batch + tf.range(batch)
-        shape = tf.stack([replicas * batch, steps, length])
-        u = keras.random.uniform(shape, minval=1e-9, maxval=1.0, seed=self.seed_generator)
-        mix = keras.random.uniform([replicas * batch], seed=self.seed_generator)
-        mix_prob = tf.constant(self.hard_mix_prob, tf.float32)
-        if self.hard_warmup_steps > 0 and getattr(self, "optimizer", None) is not None:
-            warming_up = self.optimizer.iterations < self.hard_warmup_steps
-            mix_prob = tf.where(warming_up, 1.0, mix_prob)
-        u, mix = tf.gather(u, rows), tf.gather(mix, rows) < mix_prob
-        return -tf.math.log(-tf.math.log(u)), mix
+    def hard_noise(self, features, steps):
+        """`reinforce.sample_noise` from the model's generator, at the optimizer's step."""
+        prob = reinforce_lib.mix_prob(self.settings, getattr(self, "optimizer", None))
+        return reinforce_lib.sample_noise(self.seed_generator, features, steps, prob)
 
     def loss_terms(self, batch, training=True, gumbel_noise=None, use_expected=None):
         """Per-sequence objective and its parts.
@@ -248,8 +123,8 @@ class ShowAttendTell(keras.Model):
           dict of (B,) tensors: "objective" (what is minimised), "loss" (the reported
           loss: -log p(y|a), plus the penalty for soft attention), "log_likelihood",
           "words" (unmasked targets), and for hard attention "reward" (log p(y|s,a)),
-          "sampled" (1.0 where a sample was used) and what moves the moving averages:
-          "step_reward" ((B,) or (B, T) rewards to go), "baseline_slot", "baseline_weight".
+          "sampled" (1.0 where a sample was used) and what moves the moving averages
+          (`reinforce.hard_terms`).
         """
         captions = batch["caption"]
         targets = captions[:, 1:]
@@ -257,7 +132,7 @@ class ShowAttendTell(keras.Model):
         features = self.encode(batch, training=training)
         hard = self.attention == "hard" and training
         if hard and gumbel_noise is None:
-            gumbel_noise, use_expected = self._hard_noise(features, tf.shape(targets)[1])
+            gumbel_noise, use_expected = self.hard_noise(features, tf.shape(targets)[1])
         outputs = self.decoder(
             features,
             captions[:, :-1],
@@ -268,43 +143,29 @@ class ShowAttendTell(keras.Model):
         word_ll = losses_lib.word_log_likelihood(outputs["logits"], targets, mask)
         log_likelihood = tf.reduce_sum(word_ll, axis=1)
         terms = {"log_likelihood": log_likelihood, "words": tf.reduce_sum(mask, axis=1)}
+        terms["loss"] = -log_likelihood
         if hard:
             sampled = 1.0 - tf.cast(use_expected, tf.float32)
-            reward = losses_lib.reinforce_reward(word_ll, self.reward_to_go)
-            slots = self._baseline_slots(terms["words"], mask if self.reward_to_go else None)
-            if self.reinforce_baseline == "argmax":
-                # Skipped when no caption sampled (the warm-up): nothing would use it.
-                baseline = tf.cond(
-                    tf.reduce_any(sampled > 0),
-                    lambda: self._argmax_reward(features, captions, mask),
-                    lambda: tf.zeros_like(reward),
+            terms.update(
+                reinforce_lib.hard_terms(
+                    self.settings,
+                    self.decoder,
+                    self.baseline,
+                    features,
+                    captions,
+                    mask,
+                    word_ll,
+                    outputs,
+                    sampled,
                 )
-            else:
-                baseline = tf.gather(self.baseline, slots)
-            terms["objective"] = losses_lib.reinforce_surrogate(
-                log_likelihood,
-                outputs["log_p_s"],
-                outputs["entropy"],
-                mask,
-                sampled,
-                baseline,
-                self.reinforce_weight,
-                self.entropy_weight,
-                reward=reward,
             )
-            # The moving averages are kept with either baseline.
-            terms["step_reward"] = reward
-            terms["baseline_slot"] = slots
-            terms["baseline_weight"] = sampled[:, None] * mask if self.reward_to_go else sampled
             terms["reward"] = log_likelihood
             terms["sampled"] = sampled
-            terms["loss"] = -log_likelihood
         else:
-            loss = -log_likelihood
             if self.attention == "soft" and self.alpha_c > 0:
                 penalty = losses_lib.doubly_stochastic_penalty(outputs["alpha"], mask)
-                loss += self.alpha_c * penalty
-            terms["loss"] = terms["objective"] = loss
+                terms["loss"] += self.alpha_c * penalty
+            terms["objective"] = terms["loss"]
         return terms
 
     def _update_trackers(self, terms):
@@ -316,47 +177,6 @@ class ShowAttendTell(keras.Model):
         if "reward" in terms:
             self.reward_tracker.update_state(terms["reward"])
 
-    @staticmethod
-    def _baseline_slots(words, mask=None):
-        """Moving-average slot of each reward: the number of words it covers (capped).
-
-        Args:
-          words: (B,) target words per caption.
-          mask: None for one reward per caption (slots (B,)); (B, T) for rewards to go,
-            where step t's reward covers `words - t` words (slots (B, T)).
-        """
-        covered = words if mask is None else tf.math.cumsum(mask, axis=1, reverse=True)
-        return tf.minimum(tf.cast(covered, tf.int32), BASELINE_SLOTS - 1)
-
-    def _argmax_reward(self, features, captions, mask):
-        """The reward of each caption with every location at `argmax alpha`, without
-        dropout and without gradient: the "argmax" baseline."""
-        outputs = self.decoder(tf.stop_gradient(features), captions[:, :-1], training=False)
-        word_ll = losses_lib.word_log_likelihood(outputs["logits"], captions[:, 1:], mask)
-        return tf.stop_gradient(losses_lib.reinforce_reward(word_ll, self.reward_to_go))
-
-    def _update_baseline(self, reward, slots, weight):
-        """`b_n <- d b_n + (1 - d) mean(r)` for every number of words n in the batch.
-
-        The mean is over the rewards of captions that used a sampled location (`weight`
-        1.0; for rewards to go also 0.0 at padded steps): the baseline estimates the
-        reward of a sampled trajectory (paper §4.1), which the expected-context captions
-        would inflate. The first batch of a slot sets it. Means are over the global batch
-        under a `tf.distribute` strategy.
-        """
-        reward, slots, weight = (tf.reshape(x, [-1]) for x in (reward, slots, weight))
-        sums = tf.math.unsorted_segment_sum(reward * weight, slots, BASELINE_SLOTS)
-        counts = tf.math.unsorted_segment_sum(weight, slots, BASELINE_SLOTS)
-        context = tf.distribute.get_replica_context()
-        if context is not None:
-            sums, counts = context.all_reduce("sum", [sums, counts])
-        present = counts > 0
-        mean = sums / tf.maximum(counts, 1.0)
-        decay = self.baseline_decay
-        moved = tf.where(self.baseline_seen > 0, decay * self.baseline + (1 - decay) * mean, mean)
-        self.baseline.assign(tf.where(present, moved, self.baseline))
-        self.baseline_seen.assign(tf.maximum(self.baseline_seen, tf.cast(present, tf.float32)))
-
     def train_step(self, batch):
         batch, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
         with tf.GradientTape() as tape:
@@ -367,8 +187,13 @@ class ShowAttendTell(keras.Model):
         grads = tape.gradient(scaled, variables)
         self.optimizer.apply(grads, variables)
         if self.attention == "hard":
-            self._update_baseline(
-                terms["step_reward"], terms["baseline_slot"], terms["baseline_weight"]
+            reinforce_lib.update_baselines(
+                self.baseline,
+                self.baseline_seen,
+                self.settings.baseline_decay,
+                terms["step_reward"],
+                terms["baseline_slot"],
+                terms["baseline_weight"],
             )
         self._update_trackers(terms)
         return self._logs(self.metrics)
@@ -377,15 +202,6 @@ class ShowAttendTell(keras.Model):
         batch, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
         self._update_trackers(self.loss_terms(batch, training=False))
         return self._logs([self.loss_tracker, self.nll_tracker])
-
-    def _logs(self, metrics):
-        """{name: result}; shape (1,) across workers, where Keras averages the logs
-        of the replicas along axis 0 (keras-team/keras#20585), else scalars."""
-        strategy = tf.distribute.get_strategy()
-        multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
-            strategy.extended._in_multi_worker_mode()
-        )
-        return {m.name: tf.reshape(m.result(), [1] if multi_worker else []) for m in metrics}
 
     def generate(self, batch, max_length=40, beam_size=1, length_penalty=0.0):
         """Captions a batch in the graph: greedy for beam_size 1, else beam search.
@@ -424,78 +240,76 @@ class ShowAttendTell(keras.Model):
         )
 
     def get_config(self):
+        def serialize(layer):
+            # `build()` builds the sublayers; their build shapes would not survive JSON.
+            return {
+                k: v
+                for k, v in keras.saving.serialize_keras_object(layer).items()
+                if k != "build_config"
+            }
+
         return {
             **super().get_config(),
-            "vocab_size": self.vocab_size,
-            "embed_dim": self.embed_dim,
-            "hidden_dim": self.hidden_dim,
-            "attention_dim": self.attention_dim,
-            "attention": self.attention,
-            "attention_score": self.attention_score,
-            "dropout": self.dropout,
-            "encoder": self.encoder_name,
-            "image_size": self.image_size,
-            "encoder_weights": None,
-            "train_encoder": self.train_encoder,
+            "decoder": serialize(self.decoder),
+            "encoder": serialize(self.encoder) if self.encoder is not None else None,
             "feature_dim": self.feature_dim if self.encoder is None else None,
             "grid": self.grid if self.encoder is None else None,
             "alpha_c": self.alpha_c,
-            "reinforce_weight": self.reinforce_weight,
-            "entropy_weight": self.entropy_weight,
-            "reward_to_go": self.reward_to_go,
-            "reinforce_baseline": self.reinforce_baseline,
-            "baseline_decay": self.baseline_decay,
-            "hard_mix_prob": self.hard_mix_prob,
-            "hard_warmup_steps": self.hard_warmup_steps,
-            "hard_gate": self.decoder.hard_gate,
+            "reinforce": dataclasses.asdict(self.settings),
             "seed": self.seed,
         }
 
 
-def build_model(config, vocab_size, feature_shape=None, load_encoder_weights=True):
+# Config fields that are the decoder's arguments of the same name.
+DECODER_FIELDS = (
+    "embed_dim",
+    "hidden_dim",
+    "attention_dim",
+    "attention",
+    "attention_score",
+    "dropout",
+    "hard_gate",
+)
+
+
+def build_model(config, vocab_size, feature_shape=None, grid=None, load_encoder_weights=True):
     """Builds a `ShowAttendTell` from a `Config`.
 
     Args:
       config: `sat_tf.config.Config`.
       vocab_size: number of words including the special tokens.
       feature_shape: (L, D) of cached features when config.use_feature_cache.
+      grid: (H, W) of cached features (from their index); None takes a square grid.
       load_encoder_weights: read `config.encoder_weights`; False when trained weights
         are loaded next anyway (no download, no need for the original file).
 
     Returns:
       a built, uncompiled model.
     """
-    weights = config.encoder_weights or None
+    decoder = AttentionDecoder(
+        vocab_size, name="decoder", **{f: getattr(config, f) for f in DECODER_FIELDS}
+    )
     kwargs = dict(
-        vocab_size=vocab_size,
-        embed_dim=config.embed_dim,
-        hidden_dim=config.hidden_dim,
-        attention_dim=config.attention_dim,
-        attention=config.attention,
-        attention_score=config.attention_score,
-        dropout=config.dropout,
         alpha_c=config.alpha_c,
-        reinforce_weight=config.reinforce_weight,
-        entropy_weight=config.entropy_weight,
-        reward_to_go=config.reinforce_reward == "to_go",
-        reinforce_baseline=config.reinforce_baseline,
-        baseline_decay=config.baseline_decay,
-        hard_mix_prob=config.hard_mix_prob,
-        hard_warmup_steps=config.hard_warmup_steps,
-        hard_gate=config.hard_gate,
+        reinforce={
+            f.name: getattr(config, f.name) for f in dataclasses.fields(reinforce_lib.Settings)
+        },
         seed=config.seed,
     )
     if config.use_feature_cache:
-        side = int(round(feature_shape[0] ** 0.5))
-        grid = (side, feature_shape[0] // side)
-        model = ShowAttendTell(encoder=None, feature_dim=feature_shape[-1], grid=grid, **kwargs)
+        if grid is None:
+            side = int(round(feature_shape[0] ** 0.5))
+            grid = (side, feature_shape[0] // side)
+        model = ShowAttendTell(decoder, feature_dim=feature_shape[-1], grid=grid, **kwargs)
     else:
-        model = ShowAttendTell(
-            encoder=config.encoder,
-            image_size=config.image_size,
-            encoder_weights=weights if load_encoder_weights else None,
-            train_encoder=config.fine_tune_encoder or weights is None,
-            **kwargs,
+        weights = config.encoder_weights or None
+        encoder = ImageEncoder(
+            config.encoder,
+            config.image_size,
+            weights if load_encoder_weights else None,
+            name="encoder",
         )
+        encoder.trainable = config.fine_tune_encoder or weights is None
+        model = ShowAttendTell(decoder, encoder=encoder, **kwargs)
     model.build()
     return model

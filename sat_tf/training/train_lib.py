@@ -507,13 +507,15 @@ def load_trained(workdir: str):
         raise ValueError(f"{workdir} is not a sat_tf workdir: {CONFIG_FILE} is missing")
     config = Config.load(config_path)
     vocab = vocab_lib.Vocab.load(os.path.join(workdir, VOCAB_FILE))
-    feature_shape = None
+    feature_shape = grid = None
     if config.use_feature_cache:
         features_path = os.path.join(workdir, FEATURES_FILE)
         if not os.path.exists(features_path):
             raise ValueError(f"{workdir} trained on cached features lacks {FEATURES_FILE}")
         with open(features_path, encoding="utf-8") as f:
-            feature_shape = tuple(json.load(f)["feature_shape"])
+            stored = json.load(f)
+        feature_shape = tuple(stored["feature_shape"])
+        grid = tuple(stored["grid"]) if "grid" in stored else None
     info_path = os.path.join(workdir, BEST_INFO)
     if os.path.exists(info_path):
         with open(info_path, encoding="utf-8") as f:
@@ -525,7 +527,7 @@ def load_trained(workdir: str):
                 f"{info.get('vocab_fingerprint')}), {VOCAB_FILE} has {len(vocab)} words "
                 f"(fingerprint {vocab.fingerprint})"
             )
-    model = build_model(config, len(vocab), feature_shape, load_encoder_weights=False)
+    model = build_model(config, len(vocab), feature_shape, grid, load_encoder_weights=False)
     for path in (
         os.path.join(workdir, BEST_WEIGHTS),
         os.path.join(workdir, "backup", "latest.weights.h5"),
@@ -571,8 +573,10 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
     cached, feature_shape = cached_features(config, train)
     checked = data.splits["val"] if config.use_feature_cache else train + data.splits["val"]
     input_pipeline.check_image_files([r.image_path for r in checked])
+    grid = None
     if config.use_feature_cache:
         index = features.read_index(features.feature_dir_of(config))
+        grid = tuple(index["grid"])
         keys = ("feature_dir", "encoder", "encoder_weights", "image_size", "feature_shape", "grid")
         index["feature_dir"] = os.path.abspath(features.feature_dir_of(config))
         _write_json(os.path.join(workdir, FEATURES_FILE), {k: index[k] for k in keys})
@@ -594,7 +598,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
     )
     strategy = _strategy(config)
     with strategy.scope():
-        model = build_model(config, len(data.vocab), feature_shape)
+        model = build_model(config, len(data.vocab), feature_shape, grid)
         model.compile(
             optimizer=_optimizer(config, config.epochs * steps), jit_compile=config.jit_compile
         )
