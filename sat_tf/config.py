@@ -12,6 +12,8 @@ import os
 from collections.abc import Collection
 from typing import Any
 
+from sat_tf import files
+
 DATASETS = ("shapes", "flickr8k", "flickr30k", "coco", "coco_captions_tfds")
 ATTENTIONS = ("soft", "hard", "none")
 ATTENTION_SCORES = ("additive", "dot")
@@ -206,10 +208,7 @@ class Config:
 
     def save(self, path: str) -> None:
         """Writes the config as JSON atomically (temp file + rename)."""
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(self.to_json())
-        os.replace(tmp, path)
+        files.write_text(path, self.to_json())
 
 
 def derived_dir(config: Config) -> str:

@@ -25,7 +25,7 @@ import tempfile
 import keras
 import tensorflow as tf
 
-from sat_tf.data import input_pipeline
+from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model.encoder import ImageEncoder, crop_fraction_of
 from sat_tf.training import train_lib
@@ -46,7 +46,7 @@ class ExportSpec:
 
     Attributes:
       image_size: side S of the square encoder input.
-      crop_fraction: see `input_pipeline.resize_and_crop`.
+      crop_fraction: see `image_io.resize_and_crop`.
       grid: (H, W) of the attention grid, L = H * W.
       feature_dim: D of the annotation vectors.
       max_length: T, tokens decoded per caption (`<end>` included).
@@ -79,7 +79,7 @@ def _format_matches(data):
 
 
 def decodable(image_bytes):
-    """bool (N,): which images the decoder of `input_pipeline.decode_image` reads.
+    """bool (N,): which images the decoder of `image_io.decode_image` reads.
 
     A graph cannot catch an op's error, but `tf.data` can drop the elements whose map
     fails; the mask lets `check_image_bytes` name the index of a truncated or corrupt
@@ -148,7 +148,7 @@ def decode_images(image_bytes, image_size, crop_fraction):
     def decode(args):
         data, i, decodes = args
         data = check_image_bytes(data, i, decodes)
-        return input_pipeline.decode_image(data, image_size, crop_fraction)
+        return image_io.decode_image(data, image_size, crop_fraction)
 
     return tf.map_fn(
         decode,
@@ -170,7 +170,7 @@ def resize_images(images, image_size, crop_fraction):
     )
     with tf.control_dependencies([check]):
         images = tf.identity(images)
-    return input_pipeline.resize_and_crop(images, image_size, crop_fraction)
+    return image_io.resize_and_crop(images, image_size, crop_fraction)
 
 
 def join_words(words, tokens, length):

@@ -1,7 +1,6 @@
 """Tests for sat_tf.decoder against a NumPy version of the paper's equations (§3.1.2, §4)."""
 
-import os
-
+import fixtures
 import keras
 import numpy as np
 import tensorflow as tf
@@ -285,15 +284,7 @@ class AttentionDecoderTest(tf.test.TestCase, parameterized.TestCase):
         config = decoder.get_config()
         self.assertEqual(config["attention"], attention)
         self.assertEqual(config["attention_score"], score)
-        clone = AttentionDecoder.from_config(config)
-        self.assertEqual(clone.get_config(), config)
-        clone.build((None, LOCATIONS, FEATURES))
-        for src, dst in zip(decoder.weights, clone.weights, strict=True):
-            self.assertEqual(src.path, dst.path)
-            dst.assign(src)
-        self.assertAllClose(
-            clone(features, captions)["logits"], decoder(features, captions)["logits"], atol=1e-6
-        )
+        fixtures.check_round_trip(self, decoder, features, captions, output=lambda y: y["logits"])
 
     @parameterized.product(attention=ATTENTIONS, score=SCORES)
     def test_keras_save_load(self, attention, score):
@@ -303,11 +294,8 @@ class AttentionDecoderTest(tf.test.TestCase, parameterized.TestCase):
         caption_input = keras.Input((STEPS,), dtype="int32", name="captions")
         outputs = decoder(feature_input, caption_input)
         wrapper = keras.Model([feature_input, caption_input], outputs["logits"])
-        path = os.path.join(self.get_temp_dir(), f"{attention}_{score}.keras")
-        keras.saving.save_model(wrapper, path)
-        loaded = keras.saving.load_model(path, safe_mode=True)
         expected = _numpy_decode(decoder, features, captions)["logits"]
-        self.assertAllClose(loaded([features, captions]), expected, atol=1e-4)
+        fixtures.check_saved_model_file(self, wrapper, [features, captions], expected, 1e-4)
 
     def test_bad_arguments(self):
         with self.assertRaisesRegex(ValueError, "attention"):

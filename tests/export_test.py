@@ -14,13 +14,15 @@ import tempfile
 import numpy as np
 import pytest
 import tensorflow as tf
-from ai_edge_litert.interpreter import Interpreter
-from serving_test import MAX_LENGTH, encode, scenes, tiny_model
-from tensorflow_serving.apis import predict_pb2
+from fixtures import MAX_LENGTH, encode, scenes, tiny_model
 
 from sat_tf import serving
-from sat_tf.data import input_pipeline
+from sat_tf.data import image_io
 from sat_tf.training import train_lib
+
+# The `export` extra (pip install -e ".[export]"): without it these tests are skipped.
+Interpreter = pytest.importorskip("ai_edge_litert.interpreter").Interpreter
+predict_pb2 = pytest.importorskip("tensorflow_serving.apis.predict_pb2")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "export", "serving"))
@@ -156,7 +158,7 @@ class ExportTest(tf.test.TestCase):
         cls.png = [encode(x, "PNG") for x in cls.images]
         cls.other_size = scenes(5, 4, 140, 120)
         pixels = cls.images.astype(np.float32)
-        resized = input_pipeline.resize_and_crop(cls.other_size, 112, 1.0)
+        resized = image_io.resize_and_crop(cls.other_size, 112, 1.0)
         cls.features = cls.model.encoder(pixels).numpy()
         cls.want, cls.want_resized = {}, {}
         for beam in (1, 2):
@@ -306,14 +308,14 @@ class ExportTest(tf.test.TestCase):
             ([good, corrupt], rf"image_bytes\[1\] \({len(good)} bytes\) .* PNG file"),
             ([], r"image_bytes holds no images"),
         ]
-        for images, message in cases:
+        for request, message in cases:
             with self.assertRaisesRegex(tf.errors.InvalidArgumentError, message):
-                serve(image_bytes=tf.constant(images, tf.string))
+                serve(image_bytes=tf.constant(request, tf.string))
 
         rgba = np.concatenate([self.images[:2], np.full((2, 112, 112, 1), 99, np.uint8)], -1)
         gray_jpeg = encode(self.images[2], "JPEG", mode="L")
         got = serve(image_bytes=tf.constant([encode(x, "PNG") for x in rgba] + [gray_jpeg]))
-        gray = input_pipeline.decode_image(gray_jpeg, 112, 1.0)
+        gray = image_io.decode_image(gray_jpeg, 112, 1.0)
         self.assertAllEqual(got["tokens"][:2], self.want[1].tokens[:2])
         self.assertAllEqual(got["tokens"][2:], self.generate({"image": gray[None]}, 1).tokens)
 
@@ -323,12 +325,12 @@ class ExportTest(tf.test.TestCase):
         runner = Interpreter(model_path=path).get_signature_runner()
         caption_images = tf.saved_model.load(self.greedy_dir).signatures["caption_images"]
         words = np.array(self.vocab.words, dtype=object)
-        for images in (self.images, self.other_size):
-            saved = {k: v.numpy() for k, v in caption_images(images=tf.constant(images)).items()}
+        for batch in (self.images, self.other_size):
+            saved = {k: v.numpy() for k, v in caption_images(images=tf.constant(batch)).items()}
             self.assertGreater(len(set(saved["caption"])), 1)
             # The app's resize, as caption_images resizes inside the graph.
-            pixels = input_pipeline.resize_and_crop(images, 112, 1.0).numpy()
-            for i in range(len(images)):
+            pixels = image_io.resize_and_crop(batch, 112, 1.0).numpy()
+            for i in range(len(batch)):
                 out = runner(image=pixels[i : i + 1])
                 self.assertAllEqual(out["tokens"], saved["tokens"][i : i + 1])
                 self.assertAllEqual(out["length"], saved["length"][i : i + 1])

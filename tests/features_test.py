@@ -15,7 +15,7 @@ from absl.testing import parameterized
 from PIL import Image
 
 from sat_tf.config import Config
-from sat_tf.data import datasets, input_pipeline
+from sat_tf.data import datasets, image_io, input_pipeline
 from sat_tf.data import feature_cache as features
 from sat_tf.data.vocab import UNK, Vocab
 from sat_tf.evaluation import metrics
@@ -232,9 +232,7 @@ class FeatureCacheTest(tf.test.TestCase, parameterized.TestCase):
         for name in names:
             stored.update(read_shard(os.path.join(self.out, name)))
         encoder = ImageEncoder("shapes_cnn", IMAGE_SIZE, self.weights)
-        pixels = [
-            input_pipeline.load_image_file(r.image_path, IMAGE_SIZE, 1.0) for r in self.records
-        ]
+        pixels = [image_io.load_image_file(r.image_path, IMAGE_SIZE, 1.0) for r in self.records]
         expected = encoder(tf.stack(pixels)).numpy()
         self.assertEqual(expected.shape, (6, 16, DEPTH))
         got = np.stack([stored[r.image_id] for r in self.records]).astype(np.float32)

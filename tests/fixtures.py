@@ -1,14 +1,91 @@
-"""Fixture writers shared by the dataset and end-to-end tests: official COCO caption files
-and TFDS `coco_captions` served through `tfds.testing.mock_data`."""
+"""What several test modules share: tiny images and models, the tiny training settings,
+the layer round-trip check, official COCO caption files and TFDS `coco_captions`
+served through `tfds.testing.mock_data`."""
 
 import functools
 import io
 import json
 import os
 
+import keras
+import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 from PIL import Image
+
+from sat_tf.config import Config
+from sat_tf.data import vocab as vocab_lib
+from sat_tf.model.captioner import build_model
+
+# Settings of a training run that takes seconds on the shapes set.
+TINY = dict(
+    num_train=40,
+    num_val=6,
+    num_test=6,
+    embed_dim=8,
+    hidden_dim=16,
+    attention_dim=8,
+    batch_size=8,
+    steps_per_epoch=3,
+    eval_images=6,
+    max_decode_length=10,
+    epochs=1,
+)
+
+
+WORDS = [*vocab_lib.SPECIALS, "a", "big", "small", "red", "blue", "circle", "square", "top"]
+MAX_LENGTH = 8
+
+
+def encode(pixels, fmt, mode=None, **kwargs):
+    """Bytes of `pixels` (H, W, 3) uint8 saved by PIL as `fmt`, converted to `mode` first."""
+    image = Image.fromarray(pixels)
+    if mode:
+        image = image.convert(mode)
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **kwargs)
+    return buffer.getvalue()
+
+
+def scenes(seed, count, height=112, width=112):
+    """uint8 (count, H, W, 3): a flat background with one coloured square each."""
+    rng = np.random.default_rng(seed)
+    side = min(height, width) // 4
+    images = np.empty((count, height, width, 3), np.uint8)
+    for image in images:
+        image[:] = rng.integers(0, 256, 3)
+        y, x = rng.integers(0, min(height, width) - side, 2)
+        image[y : y + side, x : x + side] = rng.integers(0, 256, 3)
+    return images
+
+
+def tiny_model(seed=2):
+    """A built shapes_cnn model whose captions depend on the image.
+
+    With seed 2 the four `scenes(0, 4)` get 3 different greedy captions (seeds 0 and 3
+    end every caption at once); the tests check that they differ before comparing.
+
+    Batch-norm scales of 2 keep the untrained encoder's features apart, N(0, 1) decoder
+    weights make the words depend on them; `<pad>` and `<start>` get a large negative
+    output bias (a trained model never emits them), `<end>` a positive one, so captions
+    stop at different lengths.
+    """
+    keras.utils.set_random_seed(seed)
+    config = Config(
+        embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0, max_decode_length=MAX_LENGTH
+    )
+    model = build_model(config, len(WORDS))
+    for variable in model.encoder.weights:
+        if variable.path.endswith("gamma"):
+            variable.assign(np.full(variable.shape, 2.0, np.float32))
+    rng = np.random.default_rng(seed + 1)
+    for variable in model.decoder.weights:
+        variable.assign(rng.normal(size=variable.shape).astype(np.float32))
+    bias = model.decoder.deep_output.bias.numpy()
+    bias[[vocab_lib.PAD_ID, vocab_lib.START_ID]] = -30.0
+    bias[vocab_lib.END_ID] = 1.0
+    model.decoder.deep_output.bias.assign(bias)
+    return model, vocab_lib.Vocab(WORDS), config
 
 
 def coco_file_name(folder: str, image_id: int) -> str:
@@ -108,3 +185,34 @@ def mock_coco_captions(examples, calls=None):
         return ds.map(functools.partial(features.decode_example, decoders=decoders))
 
     return tfds.testing.mock_data(as_dataset_fn=as_dataset)
+
+
+def check_round_trip(test, layer, *args, output=lambda y: y, atol=1e-6):
+    """`from_config(get_config())` gives the same config and, with the layer's weights
+    copied in, the same output for `layer(*args)` (`output` picks what to compare).
+
+    Returns:
+      the clone.
+    """
+    config = layer.get_config()
+    clone = type(layer).from_config(config)
+    test.assertEqual(clone.get_config(), config)
+    clone(*args)
+    for src, dst in zip(layer.weights, clone.weights, strict=True):
+        test.assertEqual(src.path, dst.path)
+        dst.assign(src)
+    test.assertAllClose(output(clone(*args)), output(layer(*args)), atol=atol)
+    return clone
+
+
+def check_saved_model_file(test, model, inputs, expected, atol=1e-6):
+    """A `.keras` file of `model` loads in safe mode and gives `expected` for `inputs`.
+
+    Returns:
+      the loaded model.
+    """
+    path = os.path.join(test.get_temp_dir(), f"{model.name}.keras")
+    keras.saving.save_model(model, path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    test.assertAllClose(loaded(inputs), expected, atol=atol)
+    return loaded

@@ -11,7 +11,7 @@ import pytest
 from nltk.translate.bleu_score import brevity_penalty, corpus_bleu
 from pycocoevalcap.bleu.bleu import Bleu
 
-from sat_tf.evaluation import metrics
+from sat_tf.evaluation import java_tools, metrics
 
 HAS_JAVA = shutil.which("java") is not None
 needs_java = pytest.mark.skipif(not HAS_JAVA, reason="java is not installed")
@@ -153,7 +153,7 @@ def test_spice_without_java_is_unavailable(no_java):
 
 @needs_java
 def test_missing_meteor_jar_is_unavailable(monkeypatch):
-    monkeypatch.setattr(metrics._meteor_module, "METEOR_JAR", "no-such-meteor.jar")
+    monkeypatch.setattr(java_tools._meteor_module, "METEOR_JAR", "no-such-meteor.jar")
     scores = metrics.coco_scores(REFS, HYPS)
     assert "no-such-meteor.jar is missing" in scores["unavailable"]["METEOR"]
     assert scores["tokenizer"].startswith("PTBTokenizer")
@@ -161,9 +161,9 @@ def test_missing_meteor_jar_is_unavailable(monkeypatch):
 
 @needs_java
 def test_spice_missing_files_reported(monkeypatch, tmp_path):
-    monkeypatch.setattr(metrics._spice_module, "__file__", str(tmp_path / "spice.py"))
-    with pytest.raises(metrics._Unavailable, match="stanford-corenlp-3.6.0"):
-        metrics._spice("java", {"1": ["a"]}, {"1": ["a"]}, 10)
+    monkeypatch.setattr(java_tools._spice_module, "__file__", str(tmp_path / "spice.py"))
+    with pytest.raises(java_tools.Unavailable, match="stanford-corenlp-3.6.0"):
+        java_tools.spice("java", {"1": ["a"]}, {"1": ["a"]}, 10)
 
 
 @needs_java
@@ -207,8 +207,8 @@ def test_python_tokenizer_matches_java_ptb_tokenizer():
         "",
         "An Asian man wearing a black suit stands near a dark-haired woman .",
     ]
-    java = metrics._java_ptb_tokenize(shutil.which("java"), captions, 60)
-    assert [metrics.simple_ptb_tokenize(c) for c in captions] == java
+    java = java_tools.java_ptb_tokenize(shutil.which("java"), captions, 60)
+    assert [java_tools.simple_ptb_tokenize(c) for c in captions] == java
 
 
 @pytest.mark.parametrize(

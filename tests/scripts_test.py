@@ -13,10 +13,10 @@ import tempfile
 import numpy as np
 from absl import flags
 from absl.testing import absltest, parameterized
+from fixtures import TINY
 from nltk.translate.bleu_score import brevity_penalty, closest_ref_length
 from PIL import Image
 from pycocoevalcap.bleu.bleu import Bleu
-from train_lib_test import TINY
 
 from sat_tf import config as config_lib
 from sat_tf.config import Config

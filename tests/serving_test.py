@@ -1,75 +1,20 @@
 """Tests for sat_tf.serving in-process: request checks, captions, the three signatures."""
 
-import io
 import os
 import tempfile
 
-import keras
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
+from fixtures import MAX_LENGTH, WORDS, encode, scenes, tiny_model
 from PIL import Image
 
 from sat_tf import serving
 from sat_tf.config import Config
-from sat_tf.data import input_pipeline
+from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model.captioner import build_model
 from sat_tf.model.encoder import ImageEncoder
-
-WORDS = [*vocab_lib.SPECIALS, "a", "big", "small", "red", "blue", "circle", "square", "top"]
-MAX_LENGTH = 8
-
-
-def encode(pixels, fmt, mode=None, **kwargs):
-    """Bytes of `pixels` (H, W, 3) uint8 saved by PIL as `fmt`, converted to `mode` first."""
-    image = Image.fromarray(pixels)
-    if mode:
-        image = image.convert(mode)
-    buffer = io.BytesIO()
-    image.save(buffer, fmt, **kwargs)
-    return buffer.getvalue()
-
-
-def scenes(seed, count, height=112, width=112):
-    """uint8 (count, H, W, 3): a flat background with one coloured square each."""
-    rng = np.random.default_rng(seed)
-    side = min(height, width) // 4
-    images = np.empty((count, height, width, 3), np.uint8)
-    for image in images:
-        image[:] = rng.integers(0, 256, 3)
-        y, x = rng.integers(0, min(height, width) - side, 2)
-        image[y : y + side, x : x + side] = rng.integers(0, 256, 3)
-    return images
-
-
-def tiny_model(seed=2):
-    """A built shapes_cnn model whose captions depend on the image.
-
-    With seed 2 the four `scenes(0, 4)` get 3 different greedy captions (seeds 0 and 3
-    end every caption at once); the tests check that they differ before comparing.
-
-    Batch-norm scales of 2 keep the untrained encoder's features apart, N(0, 1) decoder
-    weights make the words depend on them; `<pad>` and `<start>` get a large negative
-    output bias (a trained model never emits them), `<end>` a positive one, so captions
-    stop at different lengths.
-    """
-    keras.utils.set_random_seed(seed)
-    config = Config(
-        embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0, max_decode_length=MAX_LENGTH
-    )
-    model = build_model(config, len(WORDS))
-    for variable in model.encoder.weights:
-        if variable.path.endswith("gamma"):
-            variable.assign(np.full(variable.shape, 2.0, np.float32))
-    rng = np.random.default_rng(seed + 1)
-    for variable in model.decoder.weights:
-        variable.assign(rng.normal(size=variable.shape).astype(np.float32))
-    bias = model.decoder.deep_output.bias.numpy()
-    bias[[vocab_lib.PAD_ID, vocab_lib.START_ID]] = -30.0
-    bias[vocab_lib.END_ID] = 1.0
-    model.decoder.deep_output.bias.assign(bias)
-    return model, vocab_lib.Vocab(WORDS), config
 
 
 def traced(model, vocab, spec):
@@ -131,14 +76,14 @@ class RequestTest(tf.test.TestCase, parameterized.TestCase):
         data = tf.constant([encode(x, "PNG") for x in images])
         crop = 224 / 256
         got = serving.decode_images(data, 16, crop)
-        resized = [input_pipeline.resize_and_crop(x, 16, crop) for x in images]
+        resized = [image_io.resize_and_crop(x, 16, crop) for x in images]
         self.assertAllClose(got, tf.stack(resized))
 
     def test_resize_images_matches_decode_image(self):
         images = scenes(4, 2, 30, 44)
         crop = 224 / 256
         got = serving.resize_images(tf.constant(images), 16, crop)
-        want = [input_pipeline.decode_image(encode(x, "PNG"), 16, crop) for x in images]
+        want = [image_io.decode_image(encode(x, "PNG"), 16, crop) for x in images]
         self.assertEqual(got.shape, (2, 16, 16, 3))
         self.assertAllClose(got, tf.stack(want), atol=1e-4)
 

@@ -14,25 +14,13 @@ from unittest import mock
 import keras
 import numpy as np
 import tensorflow as tf
+from fixtures import TINY
 
 from sat_tf.config import Config
 from sat_tf.model.captioner import build_model
 from sat_tf.training import train_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = dict(
-    num_train=40,
-    num_val=6,
-    num_test=6,
-    embed_dim=8,
-    hidden_dim=16,
-    attention_dim=8,
-    batch_size=8,
-    steps_per_epoch=3,
-    eval_images=6,
-    max_decode_length=10,
-    epochs=1,
-)
 
 
 class TrainAndEvaluateTest(tf.test.TestCase):

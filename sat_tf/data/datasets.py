@@ -59,7 +59,9 @@ from collections.abc import Iterable, Sequence
 
 from absl import logging
 
+from sat_tf import files
 from sat_tf.config import DATASETS
+from sat_tf.messages import preview
 
 SPLITS = ("train", "val", "test")
 
@@ -86,7 +88,6 @@ _IMAGE_DIRS = {
     "flickr30k": ("flickr30k-images", "flickr30k_images", "Images"),
 }
 _KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "test"}
-_SHOW = 5
 
 
 class DatasetError(ValueError):
@@ -174,11 +175,6 @@ def _get(obj, key: str, where: str, path: str, kind: type | tuple[type, ...]):
     return value
 
 
-def _preview(items: Sequence[str]) -> str:
-    shown = ", ".join(str(x) for x in items[:_SHOW])
-    return shown + (f", ... ({len(items) - _SHOW} more)" if len(items) > _SHOW else "")
-
-
 class _Collector:
     """Gathers images and captions from one source and applies the bad-input policy."""
 
@@ -214,7 +210,7 @@ class _Collector:
                 "%s: skipped %d empty or whitespace-only caption(s), at %s",
                 self.source,
                 len(self._empty),
-                _preview(self._empty),
+                preview(self._empty),
             )
         records, uncaptioned, missing = [], [], []
         for image_id, (path, split, where) in self._images.items():
@@ -232,13 +228,13 @@ class _Collector:
                 "%s: dropped %d image(s) with no non-empty caption: %s",
                 self.source,
                 len(uncaptioned),
-                _preview(uncaptioned),
+                preview(uncaptioned),
             )
         if missing:
             total = len(records) + len(missing)
             message = (
                 f"{self.source}: {len(missing)} of {total} images listed are missing on disk: "
-                f"{_preview(missing)}"
+                f"{preview(missing)}"
             )
             if not os.path.isdir(image_dir):
                 message += f" (the image directory {image_dir} does not exist)"
@@ -375,7 +371,7 @@ def read_flickr8k(
             token_file,
             len(unlisted),
             split_dir,
-            _preview(list(unlisted)),
+            preview(list(unlisted)),
         )
     # Listed images without any token line are counted as uncaptioned by `records`.
     for filename, (split, where) in split_of.items():
@@ -524,7 +520,7 @@ def read_coco_official(
     twice = [image_id for image_id, n in counts.items() if n > 1]
     if twice:
         files = " and ".join(os.path.join(data_dir, n) for n in COCO_OFFICIAL_FILES.values())
-        raise DatasetError(f"coco: image id(s) {_preview(twice)} are listed in both {files}")
+        raise DatasetError(f"coco: image id(s) {preview(twice)} are listed in both {files}")
     logging.warning(
         "coco: reading the official caption files in %s. Splits: train2014 -> train; "
         "val2014 by image id: the first %d -> val, the next %d -> test, the rest -> train "
@@ -538,14 +534,6 @@ def read_coco_official(
         split_counts(records),
     )
     return records
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    """Writes `data` to `path` through a temporary file, so no partial file remains."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def _tfds_index(index_path: str, image_dir: str) -> list[dict] | None:
@@ -621,7 +609,7 @@ def read_tfds(
             image_id = str(int(example["image/id"]))
             filename = f"{image_id}.jpg"
             if not os.path.exists(os.path.join(image_dir, filename)):
-                _write_atomic(os.path.join(image_dir, filename), example["image"])
+                files.write_bytes(os.path.join(image_dir, filename), example["image"])
             try:
                 captions = [t.decode("utf-8") for t in example["captions"]["text"]]
             except UnicodeDecodeError as e:
@@ -629,7 +617,7 @@ def read_tfds(
             entries.append({"image_id": image_id, "filename": filename, "captions": captions})
             if len(entries) % 10000 == 0:
                 logging.info("%s: %d images written to %s", source, len(entries), image_dir)
-        _write_atomic(index_path, json.dumps({"split": split, "images": entries}).encode())
+        files.write_bytes(index_path, json.dumps({"split": split, "images": entries}).encode())
     collector = _Collector(source)
     record_split = _KARPATHY_SPLITS[split]
     for i, entry in enumerate(entries):

@@ -32,7 +32,9 @@ import tensorflow as tf
 from absl import logging
 
 from sat_tf import config as config_lib
-from sat_tf.data import datasets, input_pipeline
+from sat_tf import files
+from sat_tf.data import datasets, image_io
+from sat_tf.messages import preview
 from sat_tf.model.encoder import ImageEncoder, crop_fraction_of, get_spec
 
 INDEX_FILE = "index.json"
@@ -40,7 +42,6 @@ FORMAT_VERSION = 1
 SPLIT_ORDER = {"val": 0, "test": 1, "train": 2}
 _CHECKED = ("format", "encoder", "encoder_weights", "image_size", "shard_size")
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
-_SHOW = 5
 
 
 def default_feature_dir(config) -> str:
@@ -65,12 +66,6 @@ def records_fingerprint(records: Sequence[datasets.Record]) -> str:
     return digest.hexdigest()[:16]
 
 
-def _preview(items) -> str:
-    items = list(items)
-    shown = ", ".join(str(x) for x in items[:_SHOW])
-    return shown + (f", ... ({len(items) - _SHOW} more)" if len(items) > _SHOW else "")
-
-
 def read_index(feature_dir: str) -> dict:
     """Reads `<feature_dir>/index.json`.
 
@@ -92,12 +87,7 @@ def read_index(feature_dir: str) -> dict:
 
 
 def _write_index(feature_dir: str, index: dict) -> None:
-    path = os.path.join(feature_dir, INDEX_FILE)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(index, f)
-    os.replace(tmp, path)
-
+    files.write_json(os.path.join(feature_dir, INDEX_FILE), index)
 
 def _differences(saved: dict, wanted: dict, keys) -> list[str]:
     return [
@@ -167,7 +157,7 @@ def _example(image_id: str, features: np.ndarray) -> bytes:
 
 def _why_bad(path: str, image_size: int, crop_fraction: float) -> str:
     try:
-        input_pipeline.load_image_file(path, image_size, crop_fraction)
+        image_io.load_image_file(path, image_size, crop_fraction)
     except ValueError as e:
         return str(e)
     return f"image {path!r} could not be read"
@@ -177,7 +167,7 @@ def _write_shard(path, records, encode, image_size, crop_fraction, batch_size, s
     """Encodes `records` into the TFRecord file `path` (temp file, then rename).
 
     Images that cannot be read or decoded are left out; unless `skip_bad`, the shard is
-    then not written at all.
+    then not written at all and `_Undecodable` names them.
 
     Returns:
       (image ids written, [(record, reason)] of the images left out, number of values
@@ -188,15 +178,14 @@ def _write_shard(path, records, encode, image_size, crop_fraction, batch_size, s
     ds = ds.map(
         lambda i, p: (
             i,
-            input_pipeline.decode_image(tf.io.read_file(p), image_size, crop_fraction),
+            image_io.decode_image(tf.io.read_file(p), image_size, crop_fraction),
         ),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
     ds = ds.ignore_errors().batch(batch_size).prefetch(1)
-    tmp = f"{path}.tmp{os.getpid()}"
     written, overflow = [], 0
-    try:
+    with files.atomic_path(path) as tmp:
         with tf.io.TFRecordWriter(tmp) as writer:
             for positions, images in ds:
                 features = encode(images).numpy()  # (B, L, D)
@@ -213,12 +202,17 @@ def _write_shard(path, records, encode, image_size, crop_fraction, batch_size, s
             if i not in kept
         ]
         progbar.add(len(bad))
-        if skip_bad or not bad:
-            os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        if bad and not skip_bad:
+            raise _Undecodable(bad)
     return [records[i].image_id for i in written], bad, overflow
+
+
+class _Undecodable(Exception):
+    """Images of a shard that cannot be decoded, when they may not be skipped."""
+
+    def __init__(self, bad):
+        super().__init__(len(bad))
+        self.bad = bad
 
 
 def _check_records(records) -> None:
@@ -230,7 +224,7 @@ def _check_records(records) -> None:
             dupes.append(r.image_id)
         seen.add(r.image_id)
     if dupes:
-        raise ValueError(f"image ids listed more than once: {_preview(dupes)}")
+        raise ValueError(f"image ids listed more than once: {preview(dupes)}")
 
 
 def extract_features(
@@ -248,7 +242,7 @@ def extract_features(
 ) -> dict:
     """Runs the frozen encoder once per image and writes float16 feature shards.
 
-    Images are preprocessed as for training (`input_pipeline.decode_image`: shorter side
+    Images are preprocessed as for training (`image_io.decode_image`: shorter side
     to `image_size / crop_fraction`, centre crop, paper §5.4) and then by the backbone's
     own `preprocess_input`. A rerun with the same arguments skips the shards already
     finished; a rerun with another encoder, weights, image size, shard size or record
@@ -260,7 +254,7 @@ def extract_features(
       encoder_weights: "" or None (random), "imagenet", or a weights file.
       image_size: square encoder input size.
       out_dir: the feature folder.
-      crop_fraction: see `input_pipeline.resize_and_crop`; 0 = the encoder's own.
+      crop_fraction: see `image_io.resize_and_crop`; 0 = the encoder's own.
       shard_size: images per shard.
       batch_size: images per encoder call.
       progress: show a progress bar.
@@ -290,7 +284,7 @@ def extract_features(
     os.makedirs(out_dir, exist_ok=True)
     index = _start_index(out_dir, settings, records)
     for name in os.listdir(out_dir):
-        if ".tmp" in name and name.startswith(("shard-", INDEX_FILE)):
+        if files.is_temporary(name):
             os.remove(os.path.join(out_dir, name))
     num_shards = index["num_shards"]
     todo = [i for i in range(num_shards) if not _is_done(out_dir, index, i)]
@@ -319,30 +313,31 @@ def extract_features(
         start = time.time()
         name = shard_name(shard, num_shards)
         chunk = records[shard * shard_size : (shard + 1) * shard_size]
-        ids, bad, overflow = _write_shard(
-            os.path.join(out_dir, name),
-            chunk,
-            encode,
-            image_size,
-            crop_fraction,
-            batch_size,
-            skip_bad_images,
-            progbar,
-        )
-        if bad and not skip_bad_images:
-            reasons = "\n  ".join(reason for _, reason in bad)
+        try:
+            ids, bad, overflow = _write_shard(
+                os.path.join(out_dir, name),
+                chunk,
+                encode,
+                image_size,
+                crop_fraction,
+                batch_size,
+                skip_bad_images,
+                progbar,
+            )
+        except _Undecodable as e:
+            reasons = "\n  ".join(reason for _, reason in e.bad)
             raise ValueError(
-                f"{len(bad)} image(s) of shard {name} cannot be decoded:\n  {reasons}\n"
+                f"{len(e.bad)} image(s) of shard {name} cannot be decoded:\n  {reasons}\n"
                 f"the {num_shards - len(todo) + todo.index(shard)} finished shard(s) in "
                 f"{out_dir} are kept; replace or remove the file(s) (or pass "
                 "--skip_bad_images) and run again to resume"
-            )
+            ) from None
         if bad:
             logging.warning(
                 "features: skipped %d undecodable image(s) in %s: %s",
                 len(bad),
                 name,
-                _preview(r.image_path for r, _ in bad),
+                preview(r.image_path for r, _ in bad),
             )
         if overflow:
             logging.warning(
@@ -461,7 +456,7 @@ def feature_dataset(feature_dir: str, records: Sequence[datasets.Record], **sett
             hints.append("some were skipped at extraction as undecodable")
         raise ValueError(
             f"{feature_dir} has no features for {len(missing)} of {len(records)} images: "
-            f"{_preview(missing)}" + "".join(f"; {h}" for h in hints)
+            f"{preview(missing)}" + "".join(f"; {h}" for h in hints)
         )
     wanted = [location[r.image_id] for r in records]
     for i in range(1, len(wanted)):

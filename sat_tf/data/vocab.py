@@ -8,16 +8,24 @@ definition.
 
 import collections
 import hashlib
-import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
-SPECIALS = (PAD, START, END, UNK)
-PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3
+from sat_tf import files
+from sat_tf.data.tokens import (  # noqa: F401 (the vocabulary's names for them)
+    END,
+    END_ID,
+    PAD,
+    PAD_ID,
+    SPECIALS,
+    START,
+    START_ID,
+    UNK,
+    UNK_ID,
+)
 
 _TOKENIZER = tf_text.WhitespaceTokenizer()
 
@@ -103,10 +111,7 @@ class Vocab:
 
     def save(self, path: str) -> None:
         """Writes one token per line, atomically (temp file + rename)."""
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("\n".join(self.words) + "\n")
-        os.replace(tmp, path)
+        files.write_text(path, "\n".join(self.words) + "\n")
 
     @property
     def table(self) -> tf.lookup.StaticHashTable:

@@ -9,7 +9,6 @@ no display and no global pyplot state are involved.
 
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,7 +17,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from PIL import Image
 
-from sat_tf.data.vocab import END
+from sat_tf import files
+from sat_tf.data.tokens import END
 
 _ROWS = ("top", "", "bottom")
 _COLS = ("left", "", "right")
@@ -257,17 +257,9 @@ def attention_figure(
         build_attention_figure(image, words, alphas, grid, hard_points=hard_points, cols=cols)
     )
     if path is not None:
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".png")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                Image.fromarray(picture).save(f, format="PNG")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with files.atomic_path(path) as tmp:
+            Image.fromarray(picture).save(tmp, format="PNG")
     return picture
 
 

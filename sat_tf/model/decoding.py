@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-PAD_ID = 0
+from sat_tf.data.tokens import PAD_ID
 
 StepFn = Callable[[tf.Tensor, Any], tuple[tf.Tensor, Any, tf.Tensor]]
 

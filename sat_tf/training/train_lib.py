@@ -23,10 +23,10 @@ from absl import logging
 
 import sat_tf
 from sat_tf.config import Config, derived_dir
-from sat_tf.data import datasets, input_pipeline, shapes
+from sat_tf.data import datasets, image_io, input_pipeline, shapes
 from sat_tf.data import feature_cache as features
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.evaluation import metrics, visualize
+from sat_tf.evaluation import grounding, metrics, visualize
 from sat_tf.model.captioner import build_model
 from sat_tf.model.encoder import crop_fraction_of
 
@@ -254,9 +254,9 @@ def score_captions(records, results, objects=None, grid=(14, 14), image_size=112
         objs = [objects[r.image_id] for r in records]
         alphas = [res["alpha"] for res in results]
         scores.update(
-            shapes.pointing_accuracy(words, alphas, objs, grid=grid, image_size=image_size)
+            grounding.pointing_accuracy(words, alphas, objs, grid=grid, image_size=image_size)
         )
-        scores.update(shapes.location_accuracy(words, objs))
+        scores.update(grounding.location_accuracy(words, objs))
     return scores
 
 
@@ -317,7 +317,7 @@ class EvaluationCallback(keras.callbacks.Callback):
     def _picture(self, record, res):
         data = tf.io.read_file(record.image_path)
         crop = crop_fraction_of(self.config)
-        image = input_pipeline.decode_image(data, self.config.image_size, crop)
+        image = image_io.decode_image(data, self.config.image_size, crop)
         image = np.clip(image.numpy(), 0, 255).astype(np.uint8)
         hard = self.config.attention == "hard"
         words, points = visualize.caption_panels(res["words"], res["alpha"], hard)
@@ -572,7 +572,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
     train = data.splits["train"]
     cached, feature_shape = cached_features(config, train)
     checked = data.splits["val"] if config.use_feature_cache else train + data.splits["val"]
-    input_pipeline.check_image_files([r.image_path for r in checked])
+    image_io.check_image_files([r.image_path for r in checked])
     grid = None
     if config.use_feature_cache:
         index = features.read_index(features.feature_dir_of(config))

@@ -1,0 +1,502 @@
+"""A local web page to try a captioner: upload or drop a photo, read its caption and see
+where the model looked for every word (paper Fig. 3).
+
+The page is driven by exported SavedModels (`sat_tf.serving`), each loaded once with
+`tf.saved_model.load`: a caption comes from the `serving_default` signature — the
+outputs TF Serving would return — and never from a second path through the Python
+model. Beam size is fixed in a SavedModel when it is exported, so the page offers one
+decoding per export (`export_decodings` writes a greedy and a beam-3 export of a
+workdir). Per-word pictures are `visualize.upsample_attention` and
+`visualize.overlay_attention` of the signature's `attention` over the centre crop the
+model saw (`image_io.decode_image`).
+
+`create_app` returns a Flask app; `serve` runs it on 127.0.0.1 with Werkzeug's
+threaded server. Nothing here reads flags or writes files.
+"""
+
+import base64
+import dataclasses
+import io
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from importlib import resources
+
+import flask
+import numpy as np
+import tensorflow as tf
+from PIL import Image
+from werkzeug import exceptions, serving
+
+from sat_tf import serving as export_lib
+from sat_tf.data import image_io
+from sat_tf.evaluation import visualize
+
+HOST = "127.0.0.1"
+ASSETS = {"index.html": "text/html", "demo.js": "text/javascript", "demo.css": "text/css"}
+SAMPLE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
+MAX_SAMPLES = 8
+# Side of the pictures on the page: the paper's Fig. 3 scale (x16 for a 14 x 14 grid).
+DISPLAY_SIZE = 224
+# Room for the multipart headers around the image in an upload.
+_FORM_OVERHEAD = 64 * 1024
+_ASSERTION = re.compile(r"assertion failed: \[(.*?)\]\n", re.S)
+
+_log = logging.getLogger(__name__)
+
+
+class ImageError(ValueError):
+    """An upload the demo cannot caption; the message names the file and the problem."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What the demo accepts, checked before the model runs.
+
+    Attributes:
+      max_bytes: largest upload. A 12-megapixel phone JPEG is 3-6 MB and the model sees
+        it at a few hundred pixels, so larger files only cost upload and decode time.
+      max_pixels: most pixels (width x height) of a decoded image; 48-megapixel phone
+        photos pass, a small file that decodes to gigabytes (a "decompression bomb")
+        does not.
+      max_aspect: longest side / shortest side. The model captions the centre square
+        (paper §5.4), so at 4:1 it already sees only a quarter of the image.
+    """
+
+    max_bytes: int = 10 * 2**20
+    max_pixels: int = 50_000_000
+    max_aspect: float = 4.0
+
+
+def _megabytes(size):
+    return f"{size / 2**20:.1f} MB"
+
+
+def decoding_name(beam_size: int) -> str:
+    """ "greedy" for beam size 1, else "beam <k>"."""
+    return "greedy" if beam_size == 1 else f"beam {beam_size}"
+
+
+class Captioner:
+    """The `serving_default` signature of one export, loaded once.
+
+    Attributes:
+      path: the export directory.
+      info: its `sat_tf_export.json` (`serving.export` returns the same dict).
+      beam_size: the beam size fixed in the graph; 1 is greedy.
+      name: `decoding_name(beam_size)`.
+    """
+
+    def __init__(self, path: str):
+        """Loads the SavedModel in `path`.
+
+        Raises:
+          ValueError: when `path` is not a directory written by `serving.export`.
+        """
+        self.path = os.path.abspath(path)
+        info_path = os.path.join(self.path, export_lib.EXPORT_INFO)
+        if not os.path.isdir(self.path):
+            raise ValueError(f"export {path!r} is not a directory")
+        if not os.path.exists(info_path):
+            raise ValueError(
+                f"export {path!r} has no {export_lib.EXPORT_INFO}: "
+                "give a folder written by export/export.py"
+            )
+        with open(info_path, encoding="utf-8") as f:
+            self.info = json.load(f)
+        self.beam_size = int(self.info["beam_size"])
+        self.name = decoding_name(self.beam_size)
+        self._saved_model = tf.saved_model.load(self.path)
+        self._serve = self._saved_model.signatures["serving_default"]
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return tuple(self.info["grid"])
+
+    @property
+    def hard(self) -> bool:
+        """Whether the model uses hard attention (it then attends at the argmax cell)."""
+        return self.info.get("config", {}).get("attention") == "hard"
+
+    def __call__(self, data: bytes, name: str) -> dict:
+        """Captions one encoded image with `serving_default`.
+
+        Args:
+          data: the image file's bytes.
+          name: the file's name, used in errors.
+
+        Returns:
+          {caption: str, tokens: int32 (T,), length: int, log_prob: float,
+          attention: float32 (T, H, W)}.
+
+        Raises:
+          ImageError: naming `name` when the signature refuses the bytes (empty, not an
+            image, truncated or corrupt).
+        """
+        try:
+            out = self._serve(image_bytes=tf.constant([data]))
+        except tf.errors.InvalidArgumentError as e:
+            found = _ASSERTION.search(e.message)
+            reason = found.group(1) if found else e.message.strip().splitlines()[0]
+            raise ImageError(reason.replace("image_bytes[0]", name, 1)) from None
+        return {
+            "caption": out["caption"].numpy()[0].decode("utf-8"),
+            "tokens": out["tokens"].numpy()[0],
+            "length": int(out["length"].numpy()[0]),
+            "log_prob": float(out["log_prob"].numpy()[0]),
+            "attention": out["attention"].numpy()[0],
+        }
+
+
+def load_captioners(paths: Sequence[str]) -> list[Captioner]:
+    """Loads one or two exports, each offering the decoding it was exported with.
+
+    Args:
+      paths: export directories.
+
+    Returns:
+      their `Captioner`s, by beam size.
+
+    Raises:
+      ValueError: for no path or more than two, a folder that is not an export, two
+        exports with the same beam size, or exports of different vocabularies.
+    """
+    if not 1 <= len(paths) <= 2:
+        raise ValueError(f"give one or two export folders, got {len(paths)}: {list(paths)}")
+    captioners = sorted((Captioner(p) for p in paths), key=lambda c: c.beam_size)
+    if len(captioners) == 2:
+        first, second = captioners
+        if first.beam_size == second.beam_size:
+            raise ValueError(
+                f"exports {first.path} and {second.path} both decode with beam size "
+                f"{first.beam_size}; give exports with different --beam_size"
+            )
+        fingerprints = {c.info.get("vocab_fingerprint") for c in captioners}
+        if len(fingerprints) > 1:
+            raise ValueError(
+                f"exports {first.path} and {second.path} have different vocabularies: "
+                "give two exports of one trained model"
+            )
+    return captioners
+
+
+def export_decodings(workdir: str, folder: str, beam_sizes: Sequence[int] = (1, 3)) -> list[str]:
+    """Exports a trained workdir once per beam size, for `load_captioners`.
+
+    Args:
+      workdir: a trained workdir (`train_lib.load_trained` reads it), or any folder
+        laid out like one.
+      folder: where the exports go, one subfolder per beam size (a temporary folder).
+      beam_sizes: the decodings to offer.
+
+    Returns:
+      the export directories, in `beam_sizes` order.
+    """
+    paths = []
+    for beam_size in beam_sizes:
+        path = os.path.join(folder, decoding_name(beam_size).replace(" ", ""))
+        export_lib.export_workdir(workdir, path, beam_size=beam_size)
+        paths.append(path)
+    return paths
+
+
+def find_samples(folder: str, limit: int = MAX_SAMPLES) -> list[str]:
+    """The first `limit` image files (by name) in `folder`, offered as samples.
+
+    Raises:
+      ValueError: when `folder` is not a directory or holds no image file.
+    """
+    if not os.path.isdir(folder):
+        raise ValueError(f"samples folder {folder!r} is not a directory")
+    names = sorted(n for n in os.listdir(folder) if n.lower().endswith(SAMPLE_SUFFIXES))
+    if not names:
+        raise ValueError(f"samples folder {folder!r} holds no {'/'.join(SAMPLE_SUFFIXES)} file")
+    return [os.path.join(folder, n) for n in names[:limit]]
+
+
+def check_image(data: bytes, name: str, limits: Limits) -> None:
+    """Refuses an upload that breaks `limits`, reading only the image's header.
+
+    Bytes that PIL cannot identify pass on to the model, whose own check names what is
+    wrong with them.
+
+    Raises:
+      ImageError: naming `name`, its size and the limit it breaks.
+    """
+    if len(data) > limits.max_bytes:
+        raise ImageError(
+            f"{name} is {_megabytes(len(data))}; the demo takes images up to "
+            f"{_megabytes(limits.max_bytes)}"
+        )
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+    except Image.DecompressionBombError:
+        width = height = None
+    except Exception:  # noqa: BLE001 - unreadable bytes are the model's to name
+        return
+    limit = f"{limits.max_pixels / 1e6:.0f} megapixels"
+    if width is None or width * height > limits.max_pixels:
+        size = "" if width is None else f"{width} x {height} pixels, "
+        raise ImageError(f"{name} is too large ({size}over {limit}); the demo takes up to {limit}")
+    if min(width, height) == 0:
+        raise ImageError(f"{name} has no pixels ({width} x {height})")
+    aspect = max(width, height) / min(width, height)
+    if aspect > limits.max_aspect:
+        raise ImageError(
+            f"{name} is {width} x {height} pixels, {aspect:.0f}:1; the model captions the "
+            f"centre square of an image, so the demo takes sides up to "
+            f"{limits.max_aspect:g}:1 (crop it first)"
+        )
+
+
+def _data_url(pixels: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=92)
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def display_pixels(data: bytes, captioner: Captioner, size: int = DISPLAY_SIZE) -> np.ndarray:
+    """(size, size, 3) uint8: the centre crop the model captions, at `size` pixels.
+
+    `image_io.decode_image` with the export's crop fraction, so the picture covers
+    exactly the region the attention grid covers.
+    """
+    crop = captioner.info["crop_fraction"]
+    pixels = image_io.decode_image(tf.constant(data), size, crop).numpy()
+    return np.clip(np.round(pixels), 0, 255).astype(np.uint8)
+
+
+def attention_panels(pixels: np.ndarray, result: dict, hard: bool) -> dict:
+    """Titles, pictures and (for hard attention) cells of the caption's panels.
+
+    Args:
+      pixels: (h, w, 3) uint8, the picture the overlays are drawn on.
+      result: a `Captioner` result.
+      hard: mark the argmax cell of each map (hard attention, paper §4.1).
+
+    Returns:
+      {words: panel titles (the caption's words, then `<end>` when it has a map),
+      attention: one JPEG data URL per panel, cells: [row, col] per panel or None}.
+    """
+    grid = result["attention"].shape[1:]
+    words = result["caption"].split(" ") if result["caption"] else []
+    alphas = result["attention"][: result["length"] + 1].reshape(-1, grid[0] * grid[1])
+    titles, points = visualize.caption_panels(words, alphas, hard)
+    overlays = [
+        _data_url(
+            visualize.overlay_attention(
+                pixels, visualize.upsample_attention(alpha, grid, pixels.shape[:2])
+            )
+        )
+        for alpha in alphas[: len(titles)]
+    ]
+    cells = None if points is None else [list(divmod(int(p), grid[1])) for p in points]
+    return {"words": titles, "attention": overlays, "cells": cells}
+
+
+def caption_page(
+    captioner: Captioner, data: bytes, name: str, limits: Limits, model_lock=None
+) -> dict:
+    """Everything the page shows for one upload.
+
+    Args:
+      captioner: the decoding asked for.
+      data: the image file's bytes.
+      name: its file name, for messages.
+      limits: the `Limits` to check first.
+      model_lock: optional context manager held while the model runs (bounds how many
+        requests decode at once).
+
+    Returns:
+      a JSON-able dict: file, decoding, beam_size, caption, log_prob, length, image (the
+      crop as a data URL), grid, words, attention, cells (see `attention_panels`),
+      model_ms (the signature call) and total_ms.
+
+    Raises:
+      ImageError: naming `name` and what is wrong with it.
+    """
+    start = time.perf_counter()
+    check_image(data, name, limits)
+    with model_lock or _NoLock():
+        model_start = time.perf_counter()
+        result = captioner(data, name)
+        model_ms = 1e3 * (time.perf_counter() - model_start)
+    pixels = display_pixels(data, captioner)
+    page = {
+        "file": name,
+        "decoding": captioner.name,
+        "beam_size": captioner.beam_size,
+        "caption": result["caption"],
+        "log_prob": result["log_prob"],
+        "length": result["length"],
+        "image": _data_url(pixels),
+        "grid": list(captioner.grid),
+        **attention_panels(pixels, result, captioner.hard),
+        "model_ms": round(model_ms, 2),
+    }
+    page["total_ms"] = round(1e3 * (time.perf_counter() - start), 2)
+    return page
+
+
+class _NoLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _upload_name(filename: str | None) -> str:
+    name = os.path.basename((filename or "").replace("\\", "/")).strip()
+    return (name or "the upload")[:120]
+
+
+def _asset(name: str) -> bytes:
+    return (resources.files("sat_tf") / "demo_assets" / name).read_bytes()
+
+
+def create_app(
+    captioners: Sequence[Captioner],
+    samples: Sequence[str] = (),
+    *,
+    limits: Limits = Limits(),
+    parallel: int = 2,
+) -> flask.Flask:
+    """The demo as a Flask app.
+
+    Routes: `/` (the page, with `/demo.js` and `/demo.css`), `GET /api/info` (the
+    decodings, limits and samples), `POST /api/caption` (form fields `image`, a file,
+    and `beam_size`; answers `caption_page` as JSON), `/samples/<i>` (the sample
+    images). Every error is JSON `{"error": one line}` with a 4xx or 5xx status, and the
+    server goes on serving.
+
+    Args:
+      captioners: the loaded exports, one per decoding (`load_captioners`).
+      samples: image files to offer as samples (`find_samples`).
+      limits: what an upload may be.
+      parallel: requests that run the model at once; more wait their turn.
+
+    Returns:
+      the app.
+    """
+    by_beam = {c.beam_size: c for c in captioners}
+    if not by_beam:
+        raise ValueError("the demo needs at least one export")
+    samples = list(samples)
+    assets = {name: _asset(name) for name in ASSETS}
+    model_lock = threading.BoundedSemaphore(parallel)
+    app = flask.Flask(__name__, static_folder=None)
+    app.config["MAX_CONTENT_LENGTH"] = limits.max_bytes + _FORM_OVERHEAD
+
+    def error(message, status):
+        return flask.jsonify(error=message), status
+
+    @app.get("/")
+    def index():
+        return flask.Response(assets["index.html"], mimetype=ASSETS["index.html"])
+
+    @app.get("/<any(demo.js, demo.css):name>")
+    def asset(name):
+        return flask.Response(assets[name], mimetype=ASSETS[name])
+
+    @app.get("/favicon.ico")
+    def favicon():
+        return "", 204
+
+    @app.get("/api/info")
+    def info():
+        first = captioners[0]
+        return flask.jsonify(
+            decodings=[
+                {"beam_size": c.beam_size, "name": c.name, "export": c.path}
+                for c in sorted(captioners, key=lambda c: c.beam_size)
+            ],
+            limits=dataclasses.asdict(limits),
+            samples=[
+                {"name": os.path.basename(p), "url": f"/samples/{i}"} for i, p in enumerate(samples)
+            ],
+            model={
+                "image_size": first.info["image_size"],
+                "grid": list(first.grid),
+                "attention": first.info.get("config", {}).get("attention"),
+                "vocab_size": first.info["vocab_size"],
+            },
+        )
+
+    @app.get("/samples/<int:index>")
+    def sample(index):
+        if index >= len(samples):
+            return error(f"there is no sample {index}; the demo has {len(samples)}", 404)
+        return flask.send_file(os.path.abspath(samples[index]))
+
+    @app.post("/api/caption")
+    def caption():
+        length = flask.request.content_length
+        if length is not None and length > app.config["MAX_CONTENT_LENGTH"]:
+            raise exceptions.RequestEntityTooLarge()
+        upload = flask.request.files.get("image")
+        if upload is None:
+            raise ImageError("the request holds no image: send the file as form field 'image'")
+        beam = flask.request.form.get("beam_size", str(min(by_beam)))
+        if not beam.isdigit() or int(beam) not in by_beam:
+            offered = ", ".join(f"{c.name} (beam_size={k})" for k, c in sorted(by_beam.items()))
+            raise ImageError(f"beam_size={beam!r} is not offered; this demo has {offered}")
+        name = _upload_name(upload.filename)
+        page = caption_page(by_beam[int(beam)], upload.read(), name, limits, model_lock)
+        return flask.jsonify(page)
+
+    @app.errorhandler(ImageError)
+    def bad_image(e):
+        return error(str(e), 400)
+
+    @app.errorhandler(exceptions.RequestEntityTooLarge)
+    def too_large(e):
+        size = flask.request.content_length
+        got = f" is {_megabytes(size)}" if size else " is too large"
+        return error(
+            f"the upload{got}; the demo takes images up to {_megabytes(limits.max_bytes)}", 413
+        )
+
+    @app.errorhandler(exceptions.HTTPException)
+    def http_error(e):
+        return error(f"{e.code} {e.name}: {flask.request.method} {flask.request.path}", e.code)
+
+    @app.errorhandler(Exception)
+    def internal_error(e):
+        _log.exception("demo request %s failed", flask.request.path)
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        return error(f"internal error: {type(e).__name__}: {first}", 500)
+
+    return app
+
+
+def serve(app: flask.Flask, port: int = 8000) -> serving.BaseWSGIServer:
+    """A threaded Werkzeug server for `app` on 127.0.0.1, bound but not yet serving.
+
+    Call `serve_forever()` on it (and `shutdown()` from another thread to stop it);
+    its `port` attribute is the port, useful with `port=0` (any free port).
+
+    Raises:
+      ValueError: when the port cannot be bound (e.g. in use).
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((HOST, port))
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise ValueError(
+            f"cannot serve on {HOST}:{port}: {e.strerror}; pass another --port, "
+            "or --port=0 for any free one"
+        ) from None
+    try:
+        return serving.make_server(HOST, port, app, threaded=True, fd=sock.fileno())
+    finally:
+        sock.close()

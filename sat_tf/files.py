@@ -1,0 +1,42 @@
+"""Writing files so that a kill never leaves a half-written one under the final name:
+every writer goes through `atomic_path` (a temporary name beside the target, renamed
+over it once complete)."""
+
+import contextlib
+import json
+import os
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+    """Yields a temporary path in the target's folder; renames it to `path` when the
+    block ends without an error and removes it otherwise. The temporary name keeps the
+    file's extension (`.tmp<pid>-<name>`), for writers that choose a format by it."""
+    directory, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(directory, f".tmp{os.getpid()}-{name}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def is_temporary(name):
+    """Whether a file name is one of `atomic_path`'s temporary names."""
+    return name.startswith(".tmp")
+
+
+def write_bytes(path, data: bytes):
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
+def write_text(path, text: str):
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def write_json(path, value, **dump_args):
+    """`json.dump(value)` atomically; `dump_args` as for `json.dumps`."""
+    write_text(path, json.dumps(value, **dump_args))
