@@ -506,7 +506,7 @@ def case_input_pipeline(p, train_batches_per_s):
         image_size=224,
         crop_fraction=224 / 256,
         batch_size=p["batch"],
-        max_length=40,
+        max_words=40,
         features=tf.data.Dataset.from_tensor_slices(features),
     )
     iterator = iter(ds)

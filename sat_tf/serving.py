@@ -28,7 +28,7 @@ import tensorflow as tf
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model.encoder import ImageEncoder, crop_fraction_of
-from sat_tf.training import train_lib
+from sat_tf.training import workdir as workdir_lib
 
 EXPORT_INFO = "sat_tf_export.json"
 VOCAB_FILE = "vocab.txt"
@@ -461,6 +461,6 @@ def export(
 
 
 def export_workdir(workdir, output, **kwargs) -> dict:
-    """`export` of the trained model in a workdir (see `train_lib.load_trained`)."""
-    model, vocab, config = train_lib.load_trained(workdir)
+    """`export` of the trained model in a workdir (see `workdir_lib.load_trained`)."""
+    model, vocab, config = workdir_lib.load_trained(workdir)
     return export(model, vocab, config, output, **kwargs)

@@ -14,10 +14,11 @@ from absl import flags
 from flags_lib import run
 
 from sat_tf import serving
-from sat_tf.data import input_pipeline
+from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
 from sat_tf.model.encoder import crop_fraction_of
-from sat_tf.training import train_lib
+from sat_tf.training import captioning
+from sat_tf.training import workdir as workdir_lib
 
 flags.DEFINE_string("workdir", "runs/shapes", "A trained workdir (scripts/train.py).")
 flags.DEFINE_integer("beam_size", 0, "Beam size; 0 = the workdir's setting.")
@@ -31,10 +32,10 @@ def main(argv):
         raise ValueError("give one or more image files to caption")
     if FLAGS.beam_size < 0:
         raise ValueError(f"--beam_size={FLAGS.beam_size} must be 0 (workdir default) or more")
-    model, vocab, config = train_lib.load_trained(FLAGS.workdir)
+    model, vocab, config = workdir_lib.load_trained(FLAGS.workdir)
     crop = crop_fraction_of(config)
-    images = [input_pipeline.load_image_file(p, config.image_size, crop) for p in paths]
-    caption = train_lib.make_caption_fn(model, config, FLAGS.beam_size or None)
+    images = [image_io.load_image_file(p, config.image_size, crop) for p in paths]
+    caption = captioning.make_caption_fn(model, config, FLAGS.beam_size or None)
     batch = np.stack([i.numpy() for i in images])
     if model.encoder is None:
         # Trained on cached features: run the backbone that made them, as the export does.

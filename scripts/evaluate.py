@@ -12,8 +12,10 @@ import os
 from absl import flags
 from flags_lib import run
 
+from sat_tf import files
 from sat_tf.evaluation import metrics
-from sat_tf.training import train_lib
+from sat_tf.training import captioning, prepare
+from sat_tf.training import workdir as workdir_lib
 
 flags.DEFINE_string("workdir", "runs/shapes", "A trained workdir (scripts/train.py).")
 flags.DEFINE_enum("split", "test", ["train", "val", "test"], "Split to caption.")
@@ -26,15 +28,15 @@ def main(argv):
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
     if FLAGS.beam_size < 0:
         raise ValueError(f"--beam_size={FLAGS.beam_size} must be 0 (workdir default) or more")
-    model, vocab, config = train_lib.load_trained(FLAGS.workdir)
-    data = train_lib.prepare_data(config, FLAGS.workdir)
-    scores = train_lib.evaluate(
+    model, vocab, config = workdir_lib.load_trained(FLAGS.workdir)
+    data = prepare.prepare_data(config, FLAGS.workdir)
+    scores = captioning.evaluate(
         model, data, config, FLAGS.workdir, FLAGS.split, FLAGS.beam_size or None
     )
     beam = FLAGS.beam_size or config.beam_size
     name = f"this model ({config.attention} attention, {config.attention_score}, beam {beam})"
     table = metrics.format_table1(scores, config.dataset, name)
-    train_lib.write_text(os.path.join(FLAGS.workdir, f"table_{FLAGS.split}.md"), table)
+    files.write_text(os.path.join(FLAGS.workdir, f"table_{FLAGS.split}.md"), table)
     print(json.dumps(scores, indent=2, sort_keys=True))
     print(table)
 

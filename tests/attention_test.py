@@ -1,4 +1,4 @@
-"""Tests for sat_tf.attention against NumPy versions of the paper's formulas (§4)."""
+"""Tests for sat_tf.model.attention against NumPy versions of the paper's formulas (§4)."""
 
 import fixtures
 import keras

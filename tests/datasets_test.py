@@ -1,4 +1,4 @@
-"""Tests for sat_tf.datasets: every reader on tiny fixtures written in its on-disk format."""
+"""Tests for sat_tf.data.datasets: every reader on tiny fixtures written in its on-disk format."""
 
 import collections
 import io

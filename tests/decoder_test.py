@@ -1,4 +1,4 @@
-"""Tests for sat_tf.decoder against a NumPy version of the paper's equations (§3.1.2, §4)."""
+"""Tests for sat_tf.model.decoder against a NumPy version of the paper's equations (§3.1.2, §4)."""
 
 import fixtures
 import keras

@@ -1,4 +1,4 @@
-"""Tests for sat_tf.decoding with fake step functions whose answers are known."""
+"""Tests for sat_tf.model.decoding with fake step functions whose answers are known."""
 
 import numpy as np
 import tensorflow as tf

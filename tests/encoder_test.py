@@ -1,4 +1,4 @@
-"""Tests for sat_tf.encoder: the backbone registry, AddCoords and ImageEncoder."""
+"""Tests for sat_tf.model.encoder: the backbone registry, AddCoords and ImageEncoder."""
 
 import os
 

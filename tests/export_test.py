@@ -18,7 +18,7 @@ from fixtures import MAX_LENGTH, encode, scenes, tiny_model
 
 from sat_tf import serving
 from sat_tf.data import image_io
-from sat_tf.training import train_lib
+from sat_tf.training import workdir as workdir_lib
 
 # The `export` extra (pip install -e ".[export]"): without it these tests are skipped.
 Interpreter = pytest.importorskip("ai_edge_litert.interpreter").Interpreter
@@ -145,9 +145,9 @@ class ExportTest(tf.test.TestCase):
         cls.model, cls.vocab, cls.config = tiny_model()
         cls.workdir = os.path.join(cls.root, "workdir")
         os.makedirs(cls.workdir)
-        cls.config.save(os.path.join(cls.workdir, train_lib.CONFIG_FILE))
-        cls.vocab.save(os.path.join(cls.workdir, train_lib.VOCAB_FILE))
-        cls.model.save_weights(os.path.join(cls.workdir, train_lib.BEST_WEIGHTS))
+        cls.config.save(os.path.join(cls.workdir, workdir_lib.CONFIG_FILE))
+        cls.vocab.save(os.path.join(cls.workdir, workdir_lib.VOCAB_FILE))
+        cls.model.save_weights(os.path.join(cls.workdir, workdir_lib.BEST_WEIGHTS))
         cls.exports = os.path.join(cls.root, "exports", "sat")
         cls.greedy_dir = os.path.join(cls.exports, "1")
         cls.beam_dir = os.path.join(cls.exports, "2")

@@ -43,8 +43,8 @@ class DatasetTest(tf.test.TestCase, parameterized.TestCase):
         texts = [c for r in self.records for c in r.captions]
         self.vocab = Vocab.build(texts)
 
-    def _expected_ids(self, caption, max_length=None):
-        words = caption.lower().rstrip(".").split()[:max_length]
+    def _expected_ids(self, caption, max_words=None):
+        words = caption.lower().rstrip(".").split()[:max_words]
         return [1] + self.vocab.ids(words) + [2]
 
     def _image_index(self, image):
@@ -58,7 +58,7 @@ class DatasetTest(tf.test.TestCase, parameterized.TestCase):
         return matches[0]
 
     def _train(self, **kwargs):
-        args = dict(image_size=8, crop_fraction=1.0, batch_size=3, max_length=10, seed=0)
+        args = dict(image_size=8, crop_fraction=1.0, batch_size=3, max_words=10, seed=0)
         args.update(kwargs)
         return input_pipeline.train_dataset(self.records, self.vocab, **args)
 
@@ -139,11 +139,11 @@ class DatasetTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_captions_are_cut_to_max_length_words(self):
         expected = {
-            (i, tuple(self._expected_ids(c, max_length=2)))
+            (i, tuple(self._expected_ids(c, max_words=2)))
             for i, r in enumerate(self.records)
             for c in r.captions
         }
-        batches = list(self._train(max_length=2).take(30).as_numpy_iterator())
+        batches = list(self._train(max_words=2).take(30).as_numpy_iterator())
         self.assertEqual({b["caption"].shape[1] for b in batches}, {3, 4})
         self.assertEqual(set(self._pairs(batches)), expected)
 
@@ -167,7 +167,7 @@ class DatasetTest(tf.test.TestCase, parameterized.TestCase):
             image_size=8,
             crop_fraction=1.0,
             batch_size=2,
-            max_length=10,
+            max_words=10,
             features=tf.data.Dataset.from_tensor_slices(features),
         )
         batches = list(ds.take(40).as_numpy_iterator())
@@ -206,7 +206,7 @@ class DatasetTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_teacher_forced_dataset_pads_every_caption_in_order(self):
         ds = input_pipeline.teacher_forced_dataset(
-            self.records, self.vocab, image_size=8, crop_fraction=1.0, batch_size=5, max_length=4
+            self.records, self.vocab, image_size=8, crop_fraction=1.0, batch_size=5, max_words=4
         )
         batches = list(ds.as_numpy_iterator())
         self.assertEqual([len(b["caption"]) for b in batches], [5, 5, 5, 5, 4])

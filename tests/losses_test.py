@@ -1,4 +1,4 @@
-"""Tests for sat_tf.losses: hand-computed values and the REINFORCE estimator (paper §4.1).
+"""Tests for sat_tf.model.losses: hand-computed values and the REINFORCE estimator (paper §4.1).
 
 The key test enumerates every attention trajectory of a tiny hard-attention decoder to
 get the exact gradient of the lower bound `L_s = sum_s p(s|a) log p(y|s,a)` (eq. 10), and

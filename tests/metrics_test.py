@@ -1,4 +1,5 @@
-"""Tests for sat_tf.metrics: coco-caption scores, the paper's BLEU, Table 1, results files."""
+"""Tests for sat_tf.evaluation.metrics and java_tools: coco-caption scores, the paper's
+BLEU, Table 1, results files."""
 
 import json
 import math

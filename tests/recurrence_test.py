@@ -1,4 +1,4 @@
-"""Tests for sat_tf.recurrence: the hand-written backward pass of the soft-attention
+"""Tests for sat_tf.model.recurrence: the hand-written backward pass of the soft-attention
 recurrence against autodiff of the decoder's loop, and against finite differences."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Tests for sat_tf.torch_weights on torch files written by hand (no torch needed)."""
+"""Tests for sat_tf.model.torch_weights on torch files written by hand (no torch needed)."""
 
 import builtins
 import collections

@@ -1,6 +1,5 @@
 """train_and_evaluate on a tiny shapes set, resume after a kill, divergence, optimizers."""
 
-import dataclasses
 import errno
 import json
 import os
@@ -17,8 +16,8 @@ import tensorflow as tf
 from fixtures import TINY
 
 from sat_tf.config import Config
-from sat_tf.model.captioner import build_model
-from sat_tf.training import train_lib
+from sat_tf.training import captioning, prepare, train_lib
+from sat_tf.training import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,20 +47,20 @@ class TrainAndEvaluateTest(tf.test.TestCase):
     def test_workdir_holds_what_a_later_run_needs(self):
         for name in ("config.json", "vocab.txt", "best.weights.h5", "val_history.json"):
             self.assertTrue(os.path.exists(os.path.join(self.workdir, name)), name)
-        history = train_lib.read_history(os.path.join(self.workdir, "val_history.json"))
+        history = workdir_lib.read_history(os.path.join(self.workdir, "val_history.json"))
         self.assertEqual([h["epoch"] for h in history], [1])
 
     def test_trained_steps_and_reload(self):
-        model, vocab, config = train_lib.load_trained(self.workdir)
+        model, vocab, config = workdir_lib.load_trained(self.workdir)
         self.assertEqual(config, self.config)
         with open(os.path.join(self.workdir, "captions_test.json"), encoding="utf-8") as f:
             saved = json.load(f)
         self.assertLen(saved, TINY["num_test"])
         # The reloaded model captions the first test image as the run did.
         first = sorted(saved, key=lambda c: str(c["image_id"]))[0]
-        data = train_lib.prepare_data(config, self.workdir)
+        data = prepare.prepare_data(config, self.workdir)
         record = next(r for r in data.splits["test"] if str(r.image_id) == str(first["image_id"]))
-        (result,) = train_lib.caption_records(model, [record], vocab, config)
+        (result,) = captioning.caption_records(model, [record], vocab, config)
         self.assertEqual(" ".join(result["words"]), first["caption"])
 
     def test_another_model_in_the_same_workdir_is_refused(self):
@@ -78,43 +77,7 @@ class TrainAndEvaluateTest(tf.test.TestCase):
         with open(os.path.join(copy, "vocab.txt"), "w", encoding="utf-8") as f:
             f.write("\n".join(words))
         with self.assertRaisesRegex(ValueError, r"not the vocabulary its weights were trained"):
-            train_lib.load_trained(copy)
-
-
-class CaptionFnTest(tf.test.TestCase):
-    def test_jit_compile_captions_the_same(self):
-        config = Config(
-            use_feature_cache=True, embed_dim=8, hidden_dim=16, attention_dim=8, max_decode_length=6
-        )
-        model = build_model(config, 20, (9, 12))
-        features = np.random.default_rng(0).normal(size=(3, 9, 12)).astype(np.float32)
-        jit = dataclasses.replace(config, jit_compile=True)
-        for beam in (1, 2):
-            plain = train_lib.make_caption_fn(model, config, beam)({"features": features})
-            compiled = train_lib.make_caption_fn(model, jit, beam)({"features": features})
-            self.assertGreater(np.count_nonzero(plain.length), 0)
-            self.assertAllEqual(compiled.tokens, plain.tokens)
-            self.assertAllClose(compiled.log_prob, plain.log_prob, atol=1e-4)
-            self.assertAllClose(compiled.attention, plain.attention, atol=1e-5)
-
-
-class CheckWorkdirTest(tf.test.TestCase):
-    """The gate changes the weights of hard attention only."""
-
-    def _workdir(self, config):
-        workdir = self.get_temp_dir()
-        train_lib.check_workdir(config, workdir)
-        return workdir
-
-    def test_hard_gate_must_match(self):
-        workdir = self._workdir(Config(attention="hard", hard_gate=False))
-        with self.assertRaisesRegex(ValueError, "--hard_gate: workdir has False, this run True"):
-            train_lib.check_workdir(Config(attention="hard"), workdir)
-        train_lib.check_workdir(Config(attention="hard", hard_gate=False), workdir)
-
-    def test_hard_gate_is_ignored_for_soft(self):
-        workdir = self._workdir(Config(hard_gate=False))
-        train_lib.check_workdir(Config(), workdir)
+            workdir_lib.load_trained(copy)
 
 
 class UnwritableWorkdirTest(tf.test.TestCase):
@@ -160,7 +123,7 @@ def _train_command(workdir, data_dir, epochs, steps, attention="soft"):
 
 def _backup_epoch(workdir):
     try:
-        return train_lib.backed_up_epoch(workdir)
+        return workdir_lib.backed_up_epoch(workdir)
     except ValueError:  # caught while Keras writes it
         return 0
 
@@ -169,7 +132,7 @@ def _final_state(workdir):
     """[(path, array)] of every model and optimizer variable after the last epoch, in the
     order the model and optimizer create them (their paths carry per-process names such
     as "adam_1" or "show_attend_tell_1")."""
-    model, _, config = train_lib.load_trained(workdir)
+    model, _, config = workdir_lib.load_trained(workdir)
     steps = config.epochs * config.steps_per_epoch
     model.compile(optimizer=train_lib._optimizer(config, total_steps=steps))
     model.optimizer.build(model.trainable_variables)
@@ -241,80 +204,6 @@ def _epochs_printed(text):
     return [
         w.split("/")[0] for p, w in zip(words, words[1:], strict=False) if p == "Epoch" and "/" in w
     ]
-
-
-class StopOnNonFiniteTest(tf.test.TestCase):
-    def test_names_the_step_and_keeps_the_backup(self):
-        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-        model.optimizer.iterations.assign(17)
-        callback = train_lib.StopOnNonFinite("/runs/x")
-        callback.set_model(model)
-        callback.on_train_batch_end(0, {"loss": 1.5})  # finite: nothing happens
-        with self.assertRaisesRegex(train_lib.TrainingDiverged, r"step 17.*nan.*/runs/x/backup"):
-            callback.on_train_batch_end(1, {"loss": float("nan")})
-
-    def test_diverging_fit_stops_at_the_first_bad_step(self):
-        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-        model.compile(optimizer=keras.optimizers.SGD(1e30), loss="mse")
-        x = np.full((64, 1), 1e10, np.float32)
-        with self.assertRaises(train_lib.TrainingDiverged) as caught:
-            model.fit(
-                x, x, batch_size=8, epochs=3, verbose=0, callbacks=[train_lib.StopOnNonFinite("w")]
-            )
-        step = int(str(caught.exception).split("step ")[1].split(":")[0])
-        self.assertBetween(step, 1, 3)
-
-
-class EarlyStoppingTest(tf.test.TestCase):
-    def _callback(self, patience, history):
-        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-        callback = train_lib.EarlyStoppingOnBleu(patience, history)
-        callback.set_model(model)
-        return callback, model
-
-    def test_history_of_the_interrupted_run_counts(self):
-        # Epoch order, not file order: 0.5, 0.6 (best), 0.55 -> one epoch without gain.
-        history = [{"epoch": e, "val_bleu4": s} for e, s in ((3, 0.55), (1, 0.5), (2, 0.6))]
-        callback, model = self._callback(2, history)
-        self.assertEqual((callback.best, callback.wait, callback.exhausted), (0.6, 1, False))
-        model.stop_training = False
-        callback.on_epoch_end(3, {"val_bleu4": 0.6})  # equal is not better: the second
-        self.assertTrue(model.stop_training)
-
-    def test_a_better_score_restarts_the_count(self):
-        callback, model = self._callback(2, [{"epoch": 1, "val_bleu4": 0.5}])
-        model.stop_training = False
-        for score in (0.4, 0.7, 0.6):
-            callback.on_epoch_end(0, {"val_bleu4": score})
-        self.assertEqual((callback.best, callback.wait), (0.7, 1))
-        self.assertFalse(model.stop_training)
-        callback.on_epoch_end(0, {})  # no score (no validation images): nothing changes
-        self.assertEqual(callback.wait, 1)
-
-    def test_stopped_run_is_not_trained_further_when_run_again(self):
-        root = self.get_temp_dir()
-        config = Config(
-            data_dir=os.path.join(root, "data"),
-            **{**TINY, "epochs": 5, "early_stopping_patience": 1},
-        )
-        workdir = os.path.join(root, "run")
-        real = train_lib.score_captions
-        val_scores = iter([0.5, 0.4, 0.9])
-
-        def scores(*args, full=False, **kwargs):
-            result = real(*args, full=full, **kwargs)
-            return result if full else {**result, "BLEU-4": next(val_scores)}
-
-        with mock.patch.object(train_lib, "score_captions", side_effect=scores):
-            train_lib.train_and_evaluate(config, workdir)
-            history = train_lib.read_history(os.path.join(workdir, "val_history.json"))
-            self.assertEqual([h["val_bleu4"] for h in history], [0.5, 0.4])
-            # The same command again (a "resume" of a finished run) trains nothing.
-            train_lib.train_and_evaluate(config, workdir)
-        history = train_lib.read_history(os.path.join(workdir, "val_history.json"))
-        self.assertEqual([h["val_bleu4"] for h in history], [0.5, 0.4])
-        self.assertEqual(train_lib.backed_up_epoch(workdir), 2)
 
 
 class OptimizerTest(tf.test.TestCase):

@@ -1,4 +1,5 @@
-"""Tests for sat_tf.visualize: Gaussian smoothing, upsampled attention, figures, summaries."""
+"""Tests for sat_tf.evaluation.visualize: Gaussian smoothing, upsampled attention, figures,
+summaries."""
 
 import math
 import os

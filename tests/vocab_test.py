@@ -1,4 +1,4 @@
-"""Tests for sat_tf.vocab: tokenization, building, the vocabulary file, encode and decode."""
+"""Tests for sat_tf.data.vocab: tokenization, building, the vocabulary file, encode and decode."""
 
 import os
 
@@ -162,10 +162,10 @@ class EncodeDecodeTest(tf.test.TestCase, parameterized.TestCase):
         (1, [1, 5, 2]),
         (0, [1, 2]),
     )
-    def test_encode_truncates_words_before_framing(self, max_length, expected):
-        ids = _vocab().encode(tf.constant(["dog dog dog dog runs", "a"]), max_length=max_length)
+    def test_encode_truncates_words_before_framing(self, max_words, expected):
+        ids = _vocab().encode(tf.constant(["dog dog dog dog runs", "a"]), max_words=max_words)
         self.assertEqual(ids.to_list()[0], expected)
-        self.assertEqual(ids.to_list()[1], [1, 4, 2] if max_length != 0 else [1, 2])
+        self.assertEqual(ids.to_list()[1], [1, 4, 2] if max_words != 0 else [1, 2])
 
     def test_encode_splits_on_every_unicode_space(self):
         ids = _vocab().encode(tf.constant(["a\u2028dog\x85runs\u1680école"]))

@@ -17,22 +17,22 @@ from sat_tf.data import vocab as vocab_lib
 
 AUTOTUNE = tf.data.AUTOTUNE
 SHUFFLE_BYTES = 2 * 1024**3
-def _caption_table(records, vocab, max_length):
+def _caption_table(records, vocab, max_words):
     """Encodes every caption once: (ragged ids per caption, captions per image).
 
-    Captions longer than `max_length` words are cut to it; their number is logged.
+    Captions longer than `max_words` words are cut to it; their number is logged.
     """
     tokens = vocab_lib.tokenize(tf.constant([c for r in records for c in r.captions], tf.string))
-    ids = vocab.encode_words(tokens, max_length=max_length)
+    ids = vocab.encode_words(tokens, max_words=max_words)
     words = tokens.row_lengths()
-    over = int(tf.math.count_nonzero(words > max_length))
+    over = int(tf.math.count_nonzero(words > max_words))
     if over:
         logging.warning(
             "%d of %d training captions are longer than --max_caption_length=%d words "
             "(the longest has %d) and are cut to it",
             over,
             len(words),
-            max_length,
+            max_words,
             int(tf.reduce_max(words)),
         )
     per_image = np.array([len(r.captions) for r in records], np.int64)
@@ -56,7 +56,7 @@ def train_dataset(
     image_size,
     crop_fraction,
     batch_size,
-    max_length,
+    max_words,
     seed=0,
     features=None,
     cache_images=True,
@@ -71,7 +71,7 @@ def train_dataset(
       vocab: `Vocab` for the caption ids.
       image_size, crop_fraction: see `decode_image`.
       batch_size: captions per batch.
-      max_length: captions are cut to this many words.
+      max_words: captions are cut to this many words.
       seed: shuffle seed.
       features: optional dataset of (L, D) feature tensors in record order, used
         instead of images.
@@ -91,7 +91,7 @@ def train_dataset(
       `tf.data.Dataset` of dicts {"image" (B, S, S, 3) | "features" (B, L, D),
       "caption" (B, T + 2) int32 framed by `<start>` and `<end>`}.
     """
-    ids, per_image = _caption_table(records, vocab, max_length)
+    ids, per_image = _caption_table(records, vocab, max_words)
     key = "features" if features is not None else "image"
     inputs = features
     if inputs is None:
@@ -102,7 +102,7 @@ def train_dataset(
     index = tf.data.Dataset.from_tensor_slices((starts, per_image))
     element_bytes = 4 * np.prod(inputs.element_spec.shape.as_list())
     buffer = int(min(len(records), max(1024, SHUFFLE_BYTES // element_bytes)))
-    boundaries = list(range(3, max_length + 3))
+    boundaries = list(range(3, max_words + 3))
 
     def captions_of(x, span):
         start, count = span
@@ -151,9 +151,9 @@ def eval_dataset(records, *, image_size, crop_fraction, batch_size, features=Non
     return ds.batch(batch_size).prefetch(AUTOTUNE)
 
 
-def teacher_forced_dataset(records, vocab, *, image_size, crop_fraction, batch_size, max_length):
+def teacher_forced_dataset(records, vocab, *, image_size, crop_fraction, batch_size, max_words):
     """Validation batches for the teacher-forced loss: every caption, padded, in order."""
-    ids, per_image = _caption_table(records, vocab, max_length)
+    ids, per_image = _caption_table(records, vocab, max_words)
     images = image_dataset([r.image_path for r in records], image_size, crop_fraction)
     ds = tf.data.Dataset.zip(images, tf.data.Dataset.from_tensor_slices(per_image))
     ds = ds.flat_map(lambda x, n: tf.data.Dataset.from_tensors(x).repeat(n))

@@ -123,24 +123,24 @@ class Vocab:
             self._table = tf.lookup.StaticHashTable(init, default_value=UNK_ID)
         return self._table
 
-    def encode(self, texts: tf.Tensor, max_length: int | None = None) -> tf.RaggedTensor:
+    def encode(self, texts: tf.Tensor, max_words: int | None = None) -> tf.RaggedTensor:
         """Captions -> ids framed as `<start> w1 .. wn <end>`.
 
         Args:
           texts: string tensor (N,).
-          max_length: keep at most this many words (before framing).
+          max_words: keep at most this many words (before framing).
 
         Returns:
           int32 ragged tensor (N, None).
         """
-        return self.encode_words(tokenize(texts), max_length)
+        return self.encode_words(tokenize(texts), max_words)
 
     def encode_words(
-        self, words: tf.RaggedTensor, max_length: int | None = None
+        self, words: tf.RaggedTensor, max_words: int | None = None
     ) -> tf.RaggedTensor:
         """`encode` for captions already split by `tokenize`: ragged string (N, None)."""
-        if max_length is not None:
-            words = words[:, :max_length]
+        if max_words is not None:
+            words = words[:, :max_words]
         ids = tf.ragged.map_flat_values(self.table.lookup, words)
         n = ids.nrows()
         start = tf.fill([n, 1], tf.constant(START_ID, tf.int64))

@@ -1,4 +1,4 @@
-"""Tests for sat_tf.features and the feature-cache path of train_lib, on tiny datasets
+"""Tests for sat_tf.data.feature_cache and the feature-cache path of training, on tiny datasets
 written in the exact on-disk formats: read -> vocabulary -> extract -> train -> decode."""
 
 import collections
@@ -20,7 +20,8 @@ from sat_tf.data import feature_cache as features
 from sat_tf.data.vocab import UNK, Vocab
 from sat_tf.evaluation import metrics
 from sat_tf.model.encoder import ImageEncoder
-from sat_tf.training import train_lib
+from sat_tf.training import captioning, train_lib
+from sat_tf.training import workdir as workdir_lib
 
 IMAGE_SIZE = 32  # shapes_cnn has stride 8: a 4 x 4 grid of 48 + 2 channels.
 GRID, DEPTH = (4, 4), 50
@@ -331,7 +332,7 @@ class FeatureCacheTest(tf.test.TestCase, parameterized.TestCase):
                 image_size=IMAGE_SIZE,
                 crop_fraction=1.0,
                 batch_size=1,
-                max_length=4,
+                max_words=4,
                 features=cached,
             )
         long_ones = sum(len(c.split()) > 4 for r in train for c in r.captions)
@@ -424,19 +425,19 @@ class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
             for w in c.split()
         )
         top = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))[:12]
-        vocab = Vocab.load(os.path.join(workdir, train_lib.VOCAB_FILE))
+        vocab = Vocab.load(os.path.join(workdir, workdir_lib.VOCAB_FILE))
         self.assertEqual(vocab.words[4:], [w for w, _ in top])
         with open(os.path.join(os.path.dirname(feature_dir), "vocab_12.txt")) as f:
             self.assertEqual(f.read().split("\n")[:-1], vocab.words)
-        with open(os.path.join(workdir, train_lib.FEATURES_FILE)) as f:
+        with open(os.path.join(workdir, workdir_lib.FEATURES_FILE)) as f:
             self.assertEqual(json.load(f)["feature_shape"], [16, DEPTH])
 
-        model, vocab, config = train_lib.load_trained(workdir)
+        model, vocab, config = workdir_lib.load_trained(workdir)
         self.assertIsNone(model.encoder)
         self.assertEqual(model.grid, GRID)
         test = [r for r in datasets.load_records(dataset, data_dir) if r.split == "test"]
         self.assertEqual([r.image_id for r in test], [ids["fish"]])
-        results = train_lib.caption_records(model, test, vocab, config)
+        results = captioning.caption_records(model, test, vocab, config)
         self.assertLen(results, 1)
         words, alpha = results[0]["words"], results[0]["alpha"]
         self.assertLessEqual(len(words), 5)

@@ -1,4 +1,4 @@
-"""Tests for sat_tf.model.ShowAttendTell on cached features and on the shapes encoder."""
+"""Tests for sat_tf.model.captioner.ShowAttendTell on cached features and on the shapes encoder."""
 
 import os
 

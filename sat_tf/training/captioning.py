@@ -1,0 +1,120 @@
+"""Captioning the images of a split and scoring the captions (paper §4.3, §5)."""
+
+import os
+
+import tensorflow as tf
+
+from sat_tf.config import Config
+from sat_tf.data import input_pipeline
+from sat_tf.data import vocab as vocab_lib
+from sat_tf.evaluation import grounding, metrics
+from sat_tf.model.encoder import crop_fraction_of
+from sat_tf.training.prepare import Data, cached_features
+from sat_tf.training.workdir import write_json
+
+
+def references(records):
+    """{image_id: [tokenized reference, ...]} as space-joined lowercase words."""
+    texts = [c for r in records for c in r.captions]
+    words = iter(vocab_lib.tokenize_py(texts))
+    return {r.image_id: [" ".join(next(words)) for _ in r.captions] for r in records}
+
+
+def make_caption_fn(model, config: Config, beam_size=None):
+    """A `tf.function` that captions a batch dict; see `ShowAttendTell.generate`.
+
+    With `--jit_compile` XLA compiles it too, once per batch shape: it fuses the decoding
+    step's small ops (greedy decoding at batch 1 0.63-0.96 x the time, BUILD_NOTES.md).
+    """
+    beam = beam_size or config.beam_size
+
+    @tf.function(reduce_retracing=True, jit_compile=config.jit_compile)
+    def caption(batch):
+        return model.generate(
+            batch,
+            max_length=config.max_decode_length,
+            beam_size=beam,
+            length_penalty=config.length_penalty,
+        )
+
+    return caption
+
+
+def caption_records(model, records, vocab, config: Config, beam_size=None, batch_size=100):
+    """Captions every record's image (its cached features with `--use_feature_cache`).
+
+    Returns:
+      list of dicts {"words": [...], "alpha": (n_words + 1, L) array (the last row made
+      `<end>`; n_words rows when the caption reached the length limit without `<end>`),
+      "log_prob": float}, in record order.
+    """
+    cached, _ = cached_features(config, records)
+    ds = input_pipeline.eval_dataset(
+        records,
+        image_size=config.image_size,
+        crop_fraction=crop_fraction_of(config),
+        batch_size=batch_size,
+        features=cached,
+    )
+    key = "image" if cached is None else "features"
+    caption = make_caption_fn(model, config, beam_size)
+    results = []
+    for batch in ds:
+        out = caption({key: batch[key]})
+        tokens, lengths = out.tokens.numpy(), out.length.numpy()
+        for i in range(len(tokens)):
+            n = int(lengths[i])
+            results.append(
+                {
+                    "words": vocab.decode(tokens[i][:n]),
+                    "alpha": out.attention[i, : n + 1].numpy(),
+                    "log_prob": float(out.log_prob[i]),
+                }
+            )
+    return results
+
+
+def score_captions(records, results, objects=None, grid=(14, 14), image_size=112, full=False):
+    """Metrics of generated captions against the records' references.
+
+    Args:
+      records: the captioned records.
+      results: output of `caption_records`.
+      objects: shapes object metadata keyed by image id, for pointing / location
+        accuracy (DESIGN.md §2).
+      grid, image_size: attention grid and image size for pointing accuracy.
+      full: all coco-caption metrics (Java for METEOR) instead of BLEU-4 alone.
+
+    Returns:
+      dict of metric name -> value.
+    """
+    refs = references(records)
+    hyps = {r.image_id: " ".join(res["words"]) for r, res in zip(records, results, strict=True)}
+    if full:
+        scores = metrics.coco_scores(refs, hyps)
+        scores.update(metrics.paper_bleu(refs, hyps))
+    else:
+        scores = {"BLEU-4": metrics.bleu4(refs, hyps)}
+    if objects is not None:
+        words = [res["words"] for res in results]
+        objs = [objects[r.image_id] for r in records]
+        alphas = [res["alpha"] for res in results]
+        scores.update(
+            grounding.pointing_accuracy(words, alphas, objs, grid=grid, image_size=image_size)
+        )
+        scores.update(grounding.location_accuracy(words, objs))
+    return scores
+
+
+def evaluate(model, data: Data, config: Config, workdir: str, split="test", beam_size=None):
+    """Captions a split, scores it with every metric, and writes the results to workdir."""
+    records = data.splits[split]
+    if not records:
+        raise ValueError(f"the {split} split of {config.dataset} is empty")
+    results = caption_records(model, records, data.vocab, config, beam_size)
+    grid = model.grid or (14, 14)
+    scores = score_captions(records, results, data.objects, grid, config.image_size, full=True)
+    captions = {r.image_id: " ".join(res["words"]) for r, res in zip(records, results, strict=True)}
+    write_json(os.path.join(workdir, f"captions_{split}.json"), metrics.to_coco_results(captions))
+    write_json(os.path.join(workdir, f"metrics_{split}.json"), scores)
+    return scores

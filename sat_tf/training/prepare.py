@@ -1,0 +1,87 @@
+"""The data of a run: the records of each split, the vocabulary, the cached features."""
+
+import dataclasses
+import os
+
+from absl import logging
+
+from sat_tf.config import Config, derived_dir
+from sat_tf.data import datasets, shapes
+from sat_tf.data import feature_cache as features
+from sat_tf.data import vocab as vocab_lib
+from sat_tf.training.workdir import VOCAB_FILE
+
+
+@dataclasses.dataclass
+class Data:
+    """Records per split, the vocabulary, and shapes object metadata (None elsewhere)."""
+
+    splits: dict
+    vocab: vocab_lib.Vocab
+    objects: dict | None
+
+
+def dataset_vocab(config: Config, train_records) -> vocab_lib.Vocab:
+    """The `config.vocab_size` most frequent training words (paper §5.1).
+
+    For a downloaded dataset it is built once and kept as
+    `<derived_dir>/vocab_<vocab_size>.txt` (`config.derived_dir`); shapes, regenerated
+    when its settings change, builds it afresh.
+    """
+    captions = (c for r in train_records for c in r.captions)
+    if config.dataset == "shapes":
+        return vocab_lib.Vocab.build(captions, max_words=config.vocab_size)
+    path = os.path.join(derived_dir(config), f"vocab_{config.vocab_size}.txt")
+    if os.path.exists(path):
+        return vocab_lib.Vocab.load(path)
+    vocab = vocab_lib.Vocab.build(captions, max_words=config.vocab_size)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        vocab.save(path)
+    except OSError as e:
+        logging.warning("cannot keep the vocabulary in %s (%s); the workdir has it", path, e)
+    return vocab
+
+
+def prepare_data(config: Config, workdir: str) -> Data:
+    """Reads (for shapes: first generates) the dataset and loads or builds the vocabulary.
+
+    With `--use_feature_cache`, images that feature extraction skipped are left out.
+    """
+    objects = None
+    if config.dataset == "shapes":
+        json_path = shapes.generate(
+            config.data_dir,
+            seed=config.seed,
+            num_train=config.num_train,
+            num_val=config.num_val,
+            num_test=config.num_test,
+            image_size=config.image_size,
+        )
+        objects = shapes.load_objects(json_path)
+    records = datasets.load_records(config.dataset, config.data_dir, on_missing=config.on_missing)
+    if config.use_feature_cache:
+        if config.fine_tune_encoder:
+            raise ValueError(
+                "--fine_tune_encoder trains the encoder, which needs images: "
+                "set --use_feature_cache=false"
+            )
+        records = features.drop_skipped(records, features.feature_dir_of(config))
+    splits = {s: [r for r in records if r.split == s] for s in ("train", "val", "test")}
+    if not splits["train"]:
+        raise ValueError(f"dataset {config.dataset} in {config.data_dir} has no training images")
+    vocab_path = os.path.join(workdir, VOCAB_FILE)
+    if os.path.exists(vocab_path):
+        vocab = vocab_lib.Vocab.load(vocab_path)
+    else:
+        vocab = dataset_vocab(config, splits["train"])
+        vocab.save(vocab_path)
+    return Data(splits, vocab, objects)
+
+
+def cached_features(config: Config, records):
+    """(dataset of (L, D) features in record order, (L, D)) from the feature cache when
+    `config.use_feature_cache`, else (None, None)."""
+    if not config.use_feature_cache:
+        return None, None
+    return features.feature_dataset_for(config, records)

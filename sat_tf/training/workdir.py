@@ -1,0 +1,166 @@
+"""The workdir of a run: its files, the check that it holds the same model, and loading
+the trained model from it.
+
+A workdir holds `config.json`, `vocab.txt`, `best.weights.h5` (best validation BLEU-4,
+paper §4.3) with `best.json` (its epoch, score and vocabulary fingerprint),
+`val_history.json`, `backup/` (the state `BackupAndRestore` resumes from),
+`tensorboard/`, and the evaluation outputs `captions_<split>.json` and
+`metrics_<split>.json`; a run on cached features (`--use_feature_cache`) also keeps
+`features.json`, the settings of its features.
+"""
+
+import json
+import os
+
+from sat_tf import files
+from sat_tf.config import Config
+from sat_tf.data import vocab as vocab_lib
+from sat_tf.model.captioner import build_model
+
+CONFIG_FILE, VOCAB_FILE, BEST_WEIGHTS = "config.json", "vocab.txt", "best.weights.h5"
+BEST_INFO = "best.json"
+HISTORY_FILE = "val_history.json"
+FEATURES_FILE = "features.json"
+MODEL_FIELDS = (
+    "dataset",
+    "vocab_size",
+    "encoder",
+    "image_size",
+    "use_feature_cache",
+    "attention",
+    "attention_score",
+    "embed_dim",
+    "hidden_dim",
+    "attention_dim",
+)
+
+
+def write_json(path, value):
+    """Writes a workdir's JSON file (indented, keys sorted), atomically."""
+    files.write_json(path, value, indent=2, sort_keys=True)
+
+
+def check_workdir(config: Config, workdir: str) -> None:
+    """Creates the workdir, or checks that its saved config builds the same model.
+
+    Raises:
+      ValueError: naming each setting that differs, with both values, or when the
+        workdir cannot be written.
+    """
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        probe = os.path.join(workdir, f".write_test{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise ValueError(f"workdir {workdir!r} is not writable: {e}") from e
+    path = os.path.join(workdir, CONFIG_FILE)
+    if os.path.exists(path):
+        saved = Config.load(path)
+        fields = MODEL_FIELDS + (("hard_gate",) if config.attention == "hard" else ())
+        diff = [
+            f"--{k}: workdir has {getattr(saved, k)!r}, this run {getattr(config, k)!r}"
+            for k in fields
+            if getattr(saved, k) != getattr(config, k)
+        ]
+        if diff:
+            raise ValueError(
+                f"workdir {workdir} holds a different model; use another workdir or the "
+                "same settings:\n  " + "\n  ".join(diff)
+            )
+    config.save(path)
+
+
+def save_weights_atomically(model, path):
+    """`model.save_weights(path)` through a temporary file and a rename, so that a kill
+    never leaves a half-written file under `path`."""
+    with files.atomic_path(path) as tmp:
+        model.save_weights(tmp)
+
+
+def write_best_info(workdir, vocab, **values):
+    """Writes `best.json`: what `best.weights.h5` was trained with (and `values`)."""
+    info = {"vocab_fingerprint": vocab.fingerprint, "vocab_words": len(vocab), **values}
+    write_json(os.path.join(workdir, BEST_INFO), info)
+
+
+def read_history(path):
+    """Per-epoch validation scores written by `EvaluationCallback` ([] if none yet)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def backed_up_epoch(workdir):
+    """Epochs finished by the run whose state `BackupAndRestore` keeps in workdir/backup.
+
+    Keras resumes `fit` at this epoch; the training data is made to start there too.
+    """
+    path = os.path.join(workdir, "backup", "training_metadata.json")
+    if not os.path.exists(path):
+        return 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            return int(json.load(f)["epoch"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"cannot read the training backup {path}: {e}") from e
+
+
+def write_features_info(workdir, feature_dir, index):
+    """Keeps in the workdir the settings of the cached features a run trains on."""
+    keys = ("encoder", "encoder_weights", "image_size", "feature_shape", "grid")
+    info = {"feature_dir": os.path.abspath(feature_dir), **{k: index[k] for k in keys}}
+    write_json(os.path.join(workdir, FEATURES_FILE), info)
+
+
+def load_trained(workdir: str):
+    """Rebuilds the model of a workdir with its best (else latest backup) weights.
+
+    Returns:
+      (model, vocab, config).
+
+    Raises:
+      ValueError: when the workdir lacks its files or the weights do not fit.
+    """
+    config_path = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.exists(config_path):
+        raise ValueError(f"{workdir} is not a sat_tf workdir: {CONFIG_FILE} is missing")
+    config = Config.load(config_path)
+    vocab = vocab_lib.Vocab.load(os.path.join(workdir, VOCAB_FILE))
+    feature_shape = grid = None
+    if config.use_feature_cache:
+        features_path = os.path.join(workdir, FEATURES_FILE)
+        if not os.path.exists(features_path):
+            raise ValueError(f"{workdir} trained on cached features lacks {FEATURES_FILE}")
+        with open(features_path, encoding="utf-8") as f:
+            stored = json.load(f)
+        feature_shape = tuple(stored["feature_shape"])
+        grid = tuple(stored["grid"]) if "grid" in stored else None
+    info_path = os.path.join(workdir, BEST_INFO)
+    if os.path.exists(info_path):
+        with open(info_path, encoding="utf-8") as f:
+            info = json.load(f)
+        if info.get("vocab_fingerprint") != vocab.fingerprint:
+            raise ValueError(
+                f"{VOCAB_FILE} of {workdir} is not the vocabulary its weights were trained "
+                f"with: the weights had {info.get('vocab_words')} words (fingerprint "
+                f"{info.get('vocab_fingerprint')}), {VOCAB_FILE} has {len(vocab)} words "
+                f"(fingerprint {vocab.fingerprint})"
+            )
+    model = build_model(config, len(vocab), feature_shape, grid, load_encoder_weights=False)
+    for path in (
+        os.path.join(workdir, BEST_WEIGHTS),
+        os.path.join(workdir, "backup", "latest.weights.h5"),
+    ):
+        if os.path.exists(path):
+            try:
+                model.load_weights(path)
+            except ValueError as e:
+                raise ValueError(
+                    f"weights {path} do not fit the model of {config_path} with a "
+                    f"vocabulary of {len(vocab)} words: {e}"
+                ) from e
+            return model, vocab, config
+    raise ValueError(f"{workdir} holds no trained weights ({BEST_WEIGHTS} or backup/)")

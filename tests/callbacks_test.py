@@ -1,0 +1,102 @@
+"""Tests for sat_tf.training.callbacks: stopping at a non-finite loss, early stopping on
+validation BLEU-4 across an interruption."""
+
+import os
+from unittest import mock
+
+import keras
+import numpy as np
+import tensorflow as tf
+from fixtures import TINY
+
+from sat_tf.config import Config
+from sat_tf.training import callbacks as callbacks_lib
+from sat_tf.training import captioning, train_lib
+from sat_tf.training import workdir as workdir_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class StopOnNonFiniteTest(tf.test.TestCase):
+    def test_names_the_step_and_keeps_the_backup(self):
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        model.optimizer.iterations.assign(17)
+        callback = callbacks_lib.StopOnNonFinite("/runs/x")
+        callback.set_model(model)
+        callback.on_train_batch_end(0, {"loss": 1.5})  # finite: nothing happens
+        with self.assertRaisesRegex(
+            callbacks_lib.TrainingDiverged, r"step 17.*nan.*/runs/x/backup"
+        ):
+            callback.on_train_batch_end(1, {"loss": float("nan")})
+
+    def test_diverging_fit_stops_at_the_first_bad_step(self):
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(1e30), loss="mse")
+        x = np.full((64, 1), 1e10, np.float32)
+        with self.assertRaises(callbacks_lib.TrainingDiverged) as caught:
+            model.fit(
+                x,
+                x,
+                batch_size=8,
+                epochs=3,
+                verbose=0,
+                callbacks=[callbacks_lib.StopOnNonFinite("w")],
+            )
+        step = int(str(caught.exception).split("step ")[1].split(":")[0])
+        self.assertBetween(step, 1, 3)
+
+
+class EarlyStoppingTest(tf.test.TestCase):
+    def _callback(self, patience, history):
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        callback = callbacks_lib.EarlyStoppingOnBleu(patience, history)
+        callback.set_model(model)
+        return callback, model
+
+    def test_history_of_the_interrupted_run_counts(self):
+        # Epoch order, not file order: 0.5, 0.6 (best), 0.55 -> one epoch without gain.
+        history = [{"epoch": e, "val_bleu4": s} for e, s in ((3, 0.55), (1, 0.5), (2, 0.6))]
+        callback, model = self._callback(2, history)
+        self.assertEqual((callback.best, callback.wait, callback.exhausted), (0.6, 1, False))
+        model.stop_training = False
+        callback.on_epoch_end(3, {"val_bleu4": 0.6})  # equal is not better: the second
+        self.assertTrue(model.stop_training)
+
+    def test_a_better_score_restarts_the_count(self):
+        callback, model = self._callback(2, [{"epoch": 1, "val_bleu4": 0.5}])
+        model.stop_training = False
+        for score in (0.4, 0.7, 0.6):
+            callback.on_epoch_end(0, {"val_bleu4": score})
+        self.assertEqual((callback.best, callback.wait), (0.7, 1))
+        self.assertFalse(model.stop_training)
+        callback.on_epoch_end(0, {})  # no score (no validation images): nothing changes
+        self.assertEqual(callback.wait, 1)
+
+    def test_stopped_run_is_not_trained_further_when_run_again(self):
+        root = self.get_temp_dir()
+        config = Config(
+            data_dir=os.path.join(root, "data"),
+            **{**TINY, "epochs": 5, "early_stopping_patience": 1},
+        )
+        workdir = os.path.join(root, "run")
+        real = captioning.score_captions
+        val_scores = iter([0.5, 0.4, 0.9])
+
+        def scores(*args, full=False, **kwargs):
+            result = real(*args, full=full, **kwargs)
+            return result if full else {**result, "BLEU-4": next(val_scores)}
+
+        with mock.patch.object(callbacks_lib, "score_captions", side_effect=scores):
+            train_lib.train_and_evaluate(config, workdir)
+            history = workdir_lib.read_history(os.path.join(workdir, "val_history.json"))
+            self.assertEqual([h["val_bleu4"] for h in history], [0.5, 0.4])
+            # The same command again (a "resume" of a finished run) trains nothing.
+            train_lib.train_and_evaluate(config, workdir)
+        history = workdir_lib.read_history(os.path.join(workdir, "val_history.json"))
+        self.assertEqual([h["val_bleu4"] for h in history], [0.5, 0.4])
+        self.assertEqual(workdir_lib.backed_up_epoch(workdir), 2)
+
+
+if __name__ == "__main__":
+    tf.test.main()
