@@ -18,11 +18,11 @@ setup(
         "tensorflow-datasets>=4.9,<5",
         "importlib_resources>=6",
         "tensorboard>=2.20",
-        "nltk>=3.8,<4",
         "pycocoevalcap>=1.2,<2",
         "absl-py>=2.1,<3",
         "numpy>=1.26",
         "pillow>=10",
+        "scipy>=1.11",
         "matplotlib>=3.8",
     ],
     extras_require={
@@ -33,6 +33,7 @@ setup(
         "export": ["ai-edge-litert>=2.0,<3", "tensorflow-serving-api>=2.21,<2.22"],
         "test": [
             "pytest>=8",
+            "nltk>=3.8,<4",
             "hypothesis>=6.100",
             "ruff>=0.6",
             "scikit-image>=0.24",

@@ -63,7 +63,7 @@ class Config:
     vocab_size: int = _field(10000, "Most frequent training words kept (paper 5.1).")
     max_caption_length: int = _field(40, "Longer training captions are cut to this many words.")
 
-    encoder: str = _field("shapes_cnn", "Backbone from the registry in encoder.py.")
+    encoder: str = _field("shapes_cnn", "Backbone from the registry in sat_tf/model/encoder.py.")
     encoder_weights: str = _field("", "'' (random), 'imagenet', or a weights file path.")
     image_size: int = _field(112, "Square input size of the encoder.")
     crop_fraction: float = _field(

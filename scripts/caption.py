@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 from absl import flags
-from flags_lib import run
+from flags_lib import define_override, override, run
 
 from sat_tf import serving
 from sat_tf.data import image_io
@@ -21,7 +21,7 @@ from sat_tf.training import captioning
 from sat_tf.training import workdir as workdir_lib
 
 flags.DEFINE_string("workdir", "runs/shapes", "A trained workdir (scripts/train.py).")
-flags.DEFINE_integer("beam_size", 0, "Beam size; 0 = the workdir's setting.")
+define_override("beam_size", "Beam size (1 = greedy)")
 flags.DEFINE_string("visualize", "", "Folder for one attention picture per image.")
 FLAGS = flags.FLAGS
 
@@ -30,12 +30,11 @@ def main(argv):
     paths = argv[1:]
     if not paths:
         raise ValueError("give one or more image files to caption")
-    if FLAGS.beam_size < 0:
-        raise ValueError(f"--beam_size={FLAGS.beam_size} must be 0 (workdir default) or more")
+    beam_size = override(FLAGS, "beam_size")
     model, vocab, config = workdir_lib.load_trained(FLAGS.workdir)
     crop = crop_fraction_of(config)
     images = [image_io.load_image_file(p, config.image_size, crop) for p in paths]
-    caption = captioning.make_caption_fn(model, config, FLAGS.beam_size or None)
+    caption = captioning.make_caption_fn(model, config, beam_size)
     batch = np.stack([i.numpy() for i in images])
     if model.encoder is None:
         # Trained on cached features: run the backbone that made them, as the export does.

@@ -10,7 +10,7 @@ import json
 import os
 
 from absl import flags
-from flags_lib import run
+from flags_lib import define_override, override, run
 
 from sat_tf import files
 from sat_tf.evaluation import metrics
@@ -19,21 +19,18 @@ from sat_tf.training import workdir as workdir_lib
 
 flags.DEFINE_string("workdir", "runs/shapes", "A trained workdir (scripts/train.py).")
 flags.DEFINE_enum("split", "test", ["train", "val", "test"], "Split to caption.")
-flags.DEFINE_integer("beam_size", 0, "Beam size; 0 = the workdir's setting.")
+define_override("beam_size", "Beam size (1 = greedy)")
 FLAGS = flags.FLAGS
 
 
 def main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if FLAGS.beam_size < 0:
-        raise ValueError(f"--beam_size={FLAGS.beam_size} must be 0 (workdir default) or more")
+    beam_size = override(FLAGS, "beam_size")
     model, vocab, config = workdir_lib.load_trained(FLAGS.workdir)
     data = prepare.prepare_data(config, FLAGS.workdir)
-    scores = captioning.evaluate(
-        model, data, config, FLAGS.workdir, FLAGS.split, FLAGS.beam_size or None
-    )
-    beam = FLAGS.beam_size or config.beam_size
+    scores = captioning.evaluate(model, data, config, FLAGS.workdir, FLAGS.split, beam_size)
+    beam = beam_size or config.beam_size
     name = f"this model ({config.attention} attention, {config.attention_score}, beam {beam})"
     table = metrics.format_table1(scores, config.dataset, name)
     files.write_text(os.path.join(FLAGS.workdir, f"table_{FLAGS.split}.md"), table)

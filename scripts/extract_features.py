@@ -12,7 +12,7 @@ them with --use_feature_cache.
 from absl import flags
 from flags_lib import config_from_flags, define_config_flags, run
 
-from sat_tf.data import feature_cache as features
+from sat_tf.data import feature_cache
 
 flags.DEFINE_integer("shard_size", 1000, "Images per TFRecord shard.")
 flags.DEFINE_integer("extract_batch_size", 32, "Images per encoder call.")
@@ -27,7 +27,7 @@ def main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
     config = config_from_flags(FLAGS)
-    index = features.extract_for_config(
+    index = feature_cache.extract_for_config(
         config,
         shard_size=FLAGS.shard_size,
         batch_size=FLAGS.extract_batch_size,
@@ -37,7 +37,7 @@ def main(argv):
     skipped = sum(len(s["skipped"]) for s in index["shards"])
     print(
         f"{index['num_records'] - skipped} images, {length} x {depth} float16 features in "
-        f"{index['num_shards']} shards: {features.feature_dir_of(config)}"
+        f"{index['num_shards']} shards: {feature_cache.feature_dir_of(config)}"
         + (f" ({skipped} undecodable images skipped)" if skipped else "")
     )
 

@@ -15,8 +15,7 @@ from absl.testing import parameterized
 from PIL import Image
 
 from sat_tf.config import Config
-from sat_tf.data import datasets, image_io, input_pipeline
-from sat_tf.data import feature_cache as features
+from sat_tf.data import datasets, feature_cache, image_io, input_pipeline
 from sat_tf.data.vocab import UNK, Vocab
 from sat_tf.evaluation import metrics
 from sat_tf.model.encoder import ImageEncoder
@@ -197,13 +196,13 @@ class FeatureCacheTest(tf.test.TestCase, parameterized.TestCase):
         write_flickr8k(self.root)
         self.weights = encoder_weights(os.path.join(self.root, "encoder.weights.h5"))
         records = datasets.load_records("flickr8k", self.root)
-        self.records = sorted(records, key=lambda r: features.SPLIT_ORDER[r.split])
+        self.records = sorted(records, key=lambda r: feature_cache.SPLIT_ORDER[r.split])
         self.out = os.path.join(self.root, "features")
 
     def _extract(self, records=None, **kwargs):
         args = dict(shard_size=2, batch_size=2, progress=False)
         args.update(kwargs)
-        return features.extract_features(
+        return feature_cache.extract_features(
             self.records if records is None else records,
             args.pop("encoder", "shapes_cnn"),
             args.pop("weights", self.weights),
@@ -216,7 +215,7 @@ class FeatureCacheTest(tf.test.TestCase, parameterized.TestCase):
         return sorted(n for n in os.listdir(self.out) if n.startswith("shard-"))
 
     def _features(self, records):
-        ds, shape = features.feature_dataset(self.out, records)
+        ds, shape = feature_cache.feature_dataset(self.out, records)
         return np.stack(list(ds.as_numpy_iterator())), shape
 
     def test_shards_hold_the_encoder_output_in_float16(self):
@@ -251,12 +250,12 @@ class FeatureCacheTest(tf.test.TestCase, parameterized.TestCase):
         part, _ = self._features(subset)
         self.assertAllEqual(part, full[[1, 4, 5]])
         with self.assertRaisesRegex(ValueError, "extraction order"):
-            features.feature_dataset(self.out, subset[::-1])
+            feature_cache.feature_dataset(self.out, subset[::-1])
         stranger = datasets.Record("horse", "horse.jpg", ("a horse",), "train")
         with self.assertRaisesRegex(ValueError, "no features for 1 of 2 images: horse"):
-            features.feature_dataset(self.out, [self.records[0], stranger])
+            feature_cache.feature_dataset(self.out, [self.records[0], stranger])
         with self.assertRaisesRegex(ValueError, "image_size: the cache has 32, this run 64"):
-            features.feature_dataset(self.out, subset, image_size=64)
+            feature_cache.feature_dataset(self.out, subset, image_size=64)
 
     def test_resume_rewrites_only_the_unfinished_shard(self):
         self._extract()
@@ -265,14 +264,14 @@ class FeatureCacheTest(tf.test.TestCase, parameterized.TestCase):
         mtimes = [os.stat(p).st_mtime_ns for p in paths]
         # A kill while writing shard 2: its temp file is left, the index never listed it.
         os.rename(paths[2], paths[2] + ".tmp4242")
-        index_path = os.path.join(self.out, features.INDEX_FILE)
+        index_path = os.path.join(self.out, feature_cache.INDEX_FILE)
         with open(index_path) as f:
             index = json.load(f)
         index["shards"][2] = None
         with open(index_path, "w") as f:
             json.dump(index, f)
         with self.assertRaisesRegex(ValueError, "unfinished \\(2 of 3 shards\\)"):
-            features.feature_dataset(self.out, self.records)
+            feature_cache.feature_dataset(self.out, self.records)
         self._extract()
         self.assertEqual(self._shards(), [os.path.basename(p) for p in paths])
         self.assertEqual([os.stat(p).st_mtime_ns for p in paths[:2]], mtimes[:2])
@@ -310,13 +309,13 @@ class FeatureCacheTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(
             self._shards(), ["shard-00000-of-00003.tfrecord", "shard-00001-of-00003.tfrecord"]
         )
-        self.assertEqual(features.read_index(self.out)["shards"][2], None)
+        self.assertEqual(feature_cache.read_index(self.out)["shards"][2], None)
         index = self._extract(skip_bad_images=True)
         self.assertEqual(index["shards"][2]["image_ids"], [self.records[4].image_id])
         self.assertEqual([s["image_id"] for s in index["shards"][2]["skipped"]], [bad.image_id])
         with self.assertRaisesRegex(ValueError, "skipped at extraction as undecodable"):
-            features.feature_dataset(self.out, self.records)
-        kept = features.drop_skipped(self.records, self.out)
+            feature_cache.feature_dataset(self.out, self.records)
+        kept = feature_cache.drop_skipped(self.records, self.out)
         self.assertEqual(kept, self.records[:5])
         self.assertLen(self._features(kept)[0], 5)
 
@@ -324,7 +323,7 @@ class FeatureCacheTest(tf.test.TestCase, parameterized.TestCase):
         self._extract()
         train = [r for r in self.records if r.split == "train"]
         vocab = Vocab.build(c for r in train for c in r.captions)
-        cached, _ = features.feature_dataset(self.out, train)
+        cached, _ = feature_cache.feature_dataset(self.out, train)
         with self.assertLogs(level="WARNING") as logs:
             ds = input_pipeline.train_dataset(
                 train,
@@ -398,12 +397,12 @@ class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
             max_decode_length=5,
         )
         data_files = sorted(os.walk(data_dir))
-        index = features.extract_for_config(config, shard_size=4, progress=False)
-        feature_dir = features.feature_dir_of(config)
+        index = feature_cache.extract_for_config(config, shard_size=4, progress=False)
+        feature_dir = feature_cache.feature_dir_of(config)
         self.assertEqual(os.path.basename(feature_dir), "features_shapes_cnn")
         self.assertEqual(os.path.dirname(os.path.dirname(feature_dir)), config.cache_dir)
         self.assertEqual(index["num_shards"], 2)
-        # Shards hold val, then test, then train images (features.SPLIT_ORDER).
+        # Shards hold val, then test, then train images (feature_cache.SPLIT_ORDER).
         split_by_id = {ids[s]: split_of[s] for s in ids}
         stored = [split_by_id[i] for shard in index["shards"] for i in shard["image_ids"]]
         self.assertEqual(

@@ -126,6 +126,31 @@ class FlagsLibTest(parameterized.TestCase):
         config = flags_lib.config_from_flags(_flag_values(f"--flagfile={path}", "--batch_size=6"))
         self.assertEqual(config, Config(batch_size=6, attention="none"))
 
+    def test_flagfile_names_are_looked_up_in_configs(self):
+        cwd = os.getcwd()
+        os.chdir(tempfile.mkdtemp())
+        try:
+            expanded = flags_lib.expand_flagfiles(["--flagfile=shapes_long.flags", "--seed=2"])
+            with self.assertRaisesRegex(ValueError, r"'no_such\.flags' not found .*configs"):
+                flags_lib.expand_flagfiles(["--flagfile", "no_such.flags"])
+        finally:
+            os.chdir(cwd)
+        # shapes_long.flags names configs/shapes.flags first, then its own two flags.
+        self.assertEqual(
+            expanded,
+            [
+                "--dataset=shapes",
+                "--data_dir=data/shapes",
+                "--attention=soft",
+                "--attention_score=additive",
+                "--epochs=10",
+                "--lr_schedule=cosine",
+                "--seed=2",
+            ],
+        )
+        config = flags_lib.config_from_flags(_flag_values(*expanded))
+        self.assertEqual(config, Config(epochs=10, lr_schedule="cosine", seed=2))
+
     @parameterized.named_parameters(
         ("penalty_without_attention", ["--attention=none", "--alpha_c=0.01"], "--alpha_c=0.01"),
         ("penalty_with_hard", ["--alpha_c=0.5", "--attention=hard"], "--alpha_c=0.5"),
@@ -185,6 +210,12 @@ class TrainScriptTest(parameterized.TestCase):
             "value": ["--batch_size=0", workdir],
             "contradiction": ["--attention=none", "--alpha_c=0.01", workdir],
             "help": ["--helpfull"],
+            # From a folder without configs/: the name is found in the project's configs/.
+            "configs_flagfile": [
+                "--flagfile=coco.flags",
+                f"--data_dir={os.path.join(cls.dir, 'no_coco')}",
+                f"--workdir={os.path.join(cls.dir, 'coco_run')}",
+            ],
         }
         cls.results = _run_scripts({key: ("train.py", args) for key, args in runs.items()}, cls.dir)
 
@@ -215,9 +246,18 @@ class TrainScriptTest(parameterized.TestCase):
         self.assertStartsWith(lines[0], "error: --alpha_c=0.01 contradicts --attention=none: ")
         self.assertIn("soft attention only", lines[0])
 
+    def test_flagfile_found_in_configs(self):
+        code, _, lines = self.results["configs_flagfile"]
+        text = "\n".join(lines)
+        self.assertEqual(code, 1, text)
+        self.assertNotIn("flagfile", text)
+        # The run read coco.flags (--dataset=coco) and stopped at the missing data.
+        self.assertRegex(text, r"^error: .*coco.*no_coco")
+
     def test_helpfull_lists_every_field_with_its_help(self):
         text = " ".join(self.results["help"][1].split())
         self.assertIn("--workdir:", text)
+        self.assertRegex(text, r"--flagfile=NAME .* looked up in \S*configs")
         for name, _, _, help_text in config_lib.fields_with_help():
             help_text = re.escape(" ".join(help_text.split()))
             self.assertRegex(text, rf"--(\[no\])?{name}: (<[^>]*>: )?{help_text}")

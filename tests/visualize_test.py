@@ -24,38 +24,31 @@ def _argmax_rc(values):
     return np.unravel_index(np.argmax(values), values.shape)
 
 
-def test_gaussian_kernel_by_hand():
-    # sigma 1, truncate 4: taps x = -4..4, weights exp(-x^2 / 2) / Z.
+def test_smoothing_is_the_gaussian_by_hand():
+    # A 21 x 21 grid on 21 x 21 pixels (no upsampling), sigma 1, truncate 4: an impulse
+    # becomes the outer product of the taps x = -4..4, exp(-x^2 / 2) / Z, scaled to a
+    # maximum of 1 (and a minimum of 0, far from the peak).
     z = 1 + 2 * (math.exp(-0.5) + math.exp(-2) + math.exp(-4.5) + math.exp(-8))
-    kernel = visualize.gaussian_kernel(1.0)
-    assert kernel.shape == (9,)
-    assert kernel.sum() == pytest.approx(1.0, abs=1e-12)
-    np.testing.assert_allclose(kernel, kernel[::-1], atol=0)
-    assert kernel[4] == pytest.approx(1 / z, rel=1e-12)
-    assert kernel[5] == pytest.approx(math.exp(-0.5) / z, rel=1e-12)
-    assert kernel[8] == pytest.approx(math.exp(-8) / z, rel=1e-12)
-    assert len(visualize.gaussian_kernel(2.5)) == 2 * 10 + 1
-    with pytest.raises(ValueError):
-        visualize.gaussian_kernel(0.0)
-
-
-def test_gaussian_blur_impulse_constant_and_symmetry():
-    impulse = np.zeros((21, 21))
-    impulse[10, 10] = 1.0
-    blurred = visualize.gaussian_blur(impulse, 1.0)
-    kernel = visualize.gaussian_kernel(1.0)
+    taps = np.exp(-(np.arange(-4, 5) ** 2) / 2.0) / z
+    heat = visualize.upsample_attention(
+        _one_hot([(10, 10)], grid=(21, 21)), (21, 21), (21, 21), 1.0
+    )
     expected = np.zeros((21, 21))
-    expected[6:15, 6:15] = np.outer(kernel, kernel)
-    np.testing.assert_allclose(blurred, expected, atol=1e-15)
-    assert blurred.sum() == pytest.approx(1.0, abs=1e-12)
-    # Mirrored edges keep a constant image constant, even for a kernel wider than it.
-    np.testing.assert_allclose(visualize.gaussian_blur(np.full((5, 7), 3.0), 4.0), 3.0)
+    expected[6:15, 6:15] = np.outer(taps, taps) / taps[4] ** 2
+    np.testing.assert_allclose(heat, expected, atol=1e-12)
+    assert heat[10, 11] == pytest.approx(math.exp(-0.5), rel=1e-12)
+    assert heat[10, 14] == pytest.approx(math.exp(-8), rel=1e-12)
+
+
+def test_smoothing_keeps_constant_maps_and_symmetry():
+    # Mirrored edges keep a constant map constant, even for a kernel wider than it.
+    flat = np.full(35, 1 / 35)
+    np.testing.assert_allclose(visualize.upsample_attention(flat, (5, 7), (5, 7), 4.0), 1.0)
     rng = np.random.default_rng(0)
     x = rng.random((9, 13))
-    np.testing.assert_allclose(
-        visualize.gaussian_blur(x.T, 1.5), visualize.gaussian_blur(x, 1.5).T, atol=1e-12
-    )
-    np.testing.assert_array_equal(visualize.gaussian_blur(x, 0), x)
+    along = visualize.upsample_attention(x.ravel(), (9, 13), (9, 13), 1.5)
+    across = visualize.upsample_attention(x.T.ravel(), (13, 9), (13, 9), 1.5)
+    np.testing.assert_allclose(across, along.T, atol=1e-12)
 
 
 @pytest.mark.parametrize("cell", [(0, 0), (7, 7), (3, 11), (13, 2), (13, 13)])

@@ -677,7 +677,7 @@ def load_records(
             )
         raise DatasetError(
             f"flickr8k: found neither {json_path} nor {token_file}; see the layout in "
-            "sat_tf/datasets.py"
+            "sat_tf/data/datasets.py"
         )
     if dataset == "coco" and not os.path.exists(json_path):
         official = [os.path.join(data_dir, name) for name in COCO_OFFICIAL_FILES.values()]
@@ -687,9 +687,9 @@ def load_records(
         raise DatasetError(
             f"coco: found neither {json_path} nor the official caption files "
             f"{' and '.join(official)} (absent: {', '.join(absent)}); see the layout in "
-            "sat_tf/datasets.py"
+            "sat_tf/data/datasets.py"
         )
     if not os.path.exists(json_path):
-        hint = " (generate it with sat_tf/shapes.py)" if dataset == "shapes" else ""
+        hint = " (generate it with sat_tf/data/shapes.py)" if dataset == "shapes" else ""
         raise DatasetError(f"{dataset}: {json_path} not found{hint}")
     return read_karpathy(json_path, image_dir, splits=splits, on_missing=on_missing)

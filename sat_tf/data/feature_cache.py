@@ -23,6 +23,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Sequence
 
@@ -227,6 +228,52 @@ def _check_records(records) -> None:
         raise ValueError(f"image ids listed more than once: {preview(dupes)}")
 
 
+def _extract_shard(out_dir, index, shard, records, encode, geometry, skip_bad, progbar):
+    """Writes shard `shard` of `records` and records it in the index (`_write_shard`).
+
+    Args:
+      geometry: (image size, crop fraction, images per encoder call).
+
+    Raises:
+      ValueError: naming the images that cannot be decoded (unless `skip_bad`).
+    """
+    start = time.time()
+    name = shard_name(shard, index["num_shards"])
+    try:
+        ids, bad, overflow = _write_shard(
+            os.path.join(out_dir, name), records, encode, *geometry, skip_bad, progbar
+        )
+    except _Undecodable as e:
+        reasons = "\n  ".join(reason for _, reason in e.bad)
+        done = sum(entry is not None for entry in index["shards"])
+        raise ValueError(
+            f"{len(e.bad)} image(s) of shard {name} cannot be decoded:\n  {reasons}\n"
+            f"the {done} finished shard(s) in {out_dir} are kept; replace or remove the "
+            "file(s) (or pass --skip_bad_images) and run again to resume"
+        ) from None
+    if bad:
+        logging.warning(
+            "features: skipped %d undecodable image(s) in %s: %s",
+            *(len(bad), name, preview(r.image_path for r, _ in bad)),
+        )
+    if overflow:
+        logging.warning(
+            "features: %d value(s) in %s exceeded the float16 range and were clipped",
+            *(overflow, name),
+        )
+    index["shards"][shard] = {
+        "file": name,
+        "image_ids": ids,
+        "skipped": [{"image_id": r.image_id, "reason": why} for r, why in bad],
+    }
+    _write_index(out_dir, index)
+    seconds = time.time() - start
+    logging.info(
+        "features: %s done, %d images in %.1fs (%.1f images/s)",
+        *(name, len(records), seconds, len(records) / max(seconds, 1e-9)),
+    )
+
+
 def extract_features(
     records: Sequence[datasets.Record],
     encoder_name: str,
@@ -284,7 +331,8 @@ def extract_features(
     os.makedirs(out_dir, exist_ok=True)
     index = _start_index(out_dir, settings, records)
     for name in os.listdir(out_dir):
-        if files.is_temporary(name):
+        # Temporary files of a killed run; `<name>.tmp<pid>` is how earlier versions named them.
+        if files.is_temporary(name) or re.fullmatch(r".*\.tmp\d+", name):
             os.remove(os.path.join(out_dir, name))
     num_shards = index["num_shards"]
     todo = [i for i in range(num_shards) if not _is_done(out_dir, index, i)]
@@ -310,54 +358,10 @@ def extract_features(
     total = sum(len(records[i * shard_size : (i + 1) * shard_size]) for i in todo)
     progbar = keras.utils.Progbar(total, unit_name="image", verbose=1 if progress else 0)
     for shard in todo:
-        start = time.time()
-        name = shard_name(shard, num_shards)
-        chunk = records[shard * shard_size : (shard + 1) * shard_size]
-        try:
-            ids, bad, overflow = _write_shard(
-                os.path.join(out_dir, name),
-                chunk,
-                encode,
-                image_size,
-                crop_fraction,
-                batch_size,
-                skip_bad_images,
-                progbar,
-            )
-        except _Undecodable as e:
-            reasons = "\n  ".join(reason for _, reason in e.bad)
-            raise ValueError(
-                f"{len(e.bad)} image(s) of shard {name} cannot be decoded:\n  {reasons}\n"
-                f"the {num_shards - len(todo) + todo.index(shard)} finished shard(s) in "
-                f"{out_dir} are kept; replace or remove the file(s) (or pass "
-                "--skip_bad_images) and run again to resume"
-            ) from None
-        if bad:
-            logging.warning(
-                "features: skipped %d undecodable image(s) in %s: %s",
-                len(bad),
-                name,
-                preview(r.image_path for r, _ in bad),
-            )
-        if overflow:
-            logging.warning(
-                "features: %d value(s) in %s exceeded the float16 range and were clipped",
-                overflow,
-                name,
-            )
-        index["shards"][shard] = {
-            "file": name,
-            "image_ids": ids,
-            "skipped": [{"image_id": r.image_id, "reason": why} for r, why in bad],
-        }
-        _write_index(out_dir, index)
-        seconds = time.time() - start
-        logging.info(
-            "features: %s done, %d images in %.1fs (%.1f images/s)",
-            name,
-            len(chunk),
-            seconds,
-            len(chunk) / max(seconds, 1e-9),
+        shard_records = records[shard * shard_size : (shard + 1) * shard_size]
+        _extract_shard(
+            out_dir, index, shard, shard_records, encode, (image_size, crop_fraction, batch_size),
+            skip_bad_images, progbar,
         )
     return index
 

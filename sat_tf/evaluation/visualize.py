@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 
 import numpy as np
+import scipy.ndimage
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
@@ -24,53 +25,6 @@ _ROWS = ("top", "", "bottom")
 _COLS = ("left", "", "right")
 _SIGMA_PER_UPSCALE = 1.25
 _DARK = 0.25
-
-
-def gaussian_kernel(sigma: float, truncate: float = 4.0) -> np.ndarray:
-    """Normalised 1-D Gaussian weights exp(-x^2 / (2 sigma^2)) for |x| <= truncate * sigma.
-
-    Args:
-      sigma: standard deviation in samples, > 0.
-      truncate: half-width of the kernel in standard deviations.
-
-    Returns:
-      float64 array of odd length 2r + 1 (r = ceil(truncate * sigma)), summing to 1.
-    """
-    if not sigma > 0:
-        raise ValueError(f"sigma must be positive, got {sigma}")
-    radius = max(1, math.ceil(truncate * sigma))
-    x = np.arange(-radius, radius + 1, dtype=np.float64)
-    weights = np.exp(-(x**2) / (2.0 * sigma**2))
-    return weights / weights.sum()
-
-
-def gaussian_blur(values: np.ndarray, sigma: float) -> np.ndarray:
-    """2-D Gaussian smoothing as two 1-D convolutions, edges mirrored (d c b a | a b c d).
-
-    Args:
-      values: (h, w) array.
-      sigma: standard deviation in pixels; 0 returns a copy.
-
-    Returns:
-      (h, w) float64 array.
-    """
-    out = np.asarray(values, dtype=np.float64)
-    if sigma == 0:
-        return out.copy()
-    kernel = gaussian_kernel(sigma)
-    radius = len(kernel) // 2
-    for axis in (0, 1):
-        n = out.shape[axis]
-        pad = [(0, 0), (0, 0)]
-        pad[axis] = (radius, radius)
-        padded = np.pad(out, pad, mode="symmetric")
-        acc = np.zeros_like(out)
-        for k, weight in enumerate(kernel):
-            window = [slice(None), slice(None)]
-            window[axis] = slice(k, k + n)
-            acc += weight * padded[tuple(window)]
-        out = acc
-    return out
 
 
 def upsample_attention(
@@ -106,7 +60,8 @@ def upsample_attention(
     heat = alpha.reshape(rows, cols)[r_index[:, None], c_index[None, :]]  # (h, w)
     if sigma is None:
         sigma = _SIGMA_PER_UPSCALE * max(h / rows, w / cols)
-    heat = gaussian_blur(heat, sigma)
+    if sigma > 0:  # edges mirrored (d c b a | a b c d), taps out to 4 sigma
+        heat = scipy.ndimage.gaussian_filter(heat, sigma, mode="reflect", truncate=4.0)
     low, high = heat.min(), heat.max()
     if high - low > 1e-12 * max(abs(high), 1e-300):
         return (heat - low) / (high - low)

@@ -24,7 +24,7 @@ def make_caption_fn(model, config: Config, beam_size=None):
     """A `tf.function` that captions a batch dict; see `ShowAttendTell.generate`.
 
     With `--jit_compile` XLA compiles it too, once per batch shape: it fuses the decoding
-    step's small ops (greedy decoding at batch 1 0.63-0.96 x the time, BUILD_NOTES.md).
+    step's small ops (BUILD_NOTES.md has the measured effect).
     """
     beam = beam_size or config.beam_size
 

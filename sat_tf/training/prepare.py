@@ -6,8 +6,7 @@ import os
 from absl import logging
 
 from sat_tf.config import Config, derived_dir
-from sat_tf.data import datasets, shapes
-from sat_tf.data import feature_cache as features
+from sat_tf.data import datasets, feature_cache, shapes
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.training.workdir import VOCAB_FILE
 
@@ -66,7 +65,7 @@ def prepare_data(config: Config, workdir: str) -> Data:
                 "--fine_tune_encoder trains the encoder, which needs images: "
                 "set --use_feature_cache=false"
             )
-        records = features.drop_skipped(records, features.feature_dir_of(config))
+        records = feature_cache.drop_skipped(records, feature_cache.feature_dir_of(config))
     splits = {s: [r for r in records if r.split == s] for s in ("train", "val", "test")}
     if not splits["train"]:
         raise ValueError(f"dataset {config.dataset} in {config.data_dir} has no training images")
@@ -84,4 +83,4 @@ def cached_features(config: Config, records):
     `config.use_feature_cache`, else (None, None)."""
     if not config.use_feature_cache:
         return None, None
-    return features.feature_dataset_for(config, records)
+    return feature_cache.feature_dataset_for(config, records)

@@ -11,8 +11,7 @@ from absl import logging
 
 import sat_tf
 from sat_tf.config import Config
-from sat_tf.data import feature_cache as features
-from sat_tf.data import image_io, input_pipeline
+from sat_tf.data import feature_cache, image_io, input_pipeline
 from sat_tf.model.captioner import build_model
 from sat_tf.model.encoder import crop_fraction_of
 from sat_tf.training import callbacks as callbacks_lib
@@ -113,8 +112,8 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
     image_io.check_image_files([r.image_path for r in checked])
     grid = None
     if config.use_feature_cache:
-        index = features.read_index(features.feature_dir_of(config))
-        workdir_lib.write_features_info(workdir, features.feature_dir_of(config), index)
+        index = feature_cache.read_index(feature_cache.feature_dir_of(config))
+        workdir_lib.write_features_info(workdir, feature_cache.feature_dir_of(config), index)
         grid = tuple(index["grid"])
     num_captions = sum(len(r.captions) for r in train)
     done = workdir_lib.backed_up_epoch(workdir)
