@@ -313,6 +313,7 @@ def export_encoder(model, config):
             "export needs the encoder that made them (--encoder_weights of the run)"
         )
     encoder = ImageEncoder(config.encoder, config.image_size, config.encoder_weights)
+    encoder.build((None, config.image_size, config.image_size, 3))  # the export tracks it
     height, width, depth = encoder.feature_grid()
     if depth != model.feature_dim or (
         model.grid and height * width != model.grid[0] * model.grid[1]

@@ -170,6 +170,14 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIsInstance(encoder, ImageEncoder)
         pixels = self.images[:2].astype(np.float32)
         self.assertAllClose(encoder(pixels), self.model.encoder(pixels))
+        # The whole export of a model trained on cached features: its serving_default
+        # runs the rebuilt encoder and captions as the model does on its features.
+        output = os.path.join(self.get_temp_dir(), "cached_export")
+        serving.export(features, vocab_lib.Vocab(WORDS), config, output)
+        serve = tf.saved_model.load(output).signatures["caption_images"]
+        got = serve(images=tf.constant(self.images[:2]))
+        want = features.generate({"features": encoder(pixels)}, max_length=MAX_LENGTH)
+        self.assertAllEqual(got["tokens"][:, : want.tokens.shape[1]], want.tokens)
         no_weights = Config(embed_dim=8, hidden_dim=16, attention_dim=8, use_feature_cache=True)
         with self.assertRaisesRegex(ValueError, "randomly initialised encoder"):
             serving.export_encoder(features, no_weights)
