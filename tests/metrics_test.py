@@ -264,6 +264,19 @@ def test_format_table1_other_dataset_and_missing_meteor():
     assert "without brevity penalty" not in table
 
 
+def test_table1_rows_in_order_then_the_papers():
+    soft = {**dict(zip(metrics.PAPER_BLEU_KEYS, [0.7, 0.5, 0.33, 0.2], strict=True)), "METEOR": 0.2}
+    none = {**dict(zip(metrics.PAPER_BLEU_KEYS, [0.6, 0.4, 0.25, 0.15], strict=True))}
+    lines = metrics.table1({"soft": soft, "none": none}, "flickr8k").splitlines()
+    rows = [line for line in lines if line.startswith("| ") and "Model" not in line]
+    assert rows == [
+        "| soft (BLEU without brevity penalty, as the paper) | 70.0 | 50.0 | 33.0 | 20.0 | 20.00 |",
+        "| none (BLEU without brevity penalty, as the paper) | 60.0 | 40.0 | 25.0 | 15.0 | n/a |",
+        "| Soft-Attention (Xu et al., 2015) | 67 | 44.8 | 29.9 | 19.5 | 18.93 |",
+        "| Hard-Attention (Xu et al., 2015) | 67 | 45.7 | 31.4 | 21.3 | 20.30 |",
+    ]
+
+
 def test_coco_results_and_atomic_write(tmp_path):
     captions = {"391895": "a man riding a bike", "img_7": "a cat"}
     assert metrics.to_coco_results(captions) == [

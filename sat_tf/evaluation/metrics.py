@@ -235,33 +235,39 @@ def _cell(scores: Mapping, key: str, digits: int) -> str:
 
 
 def format_table1(scores: Mapping, dataset: str, model_name: str) -> str:
+    """`table1({model_name: scores}, dataset)`: one model beside the paper's rows."""
+    return table1({model_name: scores}, dataset)
+
+
+def table1(models: Mapping[str, Mapping], dataset: str) -> str:
     """A Markdown table laid out like Table 1 of Xu et al. (2015).
 
     Columns BLEU-1..4 and METEOR, values x100 as the paper prints them. The paper's BLEU
-    is computed without brevity penalty, so this model gets a row for that BLEU
+    is computed without brevity penalty, so each model gets a row for that BLEU
     ("paper BLEU-k (no BP)" keys, from `paper_bleu`), comparable to the paper's rows, and
     a row for coco-caption's BLEU with brevity penalty ("BLEU-k" keys, from
     `coco_scores`); rows whose keys are absent are left out. For "flickr8k", "flickr30k"
     and "coco" the paper's soft- and hard-attention rows follow.
 
     Args:
-      scores: metric name -> value in [0, 1], e.g. `coco_scores` merged with `paper_bleu`.
+      models: model name -> its scores (metric name -> value in [0, 1], e.g.
+        `coco_scores` merged with `paper_bleu`), in the order of the rows.
       dataset: dataset name; selects the paper's rows.
-      model_name: the name to print for this model.
 
     Returns:
       The table and a note on its sources, as Markdown.
     """
     header = "| Model | BLEU-1 | BLEU-2 | BLEU-3 | BLEU-4 | METEOR |"
     lines = [f"Table 1 layout (Xu et al., 2015): {dataset}", "", header, "|---" * 6 + "|"]
-    meteor = _cell(scores, "METEOR", 2)
-    for keys, label in (
-        (PAPER_BLEU_KEYS, "BLEU without brevity penalty, as the paper"),
-        (BLEU_KEYS, "coco-caption BLEU, with brevity penalty"),
-    ):
-        if any(k in scores for k in keys):
-            values = [_cell(scores, k, 1) for k in keys]
-            lines.append(f"| {model_name} ({label}) | {' | '.join(values)} | {meteor} |")
+    for model_name, scores in models.items():
+        meteor = _cell(scores, "METEOR", 2)
+        for keys, label in (
+            (PAPER_BLEU_KEYS, "BLEU without brevity penalty, as the paper"),
+            (BLEU_KEYS, "coco-caption BLEU, with brevity penalty"),
+        ):
+            if any(k in scores for k in keys):
+                values = [_cell(scores, k, 1) for k in keys]
+                lines.append(f"| {model_name} ({label}) | {' | '.join(values)} | {meteor} |")
     paper_rows = PAPER_TABLE1.get(_DATASET_ALIASES.get(dataset.lower(), dataset.lower()), {})
     for name, values in paper_rows.items():
         lines.append(f"| {name} (Xu et al., 2015) | {' | '.join(values)} |")

@@ -107,7 +107,9 @@ def score_captions(records, results, objects=None, grid=(14, 14), image_size=112
 
 
 def evaluate(model, data: Data, config: Config, workdir: str, split="test", beam_size=None):
-    """Captions a split, scores it with every metric, and writes the results to workdir."""
+    """Captions a split, scores it with every metric, and writes the results to workdir:
+    `captions_<split>.json` and `metrics_<split>.json`, with `_beam<k>` before the
+    extension when `beam_size` overrides the model's own."""
     records = data.splits[split]
     if not records:
         raise ValueError(f"the {split} split of {config.dataset} is empty")
@@ -115,6 +117,10 @@ def evaluate(model, data: Data, config: Config, workdir: str, split="test", beam
     grid = model.grid or (14, 14)
     scores = score_captions(records, results, data.objects, grid, config.image_size, full=True)
     captions = {r.image_id: " ".join(res["words"]) for r, res in zip(records, results, strict=True)}
-    write_json(os.path.join(workdir, f"captions_{split}.json"), metrics.to_coco_results(captions))
-    write_json(os.path.join(workdir, f"metrics_{split}.json"), scores)
+    beam = beam_size or config.beam_size
+    suffix = f"_beam{beam}" if beam != config.beam_size else ""
+    write_json(
+        os.path.join(workdir, f"captions_{split}{suffix}.json"), metrics.to_coco_results(captions)
+    )
+    write_json(os.path.join(workdir, f"metrics_{split}{suffix}.json"), scores)
     return scores
