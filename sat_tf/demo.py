@@ -15,6 +15,7 @@ threaded server. Nothing here reads flags or writes files.
 """
 
 import base64
+import contextlib
 import dataclasses
 import io
 import json
@@ -45,6 +46,11 @@ MAX_SAMPLES = 8
 DISPLAY_SIZE = 224
 # Room for the multipart headers around the image in an upload.
 _FORM_OVERHEAD = 64 * 1024
+# A first call of a signature (or of the eager decoding of the page's pictures) is several
+# times slower than later ones, so each export captions this 1 x 1 PNG once at load.
+_WARM_UP_IMAGE = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGNgYGAAAAAEAAH2FzhVAAAAAElFTkSuQmCC"
+)
 _ASSERTION = re.compile(r"assertion failed: \[(.*?)\]\n", re.S)
 
 _log = logging.getLogger(__name__)
@@ -113,6 +119,7 @@ class Captioner:
         self.name = decoding_name(self.beam_size)
         self._saved_model = tf.saved_model.load(self.path)
         self._serve = self._saved_model.signatures["serving_default"]
+        self(_WARM_UP_IMAGE, "the warm-up image")
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -189,7 +196,7 @@ def export_decodings(workdir: str, folder: str, beam_sizes: Sequence[int] = (1, 
     """Exports a trained workdir once per beam size, for `load_captioners`.
 
     Args:
-      workdir: a trained workdir (`train_lib.load_trained` reads it), or any folder
+      workdir: a trained workdir (`workdir_lib.load_trained` reads it), or any folder
         laid out like one.
       folder: where the exports go, one subfolder per beam size (a temporary folder).
       beam_sizes: the decodings to offer.
@@ -233,17 +240,22 @@ def check_image(data: bytes, name: str, limits: Limits) -> None:
             f"{name} is {_megabytes(len(data))}; the demo takes images up to "
             f"{_megabytes(limits.max_bytes)}"
         )
+    limit = f"{limits.max_pixels / 1e6:g} megapixels"
     try:
         with Image.open(io.BytesIO(data)) as image:
             width, height = image.size
     except Image.DecompressionBombError:
-        width = height = None
+        bomb = 2 * Image.MAX_IMAGE_PIXELS / 1e6
+        raise ImageError(
+            f"{name} has over {bomb:.0f} megapixels; the demo takes up to {limit}"
+        ) from None
     except Exception:  # noqa: BLE001 - unreadable bytes are the model's to name
         return
-    limit = f"{limits.max_pixels / 1e6:.0f} megapixels"
-    if width is None or width * height > limits.max_pixels:
-        size = "" if width is None else f"{width} x {height} pixels, "
-        raise ImageError(f"{name} is too large ({size}over {limit}); the demo takes up to {limit}")
+    if width * height > limits.max_pixels:
+        raise ImageError(
+            f"{name} is {width} x {height} pixels ({width * height / 1e6:.0f} megapixels); "
+            f"the demo takes up to {limit}"
+        )
     if min(width, height) == 0:
         raise ImageError(f"{name} has no pixels ({width} x {height})")
     aspect = max(width, height) / min(width, height)
@@ -323,7 +335,7 @@ def caption_page(
     """
     start = time.perf_counter()
     check_image(data, name, limits)
-    with model_lock or _NoLock():
+    with model_lock or contextlib.nullcontext():
         model_start = time.perf_counter()
         result = captioner(data, name)
         model_ms = 1e3 * (time.perf_counter() - model_start)
@@ -342,14 +354,6 @@ def caption_page(
     }
     page["total_ms"] = round(1e3 * (time.perf_counter() - start), 2)
     return page
-
-
-class _NoLock:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _upload_name(filename: str | None) -> str:
@@ -389,6 +393,7 @@ def create_app(
     if not by_beam:
         raise ValueError("the demo needs at least one export")
     samples = list(samples)
+    display_pixels(_WARM_UP_IMAGE, captioners[0])
     assets = {name: _asset(name) for name in ASSETS}
     model_lock = threading.BoundedSemaphore(parallel)
     app = flask.Flask(__name__, static_folder=None)
@@ -437,9 +442,6 @@ def create_app(
 
     @app.post("/api/caption")
     def caption():
-        length = flask.request.content_length
-        if length is not None and length > app.config["MAX_CONTENT_LENGTH"]:
-            raise exceptions.RequestEntityTooLarge()
         upload = flask.request.files.get("image")
         if upload is None:
             raise ImageError("the request holds no image: send the file as form field 'image'")

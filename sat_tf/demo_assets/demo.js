@@ -161,6 +161,7 @@ function figure(source, title, index) {
   image.src = source;
   image.alt = index === null ? "the photo" : `attention for "${title}"`;
   text.textContent = title;
+  text.title = title;
   fig.append(image, text);
   if (index !== null) {
     fig.dataset.index = String(index);
