@@ -286,9 +286,6 @@ def build_model(config, vocab_size, feature_shape=None, grid=None, load_encoder_
     Returns:
       a built, uncompiled model.
     """
-    decoder = AttentionDecoder(
-        vocab_size, name="decoder", **{f: getattr(config, f) for f in DECODER_FIELDS}
-    )
     kwargs = dict(
         alpha_c=config.alpha_c,
         reinforce={
@@ -296,12 +293,10 @@ def build_model(config, vocab_size, feature_shape=None, grid=None, load_encoder_
         },
         seed=config.seed,
     )
-    if config.use_feature_cache:
-        if grid is None:
-            side = int(round(feature_shape[0] ** 0.5))
-            grid = (side, feature_shape[0] // side)
-        model = ShowAttendTell(decoder, feature_dim=feature_shape[-1], grid=grid, **kwargs)
-    else:
+    # The encoder is made before the decoder, whose initializers draw their seeds after
+    # the encoder's: runs started from the same --seed begin from the same weights.
+    encoder = None
+    if not config.use_feature_cache:
         weights = config.encoder_weights or None
         encoder = ImageEncoder(
             config.encoder,
@@ -310,6 +305,15 @@ def build_model(config, vocab_size, feature_shape=None, grid=None, load_encoder_
             name="encoder",
         )
         encoder.trainable = config.fine_tune_encoder or weights is None
+    decoder = AttentionDecoder(
+        vocab_size, name="decoder", **{f: getattr(config, f) for f in DECODER_FIELDS}
+    )
+    if config.use_feature_cache:
+        if grid is None:
+            side = int(round(feature_shape[0] ** 0.5))
+            grid = (side, feature_shape[0] // side)
+        model = ShowAttendTell(decoder, feature_dim=feature_shape[-1], grid=grid, **kwargs)
+    else:
         model = ShowAttendTell(decoder, encoder=encoder, **kwargs)
     model.build()
     return model
