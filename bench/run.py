@@ -2,24 +2,27 @@
 
     python bench/run.py           # paper-scale shapes, ~10 minutes on 2 cores
     python bench/run.py --quick   # small shapes and few repeats, ~1-2 minutes
+    python bench/run.py --only=tflite --preset=<name|folder|url>   # one case
 
 Cases: the machine's float32 matmul rate and memory bandwidth (the yardsticks), the
 training step at paper scale (VGG19 features L=196 x D=512 as in paper §4.3, m=512,
 n=1024, A=512, V=10,000 words + 4 special tokens, B=64 captions of 16 words) with its
 analytic FLOPs (`flops.py`), decoding latency and throughput, encoder throughput, the
 input pipeline against the training step, the exported SavedModel / TFLite file, and
-peak resident memory. Every timing is a median over repeats after warm-up, with min,
-max and interquartile range; a case that fails reports its error instead. The machine's
-load average is recorded: on a shared machine the spread shows how far to trust a
-median. Never run as a test.
+peak resident memory. Two cases run on a preset (--preset, else the shipped one) and,
+where its dataset is at --data_dir, on its test photos: `tflite` (the float and int8
+TFLite files against the SavedModel: size, greedy batch-1 latency, BLEU-4 and CIDEr,
+agreement) and `float16` (greedy decoding with float16 compute against float32).
+Every timing is a median over repeats after warm-up, with min, max and interquartile
+range; a case that fails reports its error instead. The machine's load average is
+recorded: on a shared machine the spread shows how far to trust a median. Never run as
+a test.
 """
 
 import argparse
-import datetime
 import io
 import json
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -33,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 import sat_tf
+from sat_tf import machine
 from sat_tf.config import Config
 from sat_tf.data import input_pipeline
 from sat_tf.data import vocab as vocab_lib
@@ -41,6 +45,22 @@ from sat_tf.model.captioner import build_model
 from sat_tf.model.encoder import ImageEncoder
 
 SPECIALS = len(vocab_lib.SPECIALS)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLICKR8K = os.environ.get("SAT_TF_FLICKR8K", os.path.join(ROOT, "..", "shared", "data", "flickr8k"))
+CASES = (
+    "matmul",
+    "train_step",
+    "memory_bandwidth",
+    "decode",
+    "extract",
+    "input_pipeline",
+    "serve",
+    "tflite",
+    "float16",
+)
+# The issue's targets for the int8 TFLite model.
+INT8_SIZE_RATIO, INT8_SPEEDUP, INT8_BLEU4_LOSS = 1 / 3, 2.0, 0.005
+FLOAT16_IMAGES = 100
 
 FULL = {
     "grid": (14, 14),
@@ -159,37 +179,15 @@ def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-VECTOR_EXTENSIONS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
-
-
 def machine_info():
-    model, flags = "unknown", set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    """`sat_tf.machine.describe()` with the load, TensorFlow's threads and allocator."""
     return {
-        "cpu": model,
-        # The vector units the kernels use; the last three turn oneDNN on by default.
-        "vector_extensions": [f for f in VECTOR_EXTENSIONS if f in flags],
-        "cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)),
+        **machine.describe(),
         "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-        "numpy": np.__version__,
         "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
         "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
         # bfc, onednn or default (sat_tf.cpu_allocator); sat_tf asks for bfc on import.
         "cpu_allocator": sat_tf.cpu_allocator(),
-        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
 
@@ -608,7 +606,239 @@ def _tflite(p, path, info):
     }
 
 
-def run(quick):
+def preset_source(requested):
+    """(the preset the preset cases run on, None) or (None, why there is none)."""
+    from sat_tf import preset
+
+    if requested:
+        return requested, None
+    shipped = preset.names()
+    if not shipped:
+        return None, f"no preset: none is shipped in {preset.PRESETS_DIR}; give --preset"
+    return shipped[0], None
+
+
+def test_records(config, data_dir, limit=0):
+    """(the test records of the preset's dataset in `data_dir`, None), or ([], why not)."""
+    from sat_tf.data import datasets
+
+    try:
+        records = datasets.load_records(config.dataset, data_dir)
+    except (ValueError, OSError) as e:
+        return [], f"no {config.dataset} test photos in {data_dir}: {e}"
+    records = [r for r in records if r.split == "test"]
+    return (records[:limit] if limit else records), None
+
+
+def _read_pixels(path):
+    from sat_tf.data import image_io
+
+    with open(path, "rb") as f:
+        return image_io.decode_upright(tf.constant(f.read())).numpy()
+
+
+def _litert(path, threads):
+    """A LiteRT runner of a caption TFLite file: float32 (1, S, S, 3) -> (tokens, length)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    runner = Interpreter(model_path=path, num_threads=threads).get_signature_runner()
+
+    def caption(raw, pixels):
+        out = runner(image=pixels)
+        return out["tokens"][0], int(out["length"][0])
+
+    return caption
+
+
+def case_tflite(p, source, data_dir, limit):
+    """The preset exported as a SavedModel and as float and int8 (dynamic-range) TFLite
+    files: sizes; greedy batch-1 latency per caption in LiteRT and in the SavedModel's
+    `caption_images`, the three timed one after another on every photo (the order
+    rotating), so a change of the machine's load moves all alike; test-split BLEU-4 and
+    CIDEr of each (coco-caption); the share of int8 captions equal to float ones.
+
+    LiteRT gets the photo resized as `image_io.resize_and_crop` does (the app's part);
+    the SavedModel gets the decoded uint8 photo and resizes it in its graph. Without
+    the dataset, random images give the latencies alone.
+    """
+    from sat_tf import preset, serving
+    from sat_tf.data import image_io
+    from sat_tf.evaluation import metrics
+    from sat_tf.model.encoder import crop_fraction_of
+    from sat_tf.training import captioning
+
+    model, vocab, config = preset.load(source)
+    metadata = preset.read_metadata(preset.resolve(source))
+    records, no_data = test_records(config, data_dir, limit)
+    size, crop = config.image_size, crop_fraction_of(config)
+    threads = len(os.sched_getaffinity(0))
+    result = {"preset": metadata["name"], "images": len(records) or None, "litert_threads": threads}
+    if no_data:
+        result["quality"] = f"not measured: {no_data}"
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = os.path.join(tmp, "export")
+        start = time.perf_counter()
+        info = serving.export(model, vocab, config, folder, tflite=True, quantize="dynamic")
+        result["export_seconds"] = time.perf_counter() - start
+        float_bytes, int8_bytes = info["tflite"]["bytes"], info["tflite_int8"]["bytes"]
+        result["bytes"] = {"tflite_float": float_bytes, "tflite_int8": int8_bytes}
+        result["int8_over_float_bytes"] = int8_bytes / float_bytes
+        signature = tf.saved_model.load(folder).signatures["caption_images"]
+
+        def saved_model(raw, pixels):
+            out = signature(images=tf.constant(raw[None]))
+            return out["tokens"].numpy()[0], int(out["length"].numpy()[0])
+
+        engines = {
+            "tflite_float": _litert(os.path.join(folder, serving.TFLITE_FILE), threads),
+            "tflite_int8": _litert(os.path.join(folder, serving.TFLITE_INT8_FILE), threads),
+            "saved_model": saved_model,
+        }
+        rng = np.random.default_rng(4)
+        photos = [(r.image_id, r.image_path) for r in records] or [
+            (str(i), None) for i in range(3 * p["repeats"])
+        ]
+        names = list(engines)
+        ms = {name: [] for name in names}
+        captions = {name: {} for name in names}
+        for k, (image_id, path) in enumerate(photos):
+            if path:
+                raw = _read_pixels(path)
+            else:
+                raw = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+            pixels = image_io.resize_and_crop(raw, size, crop).numpy()[None]
+            if k == 0:
+                for _ in range(p["warmup"]):
+                    for name in names:
+                        engines[name](raw, pixels)
+            for name in names[k % len(names) :] + names[: k % len(names)]:
+                start = time.perf_counter()
+                tokens, length = engines[name](raw, pixels)
+                ms[name].append(1e3 * (time.perf_counter() - start))
+                captions[name][image_id] = " ".join(vocab.decode(tokens[:length]))
+
+    def share_equal(a, b):
+        return statistics.mean(captions[a][i] == captions[b][i] for i, _ in photos)
+
+    result["int8_captions_equal_to_float"] = share_equal("tflite_int8", "tflite_float")
+    result["float_captions_equal_to_saved_model"] = share_equal("tflite_float", "saved_model")
+    engines_report = result["engines"] = {
+        name: {"ms_per_caption": stats(ms[name])} for name in names
+    }
+    if records:
+        refs = captioning.references(records)
+        for name in names:
+            scores = metrics.coco_scores(refs, captions[name])
+            engines_report[name].update({k: scores[k] for k in ("BLEU-4", "CIDEr")})
+        stored = preset.stored_scores(metadata, 1) or {}
+        result["preset_stored_greedy"] = {k: stored.get(k) for k in ("BLEU-4", "CIDEr")}
+    median = {name: engines_report[name]["ms_per_caption"]["median"] for name in names}
+    result["int8_speedup_over_saved_model"] = median["saved_model"] / median["tflite_int8"]
+    result["int8_speedup_over_float"] = median["tflite_float"] / median["tflite_int8"]
+    targets = {
+        "int8_bytes_at_most_a_third_of_float": result["int8_over_float_bytes"] <= INT8_SIZE_RATIO,
+        "int8_at_least_2x_faster_than_saved_model": result["int8_speedup_over_saved_model"]
+        >= INT8_SPEEDUP,
+    }
+    if records:
+        loss = engines_report["tflite_float"]["BLEU-4"] - engines_report["tflite_int8"]["BLEU-4"]
+        result["int8_bleu4_below_float"] = loss
+        targets["int8_bleu4_within_0.005_of_float"] = loss <= INT8_BLEU4_LOSS
+    result["targets_met"] = targets
+    return result
+
+
+def _policy_model(model, vocab, config, policy):
+    """The model rebuilt under a Keras dtype policy, with `model`'s weights."""
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        feature_shape = (model.grid[0] * model.grid[1], model.feature_dim)
+        twin = build_model(
+            config, len(vocab), feature_shape, model.grid, load_encoder_weights=False
+        )
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    for source, target in zip(model.weights, twin.weights, strict=True):
+        target.assign(tf.cast(source, target.dtype))
+    return twin
+
+
+def case_float16(p, source, data_dir, limit):
+    """Greedy decoding of the preset from encoder features with float32 weights and
+    compute (what `preset.load` gives), float16 weights and compute (Keras policy
+    "float16") and float32 weights with float16 compute ("mixed_float16"): ms per caption
+    at batch 1 (the three alternating on every image) and at the batch of all images,
+    and the share of captions equal to float32's. Features come from the preset's test
+    photos (its encoder run once), else random ones."""
+    from sat_tf import preset, serving
+    from sat_tf.model.encoder import crop_fraction_of
+
+    model, vocab, config = preset.load(source)
+    if model.encoder is not None:
+        return {"skipped": "the float16 case decodes features of a model on cached features"}
+    records, no_data = test_records(config, data_dir, limit or FLOAT16_IMAGES)
+    locations = model.grid[0] * model.grid[1]
+    if records:
+        from sat_tf.data import image_io
+
+        encoder = serving.export_encoder(model, config)
+        crop = crop_fraction_of(config)
+        pixels = [image_io.load_image_file(r.image_path, config.image_size, crop) for r in records]
+        features = np.concatenate(
+            [encoder(tf.stack(pixels[i : i + 20])).numpy() for i in range(0, len(pixels), 20)]
+        )
+    else:
+        rng = np.random.default_rng(5)
+        features = rng.normal(size=(FLOAT16_IMAGES, locations, model.feature_dim))
+    features = features.astype(np.float32)
+    spec = tf.TensorSpec([None, locations, model.feature_dim], tf.float32)
+    variants = {"float32": model}
+    for policy in ("float16", "mixed_float16"):
+        variants[policy] = _policy_model(model, vocab, config, policy)
+    fns = {
+        name: tf.function(
+            lambda f, m=m: m.generate({"features": f}, max_length=config.max_decode_length),
+            input_signature=[spec],
+        )
+        for name, m in variants.items()
+    }
+    names = list(fns)
+    ms = {name: [] for name in names}
+    tokens = {name: [] for name in names}
+    for name in names:
+        blocking(fns[name], features[:1])()
+    for k in range(len(features)):
+        for name in names[k % len(names) :] + names[: k % len(names)]:
+            start = time.perf_counter()
+            out = fns[name](features[k : k + 1])
+            row = out.tokens.numpy()[0]
+            ms[name].append(1e3 * (time.perf_counter() - start))
+            tokens[name].append(row)
+    batch_seconds = {name: [] for name in names}
+    for name in names:
+        blocking(fns[name], features)()
+    for _ in range(p["repeats"]):
+        for name in names:
+            batch_seconds[name] += time_calls(blocking(fns[name], features), 0, 1)
+    result = {
+        "preset": preset.read_metadata(preset.resolve(source))["name"],
+        "features": "test photos" if records else f"random ({no_data})",
+        "images": len(features),
+        "variants": {},
+    }
+    for name in names:
+        equal = [np.array_equal(a, b) for a, b in zip(tokens[name], tokens["float32"], strict=True)]
+        result["variants"][name] = {
+            "greedy_batch1_ms_per_caption": stats(ms[name]),
+            f"greedy_batch{len(features)}_ms_per_caption": stats(
+                [1e3 * s / len(features) for s in batch_seconds[name]]
+            ),
+            "captions_equal_to_float32": float(np.mean(equal)),
+        }
+    return result
+
+
+def run(quick, only=CASES, preset_name=None, data_dir=FLICKR8K, limit=0):
     p = QUICK if quick else FULL
     start = time.perf_counter()
     report = {
@@ -623,18 +853,34 @@ def run(quick):
     }
     cases = report["cases"]
     keras.utils.set_random_seed(0)
-    cases["matmul"] = guarded(lambda: case_matmul(p))
-    train = cases["train_step"] = {}
-    for name, (attention, score, jit) in TRAIN_CASES.items():
-        train[name] = guarded(lambda a=attention, s=score, j=jit: case_train_step(p, a, s, j))
-    cases["peak_rss_mb_after_train_step"] = peak_rss_mb()
-    cases["memory_bandwidth"] = guarded(lambda: case_memory_bandwidth(p))
-    bandwidth = cases["memory_bandwidth"].get("read_gbps", {}).get("median")
-    cases["decode"] = guarded(lambda: case_decode(p, bandwidth))
-    cases["extract"] = guarded(lambda: case_extract(p))
-    train_rate = train["soft_additive"].get("batches_per_s", {}).get("median")
-    cases["input_pipeline"] = guarded(lambda: case_input_pipeline(p, train_rate))
-    cases["serve"] = guarded(lambda: case_serve(p))
+    if "matmul" in only:
+        cases["matmul"] = guarded(lambda: case_matmul(p))
+    train = {}
+    if "train_step" in only:
+        train = cases["train_step"] = {}
+        for name, (attention, score, jit) in TRAIN_CASES.items():
+            train[name] = guarded(lambda a=attention, s=score, j=jit: case_train_step(p, a, s, j))
+        cases["peak_rss_mb_after_train_step"] = peak_rss_mb()
+    bandwidth = None
+    if "memory_bandwidth" in only:
+        cases["memory_bandwidth"] = guarded(lambda: case_memory_bandwidth(p))
+        bandwidth = cases["memory_bandwidth"].get("read_gbps", {}).get("median")
+    if "decode" in only:
+        cases["decode"] = guarded(lambda: case_decode(p, bandwidth))
+    if "extract" in only:
+        cases["extract"] = guarded(lambda: case_extract(p))
+    if "input_pipeline" in only:
+        train_rate = train.get("soft_additive", {}).get("batches_per_s", {}).get("median")
+        cases["input_pipeline"] = guarded(lambda: case_input_pipeline(p, train_rate))
+    if "serve" in only:
+        cases["serve"] = guarded(lambda: case_serve(p))
+    source, no_preset = preset_source(preset_name)
+    for name, case in (("tflite", case_tflite), ("float16", case_float16)):
+        if name in only:
+            if no_preset:
+                cases[name] = {"skipped": no_preset}
+            else:
+                cases[name] = guarded(lambda c=case: c(p, source, data_dir, limit))
     cases["peak_rss_mb_at_end"] = peak_rss_mb()
     report["wall_seconds"] = time.perf_counter() - start
     report["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -644,8 +890,24 @@ def run(quick):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small shapes, few repeats")
+    parser.add_argument(
+        "--only", default=",".join(CASES), help=f"comma-separated cases of {', '.join(CASES)}"
+    )
+    parser.add_argument(
+        "--preset", default=None, help="preset of the tflite and float16 cases; default the shipped"
+    )
+    parser.add_argument(
+        "--data_dir", default=FLICKR8K, help="the preset's dataset, for its test photos"
+    )
+    parser.add_argument(
+        "--images", type=int, default=0, help="test photos of the preset cases; 0 = all"
+    )
     args = parser.parse_args(argv)
-    report = run(args.quick)
+    only = [c.strip() for c in args.only.split(",") if c.strip()]
+    unknown = sorted(set(only) - set(CASES))
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(CASES)}")
+    report = run(args.quick, only, args.preset, args.data_dir, args.images)
     json.dump(report, sys.stdout, indent=2, default=float)
     sys.stdout.write("\n")
 

@@ -5,6 +5,8 @@ over it once complete)."""
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 
 
 @contextlib.contextmanager
@@ -40,3 +42,18 @@ def write_text(path, text: str):
 def write_json(path, value, **dump_args):
     """`json.dump(value)` atomically; `dump_args` as for `json.dumps`."""
     write_text(path, json.dumps(value, **dump_args))
+
+
+def replace_dir(tmp, output):
+    """Moves the finished folder `tmp` to `output`, replacing an earlier folder there.
+
+    A replaced folder is moved aside first, so `output` is briefly absent; a reader
+    such as a model server is better given a new folder than an overwritten one.
+    """
+    if not os.path.exists(output):
+        os.replace(tmp, output)
+        return
+    old = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.old", dir=os.path.dirname(output))
+    os.replace(output, old)
+    os.replace(tmp, output)
+    shutil.rmtree(old, ignore_errors=True)

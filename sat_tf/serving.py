@@ -13,18 +13,20 @@ fields of `decoding.DecodeResult`, T the export's max_length. Decoding, resizing
 id -> word lookup all run in the graph as core TensorFlow ops, so the export loads with
 `tf.saved_model.load` alone; the vocabulary is a constant of the graph. The TFLite file
 captions one resized image with builtin ops: greedy tokens and words out, joining them
-is left to the app.
+is left to the app; `--quantize=dynamic` adds a copy with int8 weights.
 """
 
 import dataclasses
-import json
 import os
 import shutil
 import tempfile
 
 import keras
+import numpy as np
 import tensorflow as tf
+from tensorflow.lite.tools import flatbuffer_utils
 
+from sat_tf import files
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model.encoder import ImageEncoder, crop_fraction_of
@@ -33,6 +35,10 @@ from sat_tf.training import workdir as workdir_lib
 EXPORT_INFO = "sat_tf_export.json"
 VOCAB_FILE = "vocab.txt"
 TFLITE_FILE = "caption.tflite"
+TFLITE_INT8_FILE = "caption_int8.tflite"
+# TFLite weight quantizations: "dynamic" is dynamic-range quantization, int8 weights
+# with float activations (quantized per product at run time).
+QUANTIZATIONS = ("dynamic",)
 SIGNATURES = ("serving_default", "caption_images", "caption_features")
 FORMATS = "JPEG, PNG, GIF, BMP or WebP"
 
@@ -288,14 +294,74 @@ def tflite_function(model, encoder, vocab, spec):
     return caption
 
 
-def convert_tflite(model, encoder, vocab, spec) -> bytes:
-    """A TFLite flatbuffer of `tflite_function` with builtin ops only (no Flex ops)."""
+def _tflite_holder(model, encoder, vocab, spec):
     holder = tf.Module()
     holder.caption = tflite_function(model, encoder, vocab, spec)
+    return holder
+
+
+def float_depthwise_filters(flatbuffer: bytes) -> bytes:
+    """A dynamic-range TFLite model with its depthwise convolutions' int8 filters turned
+    back into float32 (the int8 values times their scales).
+
+    LiteRT's XNNPACK delegate has no depthwise convolution with int8 filters and float
+    inputs: each such op runs on a slow reference kernel outside the delegate and splits
+    the delegated graph around it. Depthwise filters hold few of a CNN's weights, so the
+    file hardly grows (BUILD_NOTES.md has the sizes and times).
+    """
+    schema = flatbuffer_utils.schema_fb
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer))
+    depthwise = schema.BuiltinOperator.DEPTHWISE_CONV_2D
+    for subgraph in model.subgraphs:
+        for op in subgraph.operators:
+            code = model.operatorCodes[op.opcodeIndex]
+            if flatbuffer_utils.schema_util.get_builtin_code_from_operator_code(code) != depthwise:
+                continue
+            tensor = subgraph.tensors[op.inputs[1]]
+            if tensor.type != schema.TensorType.INT8:
+                continue
+            buffer = model.buffers[tensor.buffer]
+            values = np.frombuffer(bytes(buffer.data), np.int8).reshape(tensor.shape)
+            scale_shape = [1] * values.ndim
+            scale_shape[tensor.quantization.quantizedDimension] = -1
+            scale = np.asarray(tensor.quantization.scale, np.float32)
+            if scale.size > 1:
+                scale = scale.reshape(scale_shape)
+            filters = values.astype(np.float32) * scale
+            buffer.data = np.frombuffer(filters.tobytes(), np.uint8)
+            tensor.type, tensor.quantization = schema.TensorType.FLOAT32, None
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def _convert(holder, quantize):
     concrete = holder.caption.get_concrete_function()
     converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], holder)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    return converter.convert()
+    if quantize != "dynamic":
+        return converter.convert()
+    # Without a representative dataset, `Optimize.DEFAULT` is dynamic-range
+    # quantization: int8 weights, float inputs, outputs and activations.
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    return float_depthwise_filters(converter.convert())
+
+
+def _check_quantize(quantize):
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise ValueError(
+            f"--quantize={quantize!r} is not one of {', '.join(map(repr, QUANTIZATIONS))}"
+        )
+
+
+def convert_tflite(model, encoder, vocab, spec, quantize=None) -> bytes:
+    """A TFLite flatbuffer of `tflite_function` with builtin ops only (no Flex ops).
+
+    Args:
+      model, encoder, vocab, spec: as for `tflite_function`.
+      quantize: None for float32 weights, or one of `QUANTIZATIONS`; "dynamic" keeps
+        depthwise convolution filters float (`float_depthwise_filters`).
+    """
+    _check_quantize(quantize)
+    return _convert(_tflite_holder(model, encoder, vocab, spec), quantize)
 
 
 def export_encoder(model, config):
@@ -359,19 +425,24 @@ def _is_export(path):
     return any(os.path.exists(os.path.join(path, f)) for f in (EXPORT_INFO, "saved_model.pb"))
 
 
-def _replace_dir(tmp, output):
-    """Moves the finished `tmp` to `output`, replacing an earlier export there.
-
-    A replaced export is moved aside first, so `output` is briefly absent; a model
-    server is better given a new version folder than an overwritten one.
-    """
-    if not os.path.exists(output):
-        os.replace(tmp, output)
-        return
-    old = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.old", dir=os.path.dirname(output))
-    os.replace(output, old)
-    os.replace(tmp, output)
-    shutil.rmtree(old, ignore_errors=True)
+def _write_tflite(folder, name, flatbuffer, spec, quantize=None):
+    """Writes a TFLite file into `folder`; returns its entry of `sat_tf_export.json`."""
+    files.write_bytes(os.path.join(folder, name), flatbuffer)
+    size = spec.image_size
+    info = {
+        "file": name,
+        "bytes": len(flatbuffer),
+        "input": {"image": [1, size, size, 3], "dtype": "float32", "range": [0, 255]},
+        "decoding": "greedy",
+    }
+    if quantize:
+        info.update(
+            quantization=quantize,
+            weights="int8",
+            float_weights="depthwise convolution filters (float_depthwise_filters)",
+            activations="float32",
+        )
+    return info
 
 
 def export(
@@ -383,14 +454,15 @@ def export(
     beam_size=None,
     max_length=None,
     tflite=False,
+    quantize=None,
     overwrite=False,
 ) -> dict:
-    """Writes the SavedModel (and optionally the TFLite file) of a trained model.
+    """Writes the SavedModel (and optionally the TFLite files) of a trained model.
 
     The directory is assembled next to `output` and renamed into place when complete,
     so a reader (a model server watching the folder) never sees a partial export. It
-    holds the SavedModel, `vocab.txt`, `sat_tf_export.json` (the returned info) and,
-    with `tflite`, `caption.tflite`.
+    holds the SavedModel, `vocab.txt`, `sat_tf_export.json` (the returned info), with
+    `tflite` `caption.tflite`, and with `quantize` also `caption_int8.tflite`.
 
     Args:
       model: a built `ShowAttendTell` with trained weights.
@@ -400,6 +472,8 @@ def export(
       beam_size, max_length: decoding settings fixed in the graph; None takes
         `config.beam_size` / `config.max_decode_length`.
       tflite: also write the TFLite file (greedy decoding).
+      quantize: with `tflite`, one of `QUANTIZATIONS`: also write the TFLite model with
+        quantized weights (`convert_tflite`).
       overwrite: replace an earlier export at `output`.
 
     Returns:
@@ -410,6 +484,9 @@ def export(
     """
     if len(vocab) != model.vocab_size:
         raise ValueError(f"the vocabulary has {len(vocab)} words but the model {model.vocab_size}")
+    _check_quantize(quantize)
+    if quantize and not tflite:
+        raise ValueError(f"--quantize={quantize} quantizes the TFLite model: add --tflite")
     output = os.path.abspath(output)
     if os.path.exists(output):
         if not overwrite:
@@ -439,22 +516,18 @@ def export(
             "length_penalty": spec.length_penalty,
             "special_tokens": dict(zip(vocab_lib.SPECIALS, range(4), strict=True)),
             "tflite": None,
+            "tflite_int8": None,
             "config": dataclasses.asdict(config),
         }
         if tflite:
-            flatbuffer = convert_tflite(model, encoder, vocab, spec)
-            with open(os.path.join(tmp, TFLITE_FILE), "wb") as f:
-                f.write(flatbuffer)
-            size = spec.image_size
-            info["tflite"] = {
-                "file": TFLITE_FILE,
-                "bytes": len(flatbuffer),
-                "input": {"image": [1, size, size, 3], "dtype": "float32", "range": [0, 255]},
-                "decoding": "greedy",
-            }
-        with open(os.path.join(tmp, EXPORT_INFO), "w", encoding="utf-8") as f:
-            json.dump(info, f, indent=2, sort_keys=True)
-        _replace_dir(tmp, output)
+            holder = _tflite_holder(model, encoder, vocab, spec)
+            info["tflite"] = _write_tflite(tmp, TFLITE_FILE, _convert(holder, None), spec)
+            if quantize:
+                info["tflite_int8"] = _write_tflite(
+                    tmp, TFLITE_INT8_FILE, _convert(holder, quantize), spec, quantize
+                )
+        files.write_json(os.path.join(tmp, EXPORT_INFO), info, indent=2, sort_keys=True)
+        files.replace_dir(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

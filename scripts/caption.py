@@ -1,6 +1,7 @@
 """Captions image files with a trained model and shows where it looked for every word.
 
   python scripts/caption.py photo.jpg other.png --workdir=runs/shapes --visualize=out/
+  python scripts/caption.py photo.jpg --preset=<name, folder or https:// URL> --visualize=out/
 
 Prints each caption with a per-word attention summary (argmax cell and weight); with
 --visualize writes one PNG per image with a panel per word (paper Fig. 3); for a
@@ -11,16 +12,15 @@ import os
 
 import numpy as np
 from absl import flags
-from flags_lib import define_override, override, run
+from flags_lib import define_model_source, define_override, load_model, override, run
 
 from sat_tf import serving
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
 from sat_tf.model.encoder import crop_fraction_of
 from sat_tf.training import captioning
-from sat_tf.training import workdir as workdir_lib
 
-flags.DEFINE_string("workdir", "runs/shapes", "A trained workdir (scripts/train.py).")
+define_model_source()
 define_override("beam_size", "Beam size (1 = greedy)")
 flags.DEFINE_string("visualize", "", "Folder for one attention picture per image.")
 FLAGS = flags.FLAGS
@@ -31,17 +31,13 @@ def main(argv):
     if not paths:
         raise ValueError("give one or more image files to caption")
     beam_size = override(FLAGS, "beam_size")
-    model, vocab, config = workdir_lib.load_trained(FLAGS.workdir)
+    model, vocab, config = load_model(FLAGS)
     crop = crop_fraction_of(config)
     images = [image_io.load_image_file(p, config.image_size, crop) for p in paths]
-    caption = captioning.make_caption_fn(model, config, beam_size)
-    batch = np.stack([i.numpy() for i in images])
-    if model.encoder is None:
-        # Trained on cached features: run the backbone that made them, as the export does.
-        encoder = serving.export_encoder(model, config)
-        out = caption({"features": encoder(batch, training=False)})
-    else:
-        out = caption({"image": batch})
+    # A model trained on cached features runs the backbone that made them, as the export does.
+    encoder = serving.export_encoder(model, config) if model.encoder is None else None
+    caption = captioning.make_caption_fn(model, config, beam_size, encoder)
+    out = caption({"image": np.stack([i.numpy() for i in images])})
     if FLAGS.visualize:
         os.makedirs(FLAGS.visualize, exist_ok=True)
     for i, path in enumerate(paths):

@@ -118,6 +118,54 @@ def override(flag_values, name):
     return value
 
 
+def define_model_source(flag_values=flags.FLAGS):
+    """The flags --workdir and --preset, of which a script that loads a trained model
+    takes exactly one (`load_model`)."""
+    flags.DEFINE_string(
+        "workdir",
+        None,
+        "A trained workdir (scripts/train.py); or --preset.",
+        flag_values=flag_values,
+    )
+    flags.DEFINE_string(
+        "preset",
+        None,
+        "A preset instead of --workdir: the name of a shipped one (sat_tf/presets/), a "
+        "preset folder, or the https:// URL of a preset archive (#sha256=<hex> checks it).",
+        flag_values=flag_values,
+    )
+
+
+def model_source(flag_values):
+    """("workdir", path) or ("preset", source) from the flags of `define_model_source`.
+
+    Raises:
+      ValueError: unless exactly one of the two is given.
+    """
+    workdir, source = flag_values["workdir"].value, flag_values["preset"].value
+    if workdir and source:
+        raise ValueError(
+            f"give --workdir or --preset, not both (--workdir={workdir} --preset={source})"
+        )
+    if not workdir and not source:
+        raise ValueError(
+            "give --workdir=<a trained workdir> or --preset=<a shipped name, a folder or "
+            "an https:// URL>"
+        )
+    return ("workdir", workdir) if workdir else ("preset", source)
+
+
+def load_model(flag_values):
+    """(model, vocab, config) of the workdir or preset the flags name (`model_source`)."""
+    from sat_tf import preset
+    from sat_tf.training import workdir as workdir_lib
+
+    kind, source = model_source(flag_values)
+    if kind == "workdir":
+        return workdir_lib.load_trained(source)
+    return preset.load(source)
+
+
 def run(main):
     """`absl.app.run(main)` that expands flagfiles (`expand_flagfiles`) and prints a
     ValueError as one line and exits with 1."""

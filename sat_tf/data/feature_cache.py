@@ -90,6 +90,7 @@ def read_index(feature_dir: str) -> dict:
 def _write_index(feature_dir: str, index: dict) -> None:
     files.write_json(os.path.join(feature_dir, INDEX_FILE), index)
 
+
 def _differences(saved: dict, wanted: dict, keys) -> list[str]:
     return [
         f"{key}: the cache has {saved.get(key)!r}, this run {wanted[key]!r}"
@@ -360,8 +361,14 @@ def extract_features(
     for shard in todo:
         shard_records = records[shard * shard_size : (shard + 1) * shard_size]
         _extract_shard(
-            out_dir, index, shard, shard_records, encode, (image_size, crop_fraction, batch_size),
-            skip_bad_images, progbar,
+            out_dir,
+            index,
+            shard,
+            shard_records,
+            encode,
+            (image_size, crop_fraction, batch_size),
+            skip_bad_images,
+            progbar,
         )
     return index
 

@@ -245,5 +245,3 @@ def check_image_files(paths: Sequence[str]) -> None:
     if bad:
         listed = "\n  ".join(bad[:10])
         raise ValueError(f"{len(bad)} image file(s) cannot be decoded:\n  {listed}")
-
-

@@ -7,7 +7,6 @@ shuffled against each other by the shuffle before grouping. This module never im
 the model.
 """
 
-
 import numpy as np
 import tensorflow as tf
 from absl import logging
@@ -17,6 +16,8 @@ from sat_tf.data import vocab as vocab_lib
 
 AUTOTUNE = tf.data.AUTOTUNE
 SHUFFLE_BYTES = 2 * 1024**3
+
+
 def _caption_table(records, vocab, max_words):
     """Encodes every caption once: (ragged ids per caption, captions per image).
 

@@ -135,9 +135,7 @@ class Vocab:
         """
         return self.encode_words(tokenize(texts), max_words)
 
-    def encode_words(
-        self, words: tf.RaggedTensor, max_words: int | None = None
-    ) -> tf.RaggedTensor:
+    def encode_words(self, words: tf.RaggedTensor, max_words: int | None = None) -> tf.RaggedTensor:
         """`encode` for captions already split by `tokenize`: ragged string (N, None)."""
         if max_words is not None:
             words = words[:, :max_words]

@@ -1,15 +1,17 @@
 """Captioning the images of a split and scoring the captions (paper §4.3, §5)."""
 
+import dataclasses
 import os
 
 import tensorflow as tf
 
+from sat_tf import serving
 from sat_tf.config import Config
 from sat_tf.data import input_pipeline
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import grounding, metrics
 from sat_tf.model.encoder import crop_fraction_of
-from sat_tf.training.prepare import Data, cached_features
+from sat_tf.training.prepare import Data, cached_features, prepare_data
 from sat_tf.training.workdir import write_json
 
 
@@ -20,16 +22,25 @@ def references(records):
     return {r.image_id: [" ".join(next(words)) for _ in r.captions] for r in records}
 
 
-def make_caption_fn(model, config: Config, beam_size=None):
+def make_caption_fn(model, config: Config, beam_size=None, encoder=None):
     """A `tf.function` that captions a batch dict; see `ShowAttendTell.generate`.
 
     With `--jit_compile` XLA compiles it too, once per batch shape: it fuses the decoding
     step's small ops (BUILD_NOTES.md has the measured effect).
+
+    Args:
+      model: a `ShowAttendTell`.
+      config: its settings.
+      beam_size: None for `config.beam_size`.
+      encoder: an encoder to run on batch["image"] first, for a model trained on cached
+        features (`serving.export_encoder`); None feeds the batch to the model as it is.
     """
     beam = beam_size or config.beam_size
 
     @tf.function(reduce_retracing=True, jit_compile=config.jit_compile)
     def caption(batch):
+        if encoder is not None:
+            batch = {"features": encoder(batch["image"], training=False)}
         return model.generate(
             batch,
             max_length=config.max_decode_length,
@@ -40,15 +51,18 @@ def make_caption_fn(model, config: Config, beam_size=None):
     return caption
 
 
-def caption_records(model, records, vocab, config: Config, beam_size=None, batch_size=100):
-    """Captions every record's image (its cached features with `--use_feature_cache`).
+def caption_records(
+    model, records, vocab, config: Config, beam_size=None, batch_size=100, encoder=None
+):
+    """Captions every record's image (its cached features with `--use_feature_cache`;
+    the images through `encoder` when one is given, see `make_caption_fn`).
 
     Returns:
       list of dicts {"words": [...], "alpha": (n_words + 1, L) array (the last row made
       `<end>`; n_words rows when the caption reached the length limit without `<end>`),
       "log_prob": float}, in record order.
     """
-    cached, _ = cached_features(config, records)
+    cached = None if encoder is not None else cached_features(config, records)[0]
     ds = input_pipeline.eval_dataset(
         records,
         image_size=config.image_size,
@@ -57,7 +71,7 @@ def caption_records(model, records, vocab, config: Config, beam_size=None, batch
         features=cached,
     )
     key = "image" if cached is None else "features"
-    caption = make_caption_fn(model, config, beam_size)
+    caption = make_caption_fn(model, config, beam_size, encoder)
     results = []
     for batch in ds:
         out = caption({key: batch[key]})
@@ -106,14 +120,17 @@ def score_captions(records, results, objects=None, grid=(14, 14), image_size=112
     return scores
 
 
-def evaluate(model, data: Data, config: Config, workdir: str, split="test", beam_size=None):
+def evaluate(
+    model, data: Data, config: Config, workdir: str, split="test", beam_size=None, encoder=None
+):
     """Captions a split, scores it with every metric, and writes the results to workdir:
     `captions_<split>.json` and `metrics_<split>.json`, with `_beam<k>` before the
-    extension when `beam_size` overrides the model's own."""
+    extension when `beam_size` overrides the model's own (`encoder` as for
+    `caption_records`)."""
     records = data.splits[split]
     if not records:
         raise ValueError(f"the {split} split of {config.dataset} is empty")
-    results = caption_records(model, records, data.vocab, config, beam_size)
+    results = caption_records(model, records, data.vocab, config, beam_size, encoder=encoder)
     grid = model.grid or (14, 14)
     scores = score_captions(records, results, data.objects, grid, config.image_size, full=True)
     captions = {r.image_id: " ".join(res["words"]) for r, res in zip(records, results, strict=True)}
@@ -124,3 +141,45 @@ def evaluate(model, data: Data, config: Config, workdir: str, split="test", beam
     )
     write_json(os.path.join(workdir, f"metrics_{split}{suffix}.json"), scores)
     return scores
+
+
+def check_output_dir(output_dir: str, config: Config) -> None:
+    """Raises ValueError when `output_dir` lies in the dataset folder or in the package:
+    evaluation results are never written there."""
+    real = os.path.realpath(output_dir)
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    for name, folder in (("dataset folder", config.data_dir), ("sat_tf package", package)):
+        folder = os.path.realpath(folder)
+        if real == folder or real.startswith(folder + os.sep):
+            raise ValueError(
+                f"output folder {output_dir} lies in the {name} {folder}; choose another one"
+            )
+
+
+def evaluate_images(model, vocab, config: Config, output_dir: str, split="test", beam_size=None):
+    """`evaluate` from the split's image files, for a model without a workdir (a preset).
+
+    No feature cache is read: a model trained on cached features gets the backbone that
+    made them (`serving.export_encoder`), run on each image as `caption.py` and the
+    exports run it, so the scores are those of the model as users run it.
+
+    Args:
+      model, vocab, config: the model (e.g. from `preset.load`); `config.data_dir` names
+        the dataset folder.
+      output_dir: where the captions and the metrics go (file names as `evaluate`).
+      split: "train", "val" or "test".
+      beam_size: None for `config.beam_size`.
+
+    Returns:
+      the scores (as `evaluate`).
+
+    Raises:
+      ValueError: for an `output_dir` in the dataset folder or the package
+        (`check_output_dir`), or a dataset that cannot be read.
+    """
+    check_output_dir(output_dir, config)
+    config = dataclasses.replace(config, use_feature_cache=False)
+    os.makedirs(output_dir, exist_ok=True)
+    data = prepare_data(config, output_dir, vocab=vocab)
+    encoder = serving.export_encoder(model, config) if model.encoder is None else None
+    return evaluate(model, data, config, output_dir, split, beam_size, encoder=encoder)

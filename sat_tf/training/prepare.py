@@ -42,10 +42,15 @@ def dataset_vocab(config: Config, train_records) -> vocab_lib.Vocab:
     return vocab
 
 
-def prepare_data(config: Config, workdir: str) -> Data:
+def prepare_data(config: Config, workdir: str, vocab: vocab_lib.Vocab | None = None) -> Data:
     """Reads (for shapes: first generates) the dataset and loads or builds the vocabulary.
 
     With `--use_feature_cache`, images that feature extraction skipped are left out.
+
+    Args:
+      config: the settings of the run.
+      workdir: where the vocabulary is kept (`vocab.txt`, written when absent).
+      vocab: the model's vocabulary (a preset's); then none is read or written.
     """
     objects = None
     if config.dataset == "shapes":
@@ -69,12 +74,13 @@ def prepare_data(config: Config, workdir: str) -> Data:
     splits = {s: [r for r in records if r.split == s] for s in ("train", "val", "test")}
     if not splits["train"]:
         raise ValueError(f"dataset {config.dataset} in {config.data_dir} has no training images")
-    vocab_path = os.path.join(workdir, VOCAB_FILE)
-    if os.path.exists(vocab_path):
-        vocab = vocab_lib.Vocab.load(vocab_path)
-    else:
-        vocab = dataset_vocab(config, splits["train"])
-        vocab.save(vocab_path)
+    if vocab is None:
+        vocab_path = os.path.join(workdir, VOCAB_FILE)
+        if os.path.exists(vocab_path):
+            vocab = vocab_lib.Vocab.load(vocab_path)
+        else:
+            vocab = dataset_vocab(config, splits["train"])
+            vocab.save(vocab_path)
     return Data(splits, vocab, objects)
 
 

@@ -1,0 +1,775 @@
+"""Tests for presets: the round trip of a tiny model, every refusal of a bad preset, the
+download over HTTPS from a server on 127.0.0.1 with its cache, making a preset from a
+workdir, the scripts' --preset, and the shipped preset on a real Flickr8k photo."""
+
+import dataclasses
+import hashlib
+import http.server
+import json
+import os
+import re
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+from unittest import mock
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from absl import flags
+from absl.testing import parameterized
+from fixtures import MAX_LENGTH, WORDS, scenes, tiny_model
+
+from sat_tf import preset
+from sat_tf.config import Config
+from sat_tf.data import vocab as vocab_lib
+from sat_tf.evaluation import java_tools
+from sat_tf.model.captioner import build_model
+from sat_tf.training import captioning
+from sat_tf.training import workdir as workdir_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import flags_lib  # noqa: E402
+
+FLICKR8K = os.environ.get("SAT_TF_FLICKR8K", os.path.join(ROOT, "..", "shared", "data", "flickr8k"))
+FEATURE_SHAPE, FEATURE_GRID = (4, 6), (2, 2)
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+
+
+def tiny_feature_model(seed=4):
+    """A tiny model on cached (4, 6) features whose greedy captions differ by features."""
+    keras.utils.set_random_seed(seed)
+    config = Config(
+        use_feature_cache=True,
+        embed_dim=8,
+        hidden_dim=16,
+        attention_dim=8,
+        dropout=0.0,
+        max_decode_length=MAX_LENGTH,
+    )
+    model = build_model(config, len(WORDS), FEATURE_SHAPE, FEATURE_GRID)
+    rng = np.random.default_rng(seed)
+    for variable in model.decoder.weights:
+        variable.assign(rng.normal(size=variable.shape).astype(np.float32))
+    bias = model.decoder.deep_output.bias.numpy()
+    bias[[vocab_lib.PAD_ID, vocab_lib.START_ID]] = -30.0
+    model.decoder.deep_output.bias.assign(bias)
+    return model, vocab_lib.Vocab(WORDS), config
+
+
+def float16_rounded(model):
+    """`model` with every weight rounded to float16 and back: what a preset holds."""
+    for variable in model.weights:
+        variable.assign(variable.numpy().astype(np.float16).astype(np.float32))
+    return model
+
+
+def generate(model, batch):
+    result = model.generate(batch, max_length=MAX_LENGTH)
+    return type(result)(*(x.numpy() for x in result))
+
+
+def rewrite_metadata(directory, change):
+    """Applies `change` to metadata.json and records every file's new size and sha256."""
+    path = os.path.join(directory, preset.METADATA_FILE)
+    with open(path, encoding="utf-8") as f:
+        metadata = json.load(f)
+    change(metadata)
+    for name in metadata["files"]:
+        file = os.path.join(directory, name)
+        metadata["files"][name] = {
+            "bytes": os.path.getsize(file),
+            "sha256": preset.sha256_of(file),
+        }
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(metadata, f)
+
+
+def edit_json(path, change):
+    with open(path, encoding="utf-8") as f:
+        values = json.load(f)
+    change(values)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(values, f, indent=2, sort_keys=True)
+
+
+def flip_byte(path, position=None):
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        i = len(data) // 2 if position is None else position
+        data[i] ^= 0xFF
+        f.seek(0)
+        f.write(data)
+
+
+def truncate(path, keep=0.5):
+    with open(path, "r+b") as f:
+        f.truncate(int(os.path.getsize(path) * keep))
+
+
+# How each damaged copy of a preset (`PresetTest._bad`) is refused.
+BAD = {
+    "weights_flipped": r"weights\.npz fails its checksum: sha256 [0-9a-f]{64}, metadata\.json "
+    r"records [0-9a-f]{64}; the file was changed or damaged$",
+    "weights_truncated": r"weights\.npz is truncated: [\d,]+ of [\d,]+ bytes$",
+    "weights_missing": r"weights\.npz is missing$",
+    "vocab_replaced": r"vocab\.txt is not the vocabulary of its weights: it has 12 words "
+    r"\(fingerprint \w+\), the weights were trained with 12 \(fingerprint \w+\)$",
+    "vocab_longer": r"vocab\.txt is not the vocabulary of its weights: it has 13 words",
+    "config_model_field": r"config\.json is not the configuration of its weights: "
+    r"hidden_dim=32 in config\.json, 16 in metadata\.json$",
+    "config_other_field": r"config\.json fails its checksum",
+    "config_and_metadata": r"weights\.npz does not fit the model of config\.json: "
+    r"decoder/L_h/kernel is \(16, 8\) in weights\.npz, \(32, 8\) in the model",
+    "metadata_missing": r"is not a sat_tf preset: metadata\.json is missing$",
+    "metadata_truncated": r"metadata\.json is truncated or damaged \(not JSON",
+    "metadata_newer": r"format version 2; this sat_tf reads version 1; upgrade sat_tf$",
+    "pickled_weights": r"cannot read weights\.npz: Object arrays cannot be loaded when "
+    r"allow_pickle=False",
+}
+
+
+class PresetTest(tf.test.TestCase, parameterized.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.root = tempfile.mkdtemp()
+        cls.addClassCleanup(shutil.rmtree, cls.root, ignore_errors=True)
+        cls.images = scenes(0, 4).astype(np.float32)
+        cls.features = np.random.default_rng(7).normal(size=(4, *FEATURE_SHAPE)).astype(np.float32)
+
+        model, vocab, config = tiny_model()
+        cls.image_dir = os.path.join(cls.root, "tiny_image")
+        cls.image_metadata = preset.save(model, vocab, config, cls.image_dir, name="tiny_image")
+        cls.image_original = generate(model, {"image": cls.images})
+        cls.image_want = generate(float16_rounded(model), {"image": cls.images})
+
+        model, vocab, config = tiny_feature_model()
+        cls.feature_dir = os.path.join(cls.root, "tiny_features")
+        preset.save(model, vocab, config, cls.feature_dir, name="tiny_features")
+        cls.feature_want = generate(float16_rounded(model), {"features": cls.features})
+
+    def copy(self, source):
+        target = os.path.join(tempfile.mkdtemp(dir=self.root), os.path.basename(source))
+        shutil.copytree(source, target)
+        return target
+
+    def test_image_model_round_trip(self):
+        model, vocab, config = preset.load(self.image_dir)
+        got = generate(model, {"image": self.images})
+        self.assertAllEqual(got.tokens, self.image_want.tokens)
+        self.assertAllEqual(got.length, self.image_want.length)
+        self.assertAllClose(got.log_prob, self.image_want.log_prob, atol=1e-5)
+        # float16 weights leave these captions as the float32 model wrote them.
+        self.assertAllEqual(got.tokens, self.image_original.tokens)
+        self.assertGreater(len({tuple(t) for t in got.tokens}), 1)
+        self.assertEqual(vocab.words, WORDS)
+        self.assertEqual((config.hidden_dim, config.embed_dim), (16, 8))
+        self.assertEqual({v.dtype for v in model.weights}, {"float32"})
+        self.assertEqual(self.image_metadata["model"]["encoder_in_weights"], True)
+
+        with np.load(os.path.join(self.image_dir, preset.WEIGHTS_FILE)) as stored:
+            self.assertEqual({stored[k].dtype for k in stored.files}, {np.dtype(np.float16)})
+            self.assertIn("decoder/init_h/kernel", stored.files)
+            self.assertIn("encoder/conv0/kernel", stored.files)
+            self.assertEqual(
+                self.image_metadata["model"]["parameters"],
+                sum(stored[k].size for k in stored.files),
+            )
+            again = os.path.join(self.root, "saved_again")
+            preset.save(model, vocab, config, again, name="tiny_image")
+            with np.load(os.path.join(again, preset.WEIGHTS_FILE)) as resaved:
+                self.assertCountEqual(resaved.files, stored.files)
+                for key in stored.files:
+                    self.assertAllEqual(resaved[key], stored[key])
+
+    def test_feature_model_round_trip(self):
+        model, _, config = preset.load(self.feature_dir)
+        self.assertIsNone(model.encoder)
+        self.assertEqual((model.grid, model.feature_dim), (FEATURE_GRID, FEATURE_SHAPE[1]))
+        self.assertTrue(config.use_feature_cache)
+        got = generate(model, {"features": self.features})
+        self.assertAllEqual(got.tokens, self.feature_want.tokens)
+        self.assertAllClose(got.log_prob, self.feature_want.log_prob, atol=1e-5)
+        self.assertGreater(len({tuple(t) for t in got.tokens}), 1)
+        with open(os.path.join(self.feature_dir, preset.FEATURES_FILE)) as f:
+            features = json.load(f)
+        self.assertEqual(features["feature_shape"], list(FEATURE_SHAPE))
+        self.assertEqual(features["grid"], list(FEATURE_GRID))
+
+    def test_metadata(self):
+        metadata = preset.verify(self.image_dir)
+        self.assertEqual(metadata["name"], "tiny_image")
+        self.assertEqual(metadata["vocab_fingerprint"], vocab_lib.Vocab(WORDS).fingerprint)
+        self.assertCountEqual(
+            metadata["files"], [preset.WEIGHTS_FILE, preset.VOCAB_FILE, preset.CONFIG_FILE]
+        )
+        for name, entry in metadata["files"].items():
+            path = os.path.join(self.image_dir, name)
+            self.assertEqual(entry["bytes"], os.path.getsize(path))
+            with open(path, "rb") as f:
+                self.assertEqual(entry["sha256"], hashlib.sha256(f.read()).hexdigest())
+        self.assertIn(preset.FEATURES_FILE, preset.verify(self.feature_dir)["files"])
+
+    def test_shipped_names(self):
+        shipped = tempfile.mkdtemp(dir=self.root)
+        with mock.patch.object(preset, "PRESETS_DIR", shipped):
+            self.assertEqual(preset.names(), [])
+            with self.assertRaisesRegex(ValueError, r"unknown preset 'tiny_image'; .*none"):
+                preset.load("tiny_image")
+            shutil.copytree(self.image_dir, os.path.join(shipped, "tiny_image"))
+            os.makedirs(os.path.join(shipped, ".tiny.tmp123"))
+            self.assertEqual(preset.names(), ["tiny_image"])
+            model, _, _ = preset.load("tiny_image")
+            got = generate(model, {"image": self.images})
+            self.assertAllEqual(got.tokens, self.image_want.tokens)
+            with self.assertRaisesRegex(
+                ValueError, r"^unknown preset 'flickr8k'; shipped presets: tiny_image; or give"
+            ):
+                preset.load("flickr8k")
+        with self.assertRaisesRegex(ValueError, r"preset folder \./no/such/folder does not exist"):
+            preset.load("./no/such/folder")
+
+    def _bad(self, source, case):
+        """Damages a copy of `source` as `case` says."""
+        directory = self.copy(source)
+        weights = os.path.join(directory, preset.WEIGHTS_FILE)
+        vocab = os.path.join(directory, preset.VOCAB_FILE)
+        config = os.path.join(directory, preset.CONFIG_FILE)
+        metadata = os.path.join(directory, preset.METADATA_FILE)
+        if case == "weights_flipped":
+            flip_byte(weights)
+        elif case == "weights_truncated":
+            truncate(weights)
+        elif case == "weights_missing":
+            os.remove(weights)
+        elif case == "vocab_replaced":
+            vocab_lib.Vocab([*WORDS[:-1], "bottom"]).save(vocab)
+        elif case == "vocab_longer":
+            vocab_lib.Vocab([*WORDS, "bottom"]).save(vocab)
+        elif case == "config_model_field":
+            edit_json(config, lambda c: c.update(hidden_dim=32))
+        elif case == "config_other_field":
+            edit_json(config, lambda c: c.update(beam_size=4))
+        elif case == "config_and_metadata":
+            edit_json(config, lambda c: c.update(hidden_dim=32))
+            rewrite_metadata(directory, lambda m: m["config"].update(hidden_dim=32))
+        elif case == "metadata_missing":
+            os.remove(metadata)
+        elif case == "metadata_truncated":
+            truncate(metadata)
+        elif case == "metadata_newer":
+            rewrite_metadata(directory, lambda m: m.update(format_version=2))
+        elif case == "pickled_weights":
+            with open(weights, "wb") as f:
+                np.savez(f, **{"decoder/init_h/kernel": np.array([{"x": 1}], dtype=object)})
+            rewrite_metadata(directory, lambda m: None)
+        elif case == "features_missing":
+            os.remove(os.path.join(directory, preset.FEATURES_FILE))
+        return directory
+
+    @parameterized.named_parameters((case, case, message) for case, message in BAD.items())
+    def test_bad_preset_is_refused(self, case, message):
+        directory = self._bad(self.image_dir, case)
+        with self.assertRaises(ValueError) as raised:
+            preset.load(directory)
+        text = str(raised.exception)
+        self.assertRegex(text, message)
+        self.assertIn(directory, text)
+        self.assertNotIn("\n", text)
+
+    def test_feature_preset_without_features_json_is_refused(self):
+        directory = self._bad(self.feature_dir, "features_missing")
+        with self.assertRaisesRegex(ValueError, r"^preset .*: features\.json is missing$"):
+            preset.load(directory)
+
+    def test_save_refuses(self):
+        model, vocab, config = tiny_model()
+        with self.assertRaisesRegex(ValueError, r"preset name 'Tiny Model' must be lowercase"):
+            preset.save(model, vocab, config, os.path.join(self.root, "x"), name="Tiny Model")
+        model.decoder.init_h.bias.assign(np.full([16], 1e5, np.float32))
+        with self.assertRaisesRegex(ValueError, r"weight decoder/init_h/bias holds 100000"):
+            preset.save(model, vocab, config, os.path.join(self.root, "y"), name="y")
+
+    def test_pack_is_deterministic(self):
+        first, second = (os.path.join(self.root, f"{n}.tar.gz") for n in ("first", "second"))
+        digest = preset.pack(self.image_dir, first)
+        self.assertEqual(preset.pack(self.image_dir, second), digest)
+        self.assertEqual(preset.sha256_of(first), digest)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """Serves `server.routes`: path -> (body, declared Content-Length); counts requests."""
+
+    def do_GET(self):
+        self.server.requests.append(self.path)
+        if self.path not in self.server.routes:
+            self.send_error(404)
+            return
+        body, declared = self.server.routes[self.path]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/gzip")
+        self.send_header("Content-Length", str(declared))
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+def https_server(folder):
+    """An HTTPS server on 127.0.0.1 with a self-signed certificate made by openssl.
+
+    Returns:
+      (server, certificate path); the server runs in a daemon thread.
+    """
+    cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+         "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.routes, server.requests = {}, []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, cert
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl CLI for a certificate")
+class DownloadTest(tf.test.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.root = tempfile.mkdtemp()
+        cls.addClassCleanup(shutil.rmtree, cls.root, ignore_errors=True)
+        model, vocab, config = tiny_model()
+        cls.images = scenes(0, 4).astype(np.float32)
+        cls.directory = os.path.join(cls.root, "tiny")
+        preset.save(model, vocab, config, cls.directory, name="tiny")
+        cls.want = generate(float16_rounded(model), {"image": cls.images})
+        cls.server, cls.cert = https_server(cls.root)
+        cls.addClassCleanup(cls.server.server_close)
+        cls.addClassCleanup(cls.server.shutdown)
+        cls.base = f"https://127.0.0.1:{cls.server.server_address[1]}"
+
+        archive = os.path.join(cls.root, "tiny.tar.gz")
+        cls.digest = preset.pack(cls.directory, archive)
+        with open(archive, "rb") as f:
+            good = f.read()
+        damaged = os.path.join(cls.root, "damaged")
+        shutil.copytree(cls.directory, damaged)
+        flip_byte(os.path.join(damaged, preset.WEIGHTS_FILE))
+        with mock.patch.object(preset, "verify", lambda d: preset.read_metadata(d)):
+            preset.pack(damaged, os.path.join(cls.root, "damaged.tar.gz"))
+        with open(os.path.join(cls.root, "damaged.tar.gz"), "rb") as f:
+            damaged_archive = f.read()
+        flipped = bytearray(good)
+        flipped[len(good) // 2] ^= 0xFF
+        cls.server.routes.update(
+            {
+                "/tiny.tar.gz": (good, len(good)),
+                "/cut.tar.gz": (good[: len(good) // 2], len(good)),
+                "/short.tar.gz": (good[: len(good) // 2], len(good) // 2),
+                "/flipped.tar.gz": (bytes(flipped), len(good)),
+                "/damaged.tar.gz": (damaged_archive, len(damaged_archive)),
+                "/notes.tar.gz": (b"these are notes", 15),
+            }
+        )
+
+    def setUp(self):
+        super().setUp()
+        self.cache = tempfile.mkdtemp(dir=self.root)
+        self.server.requests.clear()
+        patch = mock.patch.dict(os.environ, {"SSL_CERT_FILE": self.cert})
+        patch.start()
+        self.addCleanup(patch.stop)
+
+    def cached(self):
+        folder = os.path.join(self.cache, "presets")
+        return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+    def test_download_once_then_from_the_cache(self):
+        url = f"{self.base}/tiny.tar.gz#sha256={self.digest}"
+        model, vocab, _ = preset.load(url, cache_dir=self.cache)
+        self.assertAllEqual(generate(model, {"image": self.images}).tokens, self.want.tokens)
+        self.assertEqual(vocab.words, WORDS)
+        self.assertEqual(self.server.requests, ["/tiny.tar.gz"])
+        self.assertLen(self.cached(), 1)
+        with open(os.path.join(self.cache, "presets", self.cached()[0], "download.json")) as f:
+            self.assertEqual(json.load(f)["sha256"], self.digest)
+
+        with mock.patch.dict(os.environ, {preset.CACHE_ENV: self.cache}):
+            self.assertEqual(preset.default_cache_dir(), self.cache)
+            model, _, _ = preset.load(url)
+        self.assertAllEqual(generate(model, {"image": self.images}).tokens, self.want.tokens)
+        self.assertEqual(self.server.requests, ["/tiny.tar.gz"])
+
+        # Without the fragment: another cache entry, one more download.
+        preset.load(f"{self.base}/tiny.tar.gz", cache_dir=self.cache)
+        self.assertEqual(self.server.requests, ["/tiny.tar.gz"] * 2)
+        self.assertLen(self.cached(), 2)
+
+        # A cached preset damaged later is refused, naming what to delete.
+        folder = os.path.join(self.cache, "presets", self.cached()[0])
+        flip_byte(os.path.join(folder, preset.WEIGHTS_FILE))
+        message = rf"fails its checksum.*delete {re.escape(folder)} to download it again\)$"
+        with self.assertRaisesRegex(ValueError, message):
+            preset.load(url, cache_dir=self.cache)
+
+    def assertRefused(self, path, message, fragment=""):
+        url = f"{self.base}{path}{fragment}"
+        for attempt in (1, 2):
+            with self.assertRaises(ValueError) as raised:
+                preset.load(url, cache_dir=self.cache)
+            self.assertRegex(str(raised.exception), message)
+            self.assertNotIn("\n", str(raised.exception))
+            # Nothing was kept: the next load downloads again.
+            self.assertEqual(self.cached(), [])
+            self.assertEqual(self.server.requests, [path] * attempt)
+
+    def test_truncated_download_is_refused(self):
+        total = len(self.server.routes["/tiny.tar.gz"][0])
+        self.assertRefused(
+            "/cut.tar.gz", rf"download of .*/cut.tar.gz is truncated: [\d,]+ of {total:,} bytes"
+        )
+
+    def test_truncated_archive_is_refused(self):
+        self.assertRefused(
+            "/short.tar.gz", r"archive from .*/short.tar.gz is truncated or not a .tar.gz"
+        )
+        self.server.requests.clear()
+        self.assertRefused("/notes.tar.gz", r"is truncated or not a .tar.gz preset archive")
+
+    def test_corrupt_download_is_refused(self):
+        self.assertRefused(
+            "/flipped.tar.gz",
+            rf"has sha256 [0-9a-f]{{64}}, the URL's #sha256= says {self.digest}",
+            fragment=f"#sha256={self.digest}",
+        )
+
+    def test_archive_failing_a_file_checksum_is_refused(self):
+        self.assertRefused(
+            "/damaged.tar.gz", r"^preset https://127.0.0.1:\d+/damaged.tar.gz: weights.npz fails"
+        )
+
+    def test_bad_urls(self):
+        with self.assertRaisesRegex(ValueError, r"cannot download preset .*/none.tar.gz: HTTP 404"):
+            preset.load(f"{self.base}/none.tar.gz", cache_dir=self.cache)
+        with self.assertRaisesRegex(ValueError, r"is not https://; presets download only over"):
+            preset.load(f"http://127.0.0.1:{self.server.server_address[1]}/tiny.tar.gz")
+        with self.assertRaisesRegex(ValueError, r"fragment #md5=abc of .* is not sha256="):
+            preset.load(f"{self.base}/tiny.tar.gz#md5=abc", cache_dir=self.cache)
+        with mock.patch.dict(os.environ, {"SSL_CERT_FILE": "", "SSL_CERT_DIR": self.cache}):
+            with self.assertRaisesRegex(ValueError, r"cannot download preset .*CERTIFICATE_VERIFY"):
+                preset.load(f"{self.base}/tiny.tar.gz", cache_dir=self.cache)
+        self.assertEqual(self.cached(), [])
+
+
+def tiny_workdir(root):
+    """A workdir of `tiny_model` whose config names a tiny shapes dataset in `root`."""
+    model, vocab, config = tiny_model()
+    config = dataclasses.replace(
+        config, data_dir=os.path.join(root, "shapes"), num_train=12, num_val=2, num_test=4
+    )
+    workdir = os.path.join(root, "run")
+    os.makedirs(workdir)
+    config.save(os.path.join(workdir, workdir_lib.CONFIG_FILE))
+    vocab.save(os.path.join(workdir, workdir_lib.VOCAB_FILE))
+    model.save_weights(os.path.join(workdir, workdir_lib.BEST_WEIGHTS))
+    workdir_lib.write_best_info(workdir, vocab, epoch=3, val_bleu4=0.5)
+    return workdir
+
+
+class MakePresetTest(tf.test.TestCase):
+    def setUp(self):
+        super().setUp()
+        # The Python tokenizer and no METEOR: the Java programs take longer than the rest.
+        patch = mock.patch.object(java_tools, "find_java", lambda: None)
+        patch.start()
+        self.addCleanup(patch.stop)
+
+    def test_make_evaluates_the_float16_preset(self):
+        root = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+        workdir = tiny_workdir(root)
+        presets = os.path.join(root, "presets")
+        commands = dict(train_command="python scripts/train.py x", make_command="python m.py y")
+        metadata = preset.make(workdir, presets, "tiny", description="a tiny one", **commands)
+        self.assertEqual(os.listdir(presets), ["tiny"])
+        self.assertEqual(preset.verify(os.path.join(presets, "tiny")), metadata)
+        self.assertEqual(metadata["trained_with"], "python scripts/train.py x")
+        self.assertEqual(metadata["made_with"], "python m.py y")
+        self.assertEqual(metadata["trained_model"], {"best_epoch": 3, "val_bleu4": 0.5})
+        self.assertIn("cpu", metadata["measured_on"])
+        scores = metadata["scores"]
+        self.assertEqual((scores["split"], scores["dataset"]), ("test", "shapes"))
+        for beam in preset.BEAM_SIZES:
+            for key in ("BLEU-4", "CIDEr", "ROUGE-L", "paper BLEU-4 (no BP)"):
+                self.assertIn(key, scores[f"beam_{beam}"])
+
+        # The stored scores are those of the loaded preset, evaluated again.
+        model, vocab, config = preset.load(os.path.join(presets, "tiny"))
+        outputs = os.path.join(root, "outputs")
+        again = captioning.evaluate_images(model, vocab, config, outputs, "test", 3)
+        self.assertEqual(preset.score_differences(scores["beam_3"], again), [])
+        self.assertEqual(preset.stored_scores(metadata, 3), scores["beam_3"])
+        self.assertIsNone(preset.stored_scores(metadata, 3, split="val"))
+        self.assertNotEqual(preset.score_differences(scores["beam_3"], scores["beam_1"]), [])
+        with self.assertRaisesRegex(ValueError, r"lies in the dataset folder"):
+            captioning.evaluate_images(
+                model, vocab, config, os.path.join(config.data_dir, "out"), "test"
+            )
+
+        with self.assertRaisesRegex(ValueError, r"tiny exists; pass --overwrite"):
+            preset.make(workdir, presets, "tiny", **commands)
+        with mock.patch.object(preset, "MAX_BYTES", 1000):
+            with self.assertRaisesRegex(ValueError, r"would take 0\.\d MB, more than the 0 MB"):
+                preset.make(workdir, presets, "tiny", overwrite=True, **commands)
+        self.assertEqual(os.listdir(presets), ["tiny"])
+        self.assertEqual(preset.verify(os.path.join(presets, "tiny")), metadata)
+        os.makedirs(os.path.join(presets, "other"))
+        with self.assertRaisesRegex(ValueError, r"other exists and is not a preset"):
+            preset.make(workdir, presets, "other", overwrite=True, **commands)
+
+
+class ModelSourceFlagsTest(parameterized.TestCase):
+    @parameterized.named_parameters(
+        ("workdir", ["--workdir=runs/a"], ("workdir", "runs/a")),
+        ("preset", ["--preset=flickr8k"], ("preset", "flickr8k")),
+    )
+    def test_one_source(self, args, want):
+        values = flags.FlagValues()
+        flags_lib.define_model_source(values)
+        values(["prog", *args])
+        self.assertEqual(flags_lib.model_source(values), want)
+
+    @parameterized.named_parameters(
+        ("both", ["--workdir=runs/a", "--preset=p"], r"give --workdir or --preset, not both"),
+        ("neither", [], r"give --workdir=<a trained workdir> or --preset="),
+    )
+    def test_exactly_one_source(self, args, message):
+        values = flags.FlagValues()
+        flags_lib.define_model_source(values)
+        values(["prog", *args])
+        with self.assertRaisesRegex(ValueError, message):
+            flags_lib.model_source(values)
+
+
+def run_scripts(runs, cwd):
+    """Runs `{key: [script, *args]}` (paths from the repository root) in parallel.
+
+    Returns:
+      {key: (exit code, stdout, stderr)}.
+    """
+    procs = {
+        key: subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, script), *args],
+            cwd=cwd,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for key, (script, *args) in runs.items()
+    }
+    results = {}
+    for key, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=900)
+        results[key] = (proc.returncode, stdout, stderr)
+    return results
+
+
+class PresetScriptsTest(tf.test.TestCase):
+    """caption.py, evaluate.py and export.py with --preset, on a tiny preset."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.root = tempfile.mkdtemp()
+        cls.addClassCleanup(shutil.rmtree, cls.root, ignore_errors=True)
+        model, vocab, config = tiny_model()
+        cls.directory = os.path.join(cls.root, "tiny")
+        preset.save(model, vocab, config, cls.directory, name="tiny")
+        cls.want = generate(float16_rounded(model), {"image": scenes(0, 4).astype(np.float32)})
+        cls.vocab = vocab
+        cls.photo = os.path.join(cls.root, "photo.png")
+        from PIL import Image
+
+        Image.fromarray(scenes(0, 1)[0]).save(cls.photo)
+
+    def test_caption_with_a_preset(self):
+        runs = {"caption": ["scripts/caption.py", self.photo, f"--preset={self.directory}"]}
+        code, stdout, stderr = run_scripts(runs, self.root)["caption"]
+        self.assertEqual(code, 0, stderr[-2000:])
+        n = int(self.want.length[0])
+        words = " ".join(self.vocab.decode(self.want.tokens[0][:n]))
+        self.assertIn(f"{self.photo}: {words}\n", stdout)
+
+    @pytest.mark.slow
+    def test_evaluate_and_export_with_a_preset(self):
+        workdir = tiny_workdir(self.root)
+        presets = os.path.join(self.root, "made")
+        commands = dict(train_command="train", make_command="make")
+        metadata = preset.make(workdir, presets, "tiny", **commands)
+        made = os.path.join(presets, "tiny")
+        outputs = os.path.join(self.root, "evaluation")
+        export = os.path.join(self.root, "export")
+        results = run_scripts(
+            {
+                "evaluate": ["scripts/evaluate.py", f"--preset={made}", f"--output_dir={outputs}"],
+                "export": [
+                    "export/export.py",
+                    f"--preset={made}",
+                    f"--output={export}",
+                    "--tflite",
+                    "--quantize=dynamic",
+                ],
+            },
+            self.root,
+        )
+        for key in results:
+            self.assertEqual(results[key][0], 0, results[key][2][-2000:])
+        with open(os.path.join(outputs, "metrics_test.json")) as f:
+            scores = json.load(f)
+        self.assertEqual(preset.score_differences(metadata["scores"]["beam_1"], scores), [])
+        self.assertIn("beam 1: these are equal", results["evaluate"][1])
+        for name in ("saved_model.pb", "caption.tflite", "caption_int8.tflite"):
+            self.assertTrue(os.path.exists(os.path.join(export, name)), name)
+
+
+def _first_test_photo():
+    listing = os.path.join(FLICKR8K, "Flickr_8k.testImages.txt")
+    if not os.path.exists(listing):
+        return None
+    with open(listing, encoding="utf-8") as f:
+        name = next(line.strip() for line in f if line.strip())
+    path = os.path.join(FLICKR8K, "Flicker8k_Dataset", name)
+    return path if os.path.exists(path) else None
+
+
+# Run in a fresh interpreter from an empty folder: only the installed package is importable.
+CAPTION_SCRIPT = """
+import json
+import sys
+
+import numpy as np
+
+from sat_tf import preset, serving
+from sat_tf.data import image_io
+from sat_tf.model.encoder import crop_fraction_of
+from sat_tf.training import captioning
+
+model, vocab, config = preset.load(sys.argv[1])
+image = image_io.load_image_file(sys.argv[2], config.image_size, crop_fraction_of(config))
+encoder = serving.export_encoder(model, config) if model.encoder is None else None
+out = captioning.make_caption_fn(model, config, 1, encoder)({"image": image.numpy()[None]})
+words = vocab.decode(out.tokens[0][: int(out.length[0])].numpy())
+print(json.dumps(words))
+"""
+
+
+class ShippedPresetTest(tf.test.TestCase):
+    def setUp(self):
+        super().setUp()
+        if not preset.names():
+            self.skipTest(
+                f"no preset is shipped yet: {preset.PRESETS_DIR} holds none (make one with "
+                "scripts/make_preset.py)"
+            )
+
+    def need_photos(self):
+        self.photo = _first_test_photo()
+        if self.photo is None:
+            self.skipTest(
+                f"no Flickr8k test photo under {os.path.abspath(FLICKR8K)} (set SAT_TF_FLICKR8K "
+                "to the folder of Flickr_8k.testImages.txt and Flicker8k_Dataset/)"
+            )
+
+    def test_shipped_presets_are_complete(self):
+        for name in preset.names():
+            folder = os.path.join(preset.PRESETS_DIR, name)
+            metadata = preset.verify(folder)
+            self.assertEqual(metadata["name"], name)
+            size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+            self.assertLessEqual(size, preset.MAX_BYTES, name)
+            self.assertNotEmpty(metadata["trained_with"], name)
+            self.assertNotEmpty(metadata["made_with"], name)
+            self.assertIn("cpu", metadata["measured_on"], name)
+            self.assertEqual(metadata["model"]["weights_dtype"], "float16")
+            for beam in preset.BEAM_SIZES:
+                scores = preset.stored_scores(metadata, beam)
+                for key in (
+                    "BLEU-1",
+                    "BLEU-4",
+                    "METEOR",
+                    "ROUGE-L",
+                    "CIDEr",
+                    "paper BLEU-4 (no BP)",
+                ):
+                    self.assertIn(key, scores, f"{name} beam {beam}")
+
+    def test_fresh_process_captions_a_flickr8k_photo(self):
+        self.need_photos()
+        cwd = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, cwd, ignore_errors=True)
+        env = {k: v for k, v in ENV.items() if not k.startswith("PYTHON")}
+        for name in preset.names():
+            done = subprocess.run(
+                [sys.executable, "-c", CAPTION_SCRIPT, name, self.photo],
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+            words = json.loads(done.stdout.strip().splitlines()[-1])
+            self.assertNotEmpty(words, name)
+            vocab = vocab_lib.Vocab.load(os.path.join(preset.PRESETS_DIR, name, preset.VOCAB_FILE))
+            self.assertContainsSubset(words, set(vocab.words) - set(vocab_lib.SPECIALS))
+
+    @pytest.mark.slow
+    def test_evaluate_reproduces_the_stored_metrics(self):
+        self.need_photos()
+        outputs = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, outputs, ignore_errors=True)
+        for name in preset.names():
+            metadata = preset.verify(os.path.join(preset.PRESETS_DIR, name))
+            runs = {
+                beam: [
+                    "scripts/evaluate.py",
+                    f"--preset={name}",
+                    f"--data_dir={FLICKR8K}",
+                    "--split=test",
+                    f"--beam_size={beam}",
+                    f"--output_dir={os.path.join(outputs, name, str(beam))}",
+                ]
+                for beam in preset.BEAM_SIZES
+            }
+            for beam, (code, stdout, stderr) in run_scripts(runs, outputs).items():
+                self.assertEqual(code, 0, stderr[-3000:])
+                folder = os.path.join(outputs, name, str(beam))
+                (metrics_file,) = [f for f in os.listdir(folder) if f.startswith("metrics_test")]
+                with open(os.path.join(folder, metrics_file)) as f:
+                    scores = json.load(f)
+                stored = preset.stored_scores(metadata, beam)
+                self.assertEqual(
+                    preset.score_differences(stored, scores), [], f"{name} beam {beam}"
+                )
+                self.assertIn("these are equal", stdout)
+
+
+if __name__ == "__main__":
+    tf.test.main()
