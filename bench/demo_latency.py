@@ -29,7 +29,8 @@ sys.path[:0] = [_ROOT, os.path.join(_ROOT, "bench")]
 
 from run import machine_info, stats  # noqa: E402
 
-from sat_tf import demo  # noqa: E402
+from sat_tf import demo, preset  # noqa: E402
+from sat_tf.training import workdir as workdir_lib  # noqa: E402
 
 FLICKR8K = os.path.join(os.path.dirname(_ROOT), "shared", "data", "flickr8k")
 
@@ -76,20 +77,24 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--export", action="append", default=[], help="Export folder(s).")
     parser.add_argument("--workdir", help="A trained workdir, exported greedy and beam 3.")
+    parser.add_argument("--preset", default="", help="A preset (name, folder or URL) to export.")
     parser.add_argument("--photo", help="Photo to caption.")
     parser.add_argument("--requests", type=int, default=20, help="Timed requests per decoding.")
     args = parser.parse_args(argv)
     exports = [p for value in args.export for p in value.split(",") if p]
-    if bool(exports) == bool(args.workdir):
-        raise SystemExit("error: give either --export=DIR[,DIR] or --workdir=DIR")
+    if bool(exports) + bool(args.workdir) + bool(args.preset) != 1:
+        raise SystemExit("error: give one of --export=DIR[,DIR], --workdir=DIR, --preset=NAME")
     if args.photo:
         with open(args.photo, "rb") as f:
             name, data = os.path.basename(args.photo), f.read()
     else:
         name, data = default_photo()
     with tempfile.TemporaryDirectory(prefix="sat_tf_demo_bench_") as folder:
-        if args.workdir:
-            exports = demo.export_decodings(args.workdir, folder)
+        if args.workdir or args.preset:
+            trained = (
+                workdir_lib.load_trained(args.workdir) if args.workdir else preset.load(args.preset)
+            )
+            exports = demo.export_decodings(trained, folder)
         captioners = demo.load_captioners(exports)
         server = demo.serve(demo.create_app(captioners), 0)
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -97,7 +102,7 @@ def main(argv=None):
         report = {
             "machine": machine_info(),
             "photo": {"name": name, "bytes": len(data)},
-            "source": {"workdir": args.workdir} if args.workdir else {"export": exports},
+            "source": {"workdir": args.workdir, "preset": args.preset, "export": exports},
             "model": {k: captioners[0].info[k] for k in ("image_size", "grid", "max_length")},
             "requests_per_decoding": args.requests,
             "decodings": {},

@@ -6,7 +6,7 @@ The page is driven by exported SavedModels (`sat_tf.serving`), each loaded once 
 outputs TF Serving would return — and never from a second path through the Python
 model. Beam size is fixed in a SavedModel when it is exported, so the page offers one
 decoding per export (`export_decodings` writes a greedy and a beam-3 export of a
-workdir). Per-word pictures are `visualize.upsample_attention` and
+trained model). Per-word pictures are `visualize.upsample_attention` and
 `visualize.overlay_attention` of the signature's `attention` over the centre crop the
 model saw (`image_io.decode_image`).
 
@@ -192,22 +192,23 @@ def load_captioners(paths: Sequence[str]) -> list[Captioner]:
     return captioners
 
 
-def export_decodings(workdir: str, folder: str, beam_sizes: Sequence[int] = (1, 3)) -> list[str]:
-    """Exports a trained workdir once per beam size, for `load_captioners`.
+def export_decodings(trained, folder: str, beam_sizes: Sequence[int] = (1, 3)) -> list[str]:
+    """Exports a trained model once per beam size, for `load_captioners`.
 
     Args:
-      workdir: a trained workdir (`workdir_lib.load_trained` reads it), or any folder
-        laid out like one.
+      trained: `(model, vocab, config)` of a workdir (`workdir.load_trained`) or a preset
+        (`preset.load`).
       folder: where the exports go, one subfolder per beam size (a temporary folder).
       beam_sizes: the decodings to offer.
 
     Returns:
       the export directories, in `beam_sizes` order.
     """
+    model, vocab, config = trained
     paths = []
     for beam_size in beam_sizes:
         path = os.path.join(folder, decoding_name(beam_size).replace(" ", ""))
-        export_lib.export_workdir(workdir, path, beam_size=beam_size)
+        export_lib.export(model, vocab, config, path, beam_size=beam_size)
         paths.append(path)
     return paths
 

@@ -1,11 +1,12 @@
 """Serves a web page on 127.0.0.1 to try a captioner: upload or drop a photo, read its
 caption and see where the model looked for every word.
 
+  python scripts/demo.py --preset=flickr8k_lite0_soft
   python scripts/demo.py --workdir=runs/shapes
   python scripts/demo.py --export=exports/sat/1,exports/sat/2 --port=8000 --samples=photos/
 
-With --workdir the trained model is exported twice (greedy and beam 3) into a temporary
-folder, removed when the demo stops; with --export (one or two SavedModel folders of
+With --preset or --workdir the trained model is exported twice (greedy and beam 3) into a
+temporary folder, removed when the demo stops; with --export (one or two SavedModel folders of
 export/export.py, repeated or comma-separated) the page offers the decodings they were
 exported with. Captions come from each SavedModel's serving_default signature.
 """
@@ -15,29 +16,34 @@ import sys
 import tempfile
 
 from absl import flags
-from flags_lib import run
+from flags_lib import define_model_source, load_model, run
 
 from sat_tf import demo
 
 flags.DEFINE_multi_string(
     "export", [], "SavedModel folder(s) of export/export.py, one per decoding (at most two)."
 )
-flags.DEFINE_string("workdir", None, "A trained workdir; exported greedy and beam 3 at start.")
+define_model_source()
 flags.DEFINE_integer("port", 8000, "Port on 127.0.0.1; 0 picks a free one.")
 flags.DEFINE_string("samples", "", "Folder of sample photos offered on the page (first 8).")
 FLAGS = flags.FLAGS
 
 
 def export_dirs(folder):
-    """The export folders to serve: --export's, or --workdir's exported into `folder`."""
+    """The export folders to serve: --export's, or the model of --preset or --workdir
+    exported into `folder`."""
     exports = [p for value in FLAGS.export for p in value.split(",") if p]
-    if exports and FLAGS.workdir:
-        raise ValueError("give --export or --workdir, not both")
-    if not exports and not FLAGS.workdir:
-        raise ValueError("give --export=DIR[,DIR] (SavedModels) or --workdir=DIR (a trained model)")
-    if FLAGS.workdir:
-        print(f"exporting {FLAGS.workdir} (greedy and beam 3) to {folder} ...", flush=True)
-        return demo.export_decodings(FLAGS.workdir, folder)
+    trained = FLAGS.workdir or FLAGS.preset
+    if exports and trained:
+        raise ValueError("give --export, or one of --preset and --workdir, not both")
+    if not exports and not trained:
+        raise ValueError(
+            "give --preset=NAME, --workdir=DIR (a trained model) or --export=DIR[,DIR] "
+            "(SavedModels)"
+        )
+    if trained:
+        print(f"exporting {trained} (greedy and beam 3) to {folder} ...", flush=True)
+        return demo.export_decodings(load_model(FLAGS), folder)
     return exports
 
 

@@ -58,7 +58,9 @@ def exports():
     config.save(os.path.join(workdir, workdir_lib.CONFIG_FILE))
     vocab.save(os.path.join(workdir, workdir_lib.VOCAB_FILE))
     model.save_weights(os.path.join(workdir, workdir_lib.BEST_WEIGHTS))
-    return workdir, demo.export_decodings(workdir, os.path.join(root, "exports"))
+    return workdir, demo.export_decodings(
+        workdir_lib.load_trained(workdir), os.path.join(root, "exports")
+    )
 
 
 def photo():
@@ -346,6 +348,8 @@ class ScriptTest(tf.test.TestCase):
         cases = {
             "both": ([f"--workdir={workdir}", f"--export={export_dirs[0]}"], "not both"),
             "three": ([f"--export={','.join(export_dirs)}", f"--export={export_dirs[0]}"], "got 3"),
+            "preset_and_export": (["--preset=x", f"--export={export_dirs[0]}"], "not both"),
+            "unknown_preset": (["--preset=no_such_preset"], "no_such_preset"),
         }
         procs = {
             key: subprocess.Popen(
