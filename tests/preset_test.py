@@ -407,7 +407,8 @@ class DownloadTest(tf.test.TestCase):
         self.assertEqual(vocab.words, WORDS)
         self.assertEqual(self.server.requests, ["/tiny.tar.gz"])
         self.assertLen(self.cached(), 1)
-        with open(os.path.join(self.cache, "presets", self.cached()[0], "download.json")) as f:
+        folder = os.path.join(self.cache, "presets", self.cached()[0])  # the URL's entry
+        with open(os.path.join(folder, "download.json")) as f:
             self.assertEqual(json.load(f)["sha256"], self.digest)
 
         with mock.patch.dict(os.environ, {preset.CACHE_ENV: self.cache}):
@@ -422,7 +423,6 @@ class DownloadTest(tf.test.TestCase):
         self.assertLen(self.cached(), 2)
 
         # A cached preset damaged later is refused, naming what to delete.
-        folder = os.path.join(self.cache, "presets", self.cached()[0])
         flip_byte(os.path.join(folder, preset.WEIGHTS_FILE))
         message = rf"fails its checksum.*delete {re.escape(folder)} to download it again\)$"
         with self.assertRaisesRegex(ValueError, message):
