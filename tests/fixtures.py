@@ -17,6 +17,18 @@ from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model.captioner import build_model
 
+# Eight named colours of flat test images.
+COLOURS = {
+    "red": (255, 0, 0),
+    "green": (0, 255, 0),
+    "blue": (0, 0, 255),
+    "yellow": (255, 255, 0),
+    "white": (255, 255, 255),
+    "black": (0, 0, 0),
+    "cyan": (0, 255, 255),
+    "magenta": (255, 0, 255),
+}
+
 # Settings of a training run that takes seconds on the shapes set.
 TINY = dict(
     num_train=40,

@@ -4,6 +4,7 @@ and cropping against Pillow, file checks, and arbitrary bytes."""
 import io
 import os
 
+import fixtures
 import hypothesis
 import numpy as np
 import tensorflow as tf
@@ -12,18 +13,6 @@ from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
 from sat_tf.data import image_io
-
-COLOURS = {
-    "red": (255, 0, 0),
-    "green": (0, 255, 0),
-    "blue": (0, 0, 255),
-    "yellow": (255, 255, 0),
-    "white": (255, 255, 255),
-    "black": (0, 0, 0),
-    "cyan": (0, 255, 255),
-    "magenta": (255, 0, 255),
-}
-FILLER = ("thing", "here", "on", "the", "floor")
 
 
 def _encode(image, fmt, **kwargs):
@@ -185,7 +174,7 @@ class DecodeImageTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.parameters((90, 120, 32, 224 / 256), (120, 90, 32, 224 / 256), (77, 77, 20, 0.8))
     def test_crop_matches_pillow(self, height, width, size, crop_fraction):
         y, x = np.mgrid[:height, :width]
-        palette = np.array(list(COLOURS.values()), np.uint8)
+        palette = np.array(list(fixtures.COLOURS.values()), np.uint8)
         pixels = palette[(x // 7 + 3 * (y // 9)) % len(palette)]
         short = size / crop_fraction
         new_w = round(width * short / min(height, width))

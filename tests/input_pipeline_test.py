@@ -3,6 +3,7 @@
 import collections
 import os
 
+import fixtures
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
@@ -12,16 +13,6 @@ from sat_tf.data import input_pipeline
 from sat_tf.data.datasets import Record
 from sat_tf.data.vocab import Vocab
 
-COLOURS = {
-    "red": (255, 0, 0),
-    "green": (0, 255, 0),
-    "blue": (0, 0, 255),
-    "yellow": (255, 255, 0),
-    "white": (255, 255, 255),
-    "black": (0, 0, 0),
-    "cyan": (0, 255, 255),
-    "magenta": (255, 0, 255),
-}
 FILLER = ("thing", "here", "on", "the", "floor")
 
 
@@ -36,7 +27,7 @@ class DatasetTest(tf.test.TestCase, parameterized.TestCase):
         super().setUp()
         folder = self.get_temp_dir()
         self.records = []
-        for i, (colour, rgb) in enumerate(COLOURS.items()):
+        for i, (colour, rgb) in enumerate(fixtures.COLOURS.items()):
             path = os.path.join(folder, f"{colour}.png")
             Image.new("RGB", (8, 8), rgb).save(path, "PNG")
             self.records.append(Record(str(i), path, _captions(i, colour), "train"))
@@ -51,7 +42,7 @@ class DatasetTest(tf.test.TestCase, parameterized.TestCase):
         """Index of the record whose solid colour fills `image` exactly."""
         matches = [
             i
-            for i, rgb in enumerate(COLOURS.values())
+            for i, rgb in enumerate(fixtures.COLOURS.values())
             if np.all(image == np.array(rgb, np.float32))
         ]
         self.assertLen(matches, 1)
