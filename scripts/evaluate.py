@@ -65,7 +65,8 @@ def main(argv):
     beam = beam_size or config.beam_size
     name = f"this model ({config.attention} attention, {config.attention_score}, beam {beam})"
     table = metrics.format_table1(scores, config.dataset, name)
-    files.write_text(os.path.join(output_dir, f"table_{FLAGS.split}.md"), table)
+    table_name = captioning.result_name("table", FLAGS.split, config, beam_size, ".md")
+    files.write_text(os.path.join(output_dir, table_name), table)
     print(json.dumps(scores, indent=2, sort_keys=True))
     print(table)
     if stored is not None:

@@ -134,13 +134,19 @@ def evaluate(
     grid = model.grid or (14, 14)
     scores = score_captions(records, results, data.objects, grid, config.image_size, full=True)
     captions = {r.image_id: " ".join(res["words"]) for r, res in zip(records, results, strict=True)}
-    beam = beam_size or config.beam_size
-    suffix = f"_beam{beam}" if beam != config.beam_size else ""
     write_json(
-        os.path.join(workdir, f"captions_{split}{suffix}.json"), metrics.to_coco_results(captions)
+        os.path.join(workdir, result_name("captions", split, config, beam_size, ".json")),
+        metrics.to_coco_results(captions),
     )
-    write_json(os.path.join(workdir, f"metrics_{split}{suffix}.json"), scores)
+    write_json(os.path.join(workdir, result_name("metrics", split, config, beam_size)), scores)
     return scores
+
+
+def result_name(kind, split, config, beam_size=None, extension=".json"):
+    """`<kind>_<split><extension>`, with `_beam<k>` before the extension when
+    `beam_size` overrides the model's own (`config.beam_size`)."""
+    beam = beam_size or config.beam_size
+    return f"{kind}_{split}{f'_beam{beam}' if beam != config.beam_size else ''}{extension}"
 
 
 def check_output_dir(output_dir: str, config: Config) -> None:
