@@ -328,7 +328,9 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         done = np.zeros(2, bool)
         for _ in range(max_length):
             log_probs, state, alpha = model.decoder.step(token, state)
-            word = log_probs.numpy()[:, 2:].argmax(-1) + 2  # never <pad> (0) or <start> (1)
+            allowed = log_probs.numpy().copy()
+            allowed[:, [0, 1, 3]] = -np.inf  # never <pad>, <start> or <unk>
+            word = allowed.argmax(-1)
             log_prob += np.where(done, 0.0, log_probs.numpy()[np.arange(2), word])
             tokens.append(np.where(done, 0, word))
             alphas.append(np.where(done[:, None], 0.0, alpha.numpy()))
@@ -347,12 +349,12 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllEqual(beam_1.tokens, result.tokens)
 
     @parameterized.parameters(1, 3)
-    def test_generate_never_emits_pad_or_start(self, beam_size):
+    def test_generate_never_emits_pad_start_or_unk(self, beam_size):
         batch = _batch(seed=6)
         model = _model()
-        # <pad> and <start> are by far the likeliest words, then word 7, then <end>.
+        # <pad>, <start> and <unk> are by far the likeliest words, then word 7, then <end>.
         bias = np.full(VOCAB, -5.0, np.float32)
-        bias[[0, 1]], bias[7], bias[END] = 20.0, 3.0, 2.0
+        bias[[0, 1, 3]], bias[7], bias[END] = 20.0, 3.0, 2.0
         model.decoder.deep_output.bias.assign(bias)
         model.decoder.deep_output.kernel.assign(np.zeros_like(model.decoder.deep_output.kernel))
         result = model.generate(batch, max_length=4, beam_size=beam_size)
@@ -364,7 +366,7 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
             self.assertAllEqual(result.length, [4, 4])
             self.assertAllClose(result.log_prob, [4 * log_p[7]] * 2, rtol=1e-5)
         else:
-            # Beam search prefers "<end>" (log p -18.7) to four 7s (4 x -17.7).
+            # Beam search prefers "<end>" (log p -19.1) to four 7s (4 x -18.1).
             self.assertAllEqual(result.tokens[:, 0], [END, END])
             self.assertAllEqual(result.tokens[:, 1:], np.zeros((2, 3)))
             self.assertAllEqual(result.length, [0, 0])

@@ -124,6 +124,40 @@ class EfficientNetLiteTest(tf.test.TestCase, parameterized.TestCase):
         )
 
     @parameterized.parameters("lite0", "lite2")
+    def test_output_stride_16_computes_the_skipped_positions(self, variant):
+        # With the last stride-2 block unstrided and the depthwise convolutions after it
+        # dilated by 2, "SAME" padding puts the strided network's output (i, j) at
+        # (2i + 1, 2j + 1) of the dilated one: the same inputs, the same weights. The
+        # strided network is the independent reference for the positions both compute.
+        strided = efficientnet_lite.build_efficientnet_lite(variant, include_top=False)
+        dilated = efficientnet_lite.build_efficientnet_lite(
+            variant, include_top=False, output_stride=16
+        )
+        self.assertEqual(len(strided.weights), len(dilated.weights))
+        rng = np.random.default_rng(3)
+        # Random weights, with positive batch-norm variances.
+        weights = [
+            np.abs(x) + 0.5 if "variance" in w.path else x
+            for w in strided.weights
+            for x in [rng.normal(0.0, 0.3, w.shape).astype(np.float32)]
+        ]
+        strided.set_weights(weights)
+        dilated.set_weights(weights)
+        image = rng.uniform(-1.0, 1.0, (1, 224, 224, 3)).astype(np.float32)
+        coarse = strided(image, training=False).numpy()
+        fine = dilated(image, training=False).numpy()
+        self.assertEqual(coarse.shape, (1, 7, 7, 1280))
+        self.assertEqual(fine.shape, (1, 14, 14, 1280))
+        self.assertGreater(np.abs(coarse).mean(), 0.1)
+        self.assertAllClose(fine[:, 1::2, 1::2], coarse, atol=1e-4, rtol=1e-4)
+        # The positions the strided network skipped are new values, not copies.
+        self.assertGreater(np.abs(fine[:, 0::2, 0::2] - coarse).mean(), 1e-2)
+
+    def test_output_stride_must_be_16_or_32(self):
+        with self.assertRaisesRegex(ValueError, "output_stride=8"):
+            efficientnet_lite.build_efficientnet_lite("lite0", output_stride=8)
+
+    @parameterized.parameters("lite0", "lite2")
     def test_weight_count_matches_state_dict(self, variant):
         model = self._imagenet_model(variant)
         state = torch_weights.load_state_dict(efficientnet_lite.imagenet_weights_path(variant))

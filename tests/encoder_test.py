@@ -26,6 +26,9 @@ GRIDS = {
     "efficientnet_lite2": (260, (17, 17, 120)),
     "efficientnet_lite0_head": (224, (7, 7, 1280)),
     "efficientnet_lite2_head": (260, (9, 9, 1280)),
+    # Output stride 16: the head at twice the resolution (rounded up at odd sizes).
+    "efficientnet_lite0_head_dilated": (224, (14, 14, 1280)),
+    "efficientnet_lite2_head_dilated": (260, (17, 17, 1280)),
 }
 
 

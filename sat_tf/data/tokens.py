@@ -4,3 +4,6 @@ module can name them cheaply."""
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)
 PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3
+# Never emitted by decoding: `<pad>` and `<start>` would misalign the words and the
+# attention rows of a caption, and `<unk>` says nothing a reader can use.
+NEVER_EMITTED = (PAD_ID, START_ID, UNK_ID)

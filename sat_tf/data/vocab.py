@@ -18,6 +18,7 @@ from sat_tf import files
 from sat_tf.data.tokens import (  # noqa: F401 (the vocabulary's names for them)
     END,
     END_ID,
+    NEVER_EMITTED,
     PAD,
     PAD_ID,
     SPECIALS,

@@ -220,10 +220,10 @@ class ShowAttendTell(ResumableModel):
             num_locations=int(features.shape[1]),
         )
         decoder_step = self.decoder.step
-        # `<pad>` and `<start>` are never emitted: the words and the attention rows of a
-        # caption would no longer line up. Their log-probabilities are not renormalised.
+        # `vocab.NEVER_EMITTED` (`<pad>`, `<start>`, `<unk>`) are never emitted; the other
+        # words' log-probabilities are not renormalised.
         banned = np.zeros([self.vocab_size], np.float32)
-        banned[[vocab_lib.PAD_ID, vocab_lib.START_ID]] = -1e9
+        banned[list(vocab_lib.NEVER_EMITTED)] = -1e9
 
         def step_fn(tokens, state):
             log_probs, state, alpha = decoder_step(tokens, state)

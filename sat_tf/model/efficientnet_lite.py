@@ -121,14 +121,19 @@ def preprocess_input(x):
     return (x - 127.0) / 128.0
 
 
-def _conv_bn(x, name, torch_conv, torch_bn, names, filters=None, kernel=1, strides=1):
+def _conv_bn(x, name, torch_conv, torch_bn, names, filters=None, kernel=1, strides=1, dilation=1):
     """Convolution (no bias) and batch norm; `filters=None` makes the convolution depthwise.
 
     Records in `names` the torch module each new layer loads its weights from.
     """
     if filters is None:
         conv = keras.layers.DepthwiseConv2D(
-            kernel, strides, padding="same", use_bias=False, name=name + "dwconv"
+            kernel,
+            strides,
+            padding="same",
+            dilation_rate=dilation,
+            use_bias=False,
+            name=name + "dwconv",
         )
     else:
         conv = keras.layers.Conv2D(
@@ -146,15 +151,29 @@ def _relu6(x, name):
     return keras.layers.ReLU(max_value=6.0, name=name)(x)
 
 
-def _build(variant, include_top, input_shape):
-    """The Keras model and `{keras layer name: torch module name}` for its weights."""
+def _build(variant, include_top, input_shape, output_stride=32):
+    """The Keras model and `{keras layer name: torch module name}` for its weights.
+
+    With `output_stride=16` the last stride-2 block runs at stride 1 and every depthwise
+    convolution after it is dilated by 2, so each sees the neighbourhood it was trained
+    on, at twice the resolution (as segmentation backbones do; the weights are the same).
+    The block that loses its stride keeps its own dilation: unstrided, it computes the
+    outputs the strided one skipped, each from the same neighbourhood.
+    """
     params = _check_variant(variant)
+    if output_stride not in (16, 32):
+        raise ValueError(f"output_stride={output_stride} is not 16 or 32")
     names = {}
     inputs = keras.Input(shape=input_shape or (None, None, 3), name="image")
     x = _conv_bn(inputs, "stem_", "_conv_stem", "_bn0", names, _STEM_FILTERS, 3, 2)
     x = _relu6(x, "stem_activation")
     plan = _block_plan(variant)
+    stride_so_far, dilation, next_dilation = 2, 1, 1
     for prefix, index, kernel, stride, expand, f_in, f_out in plan:
+        dilation = next_dilation
+        if stride_so_far * stride > output_stride:
+            stride, next_dilation = 1, dilation * stride
+        stride_so_far *= stride
         torch_block = f"_blocks.{index}."
         block_input = x
         if expand != 1:
@@ -175,6 +194,7 @@ def _build(variant, include_top, input_shape):
             names,
             kernel=kernel,
             strides=stride,
+            dilation=dilation,
         )
         x = _relu6(x, prefix + "activation")
         x = _conv_bn(
@@ -268,7 +288,9 @@ def _load_torch_weights(model, names, path):
         raise ValueError(f"{path}: tensors that {model.name} has no place for: {unused[:5]}")
 
 
-def build_efficientnet_lite(variant="lite0", weights=None, include_top=True, input_shape=None):
+def build_efficientnet_lite(
+    variant="lite0", weights=None, include_top=True, input_shape=None, output_stride=32
+):
     """Builds EfficientNet-Lite0 or Lite2 (channels last), optionally with ImageNet weights.
 
     Args:
@@ -281,6 +303,9 @@ def build_efficientnet_lite(variant="lite0", weights=None, include_top=True, inp
       input_shape: (H, W, 3); None accepts any size. Training resolution is
         `default_resolution(variant)`, but 224 gives the paper's 14×14 grid at
         `feature_layer_name(variant)`.
+      output_stride: 32 (the network as trained) or 16: the last stride-2 block at
+        stride 1 and the depthwise convolutions after it dilated by 2, so the head
+        (`top_activation`) is 14×14 at 224.
 
     Returns:
       A `keras.Model` taking `preprocess_input` output; its layers are named as in
@@ -292,7 +317,7 @@ def build_efficientnet_lite(variant="lite0", weights=None, include_top=True, inp
         path = imagenet_weights_path(variant)
     elif weights is not None:
         path = os.fspath(weights)
-    model, names = _build(variant, include_top, input_shape)
+    model, names = _build(variant, include_top, input_shape, output_stride)
     if path is not None:
         _load_torch_weights(model, names, path)
     return model

@@ -93,12 +93,16 @@ def _applications(constructor):
     return build
 
 
-def _efficientnet_lite(variant):
+def _efficientnet_lite(variant, output_stride=32):
     def build(weights=None, input_shape=(224, 224, 3)):
         from sat_tf.model import efficientnet_lite
 
         return efficientnet_lite.build_efficientnet_lite(
-            variant, weights=weights, include_top=False, input_shape=input_shape
+            variant,
+            weights=weights,
+            include_top=False,
+            input_shape=input_shape,
+            output_stride=output_stride,
         )
 
     return build
@@ -152,6 +156,19 @@ REGISTRY = {
     ),
     "efficientnet_lite2_head": EncoderSpec(
         _efficientnet_lite("lite2"),
+        "top_activation",
+        _efficientnet_lite_preprocess,
+        image_size=260,
+    ),
+    # The same head at output stride 16 (the last stride-2 block undone, the depthwise
+    # convolutions after it dilated): 14 x 14 x 1280 at 224.
+    "efficientnet_lite0_head_dilated": EncoderSpec(
+        _efficientnet_lite("lite0", output_stride=16),
+        "top_activation",
+        _efficientnet_lite_preprocess,
+    ),
+    "efficientnet_lite2_head_dilated": EncoderSpec(
+        _efficientnet_lite("lite2", output_stride=16),
         "top_activation",
         _efficientnet_lite_preprocess,
         image_size=260,
