@@ -105,13 +105,45 @@ QUICK = {
     "warmup": 1,
     "repeats": 3,
 }
-TRAIN_CASES = {
-    "soft_additive": ("soft", "additive", False),
-    "hard_additive": ("hard", "additive", False),
-    "soft_dot": ("soft", "dot", False),
-    "soft_additive_jit": ("soft", "additive", True),
-    "hard_additive_jit": ("hard", "additive", True),
+# The train step's decoder sizes, each timed in every case of TRAIN_CASES: the paper's
+# (above) and configs/flickr8k_grid14.flags (the 14 x 14 x 1280 dilated Lite0 head,
+# m = 256, n = 512, A = 256, 2,500 words; Flickr8k captions average 11.8 words).
+TRAIN_SHAPES = {
+    "paper": {},
+    "flickr8k_grid14": {
+        "grid": (14, 14),
+        "feature_dim": 1280,
+        "embed_dim": 256,
+        "hidden_dim": 512,
+        "attention_dim": 256,
+        "vocab_words": 2500,
+        "batch": 64,
+        "words": 12,
+    },
 }
+# name: (attention, score, jit_compile, Keras dtype policy)
+TRAIN_CASES = {
+    "soft_additive": ("soft", "additive", False, "float32"),
+    "hard_additive": ("hard", "additive", False, "float32"),
+    "soft_dot": ("soft", "dot", False, "float32"),
+    "soft_additive_jit": ("soft", "additive", True, "float32"),
+    "hard_additive_jit": ("hard", "additive", True, "float32"),
+    "soft_additive_bf16": ("soft", "additive", False, "mixed_bfloat16"),
+    "hard_additive_bf16": ("hard", "additive", False, "mixed_bfloat16"),
+}
+# Cases whose per-op profile the report carries (a profiled run of three steps).
+PROFILED = ("soft_additive", "hard_additive", "soft_additive_bf16", "hard_additive_bf16")
+PROFILE_OPS = 12
+DECODER_SIZES = (
+    "grid",
+    "feature_dim",
+    "embed_dim",
+    "hidden_dim",
+    "attention_dim",
+    "vocab_words",
+    "batch",
+    "words",
+)
 
 
 def stats(values):
@@ -285,14 +317,76 @@ def case_memory_bandwidth(p):
     }
 
 
-def case_train_step(p, attention, score, jit):
+def op_profile(fn, calls=3, top=PROFILE_OPS):
+    """Where `fn`'s time goes: a `tf.profiler` trace of `calls` calls, summed per op.
+
+    Every op kernel the executor runs is one event on a `tf_Compute` line of the host
+    plane, named "<node name>:<op type>"; its duration counts the work it hands to the
+    intra-op threads. Summed over ops (which may overlap on 2 cores), shares are of that
+    sum, seconds per call.
+    """
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    fn()  # traced and warm before the trace starts
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        try:
+            for _ in range(calls):
+                fn()
+        finally:
+            tf.profiler.experimental.stop()
+        paths = [
+            os.path.join(root, name)
+            for root, _, names in os.walk(logdir)
+            for name in names
+            if name.endswith(".xplane.pb")
+        ]
+        space = xplane_pb2.XSpace()
+        with open(paths[0], "rb") as f:
+            space.ParseFromString(f.read())
+    by_type, by_node = {}, {}
+    for plane in space.planes:
+        for line in plane.lines:
+            if not line.name.startswith("tf_Compute"):
+                continue
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                node, _, op = name.rpartition(":")
+                if not node or "::" in name:
+                    continue  # executor and thread-pool bookkeeping, not an op
+                seconds = event.duration_ps / 1e12 / calls
+                by_type[op] = by_type.get(op, 0.0) + seconds
+                by_node[name] = by_node.get(name, 0.0) + seconds
+    total = sum(by_type.values())
+
+    def table(counts):
+        ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+        return [
+            {"op": k, "seconds_per_call": round(v, 6), "share": round(v / total, 4)}
+            for k, v in ranked
+        ]
+
+    return {
+        "op_seconds_per_call": total,
+        "calls": calls,
+        "by_op_type": table(by_type),
+        "by_node": table(by_node),
+    }
+
+
+def case_train_step(p, attention, score, jit, policy="float32", profile=False):
     """The train step, timed in rounds that alternate with three matmul products.
 
-    Its share of the matmul rate is taken within each round (step GFLOP/s over the
-    rate of the products right after it), so that a change of the machine's speed
-    during the run moves both alike; the median over rounds is reported.
+    Its share of the float32 matmul rate is taken within each round (step GFLOP/s over
+    the rate of the products right after it), so that a change of the machine's speed
+    during the run moves both alike; the median over rounds is reported. `policy` is the
+    Keras dtype policy the model is built under (the matmul yardstick stays float32).
     """
-    model = feature_model(p, attention, score)
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        model = feature_model(p, attention, score)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
     step = blocking(tf.function(model.train_step, jit_compile=jit), train_batch(p))
     product, product_gflop = matmul_product(p)
     try:
@@ -310,7 +404,7 @@ def case_train_step(p, attention, score, jit):
     fractions = [
         (gflop / s) / (product_gflop / m) for s, m in zip(seconds, product_seconds, strict=True)
     ]
-    return {
+    report = {
         "seconds_per_step": stats(seconds),
         "captions_per_s": rate(seconds, p["batch"]),
         "batches_per_s": rate(seconds, 1),
@@ -322,6 +416,35 @@ def case_train_step(p, attention, score, jit):
         "parameters": int(sum(np.prod(v.shape) for v in model.trainable_weights)),
         "parameters_analytic": decoder_shape(p, attention, score).parameters(),
     }
+    if profile:
+        report["profile"] = op_profile(step)
+    return report
+
+
+def train_step_cases(p):
+    """Every case of TRAIN_CASES at every size of TRAIN_SHAPES, with each bfloat16 and
+    XLA case's speed-up over its float32 graph-mode twin measured in the same run."""
+    results = {}
+    for shape_name, sizes in TRAIN_SHAPES.items():
+        shape_p = {**p, **sizes} if p is FULL else p
+        cases = results[shape_name] = {"sizes": {k: shape_p[k] for k in DECODER_SIZES}}
+        for name, (attention, score, jit, policy) in TRAIN_CASES.items():
+            cases[name] = guarded(
+                lambda sp=shape_p, a=attention, s=score, j=jit, q=policy, n=name: case_train_step(
+                    sp, a, s, j, q, profile=n in PROFILED
+                )
+            )
+        for name, (attention, score, jit, policy) in TRAIN_CASES.items():
+            twin = f"{attention}_{score}"
+            if (jit or policy != "float32") and "error" not in cases[name]:
+                base = cases.get(twin, {}).get("seconds_per_step", {}).get("median")
+                if base:
+                    cases[name]["speedup_over_" + twin] = (
+                        base / cases[name]["seconds_per_step"]["median"]
+                    )
+        if p is not FULL:
+            break  # --quick: one small shape
+    return results
 
 
 def decode_model(p):
@@ -849,8 +972,8 @@ def run(quick, only=CASES, preset_name=None, data_dir=FLICKR8K, limit=0):
         "mode": "quick" if quick else "full",
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in p.items()},
         "train_cases": {
-            name: {"attention": attention, "score": score, "jit_compile": jit}
-            for name, (attention, score, jit) in TRAIN_CASES.items()
+            name: {"attention": attention, "score": score, "jit_compile": jit, "policy": policy}
+            for name, (attention, score, jit, policy) in TRAIN_CASES.items()
         },
         "cases": {},
     }
@@ -860,9 +983,7 @@ def run(quick, only=CASES, preset_name=None, data_dir=FLICKR8K, limit=0):
         cases["matmul"] = guarded(lambda: case_matmul(p))
     train = {}
     if "train_step" in only:
-        train = cases["train_step"] = {}
-        for name, (attention, score, jit) in TRAIN_CASES.items():
-            train[name] = guarded(lambda a=attention, s=score, j=jit: case_train_step(p, a, s, j))
+        train = cases["train_step"] = train_step_cases(p)
         cases["peak_rss_mb_after_train_step"] = peak_rss_mb()
     bandwidth = None
     if "memory_bandwidth" in only:
@@ -873,7 +994,9 @@ def run(quick, only=CASES, preset_name=None, data_dir=FLICKR8K, limit=0):
     if "extract" in only:
         cases["extract"] = guarded(lambda: case_extract(p))
     if "input_pipeline" in only:
-        train_rate = train.get("soft_additive", {}).get("batches_per_s", {}).get("median")
+        train_rate = (
+            train.get("paper", {}).get("soft_additive", {}).get("batches_per_s", {}).get("median")
+        )
         cases["input_pipeline"] = guarded(lambda: case_input_pipeline(p, train_rate))
     if "serve" in only:
         cases["serve"] = guarded(lambda: case_serve(p))

@@ -15,9 +15,9 @@ step in three schedules: `step` (decoding, one word at a time), and under teache
 `call`, where everything that does not depend on t runs once outside the recurrence
 (`W_a a`, the embedding half of the gates, the deep output over all steps) and the
 h-dependent projections share one product over the fused kernel. Soft attention in
-float32 runs the fused recurrence of `recurrence.py`, whose hand-written backward pass
-computes the kernel gradients once over all steps; hard attention, the ablation and
-mixed precision run the autodiff loop.
+float32 or bfloat16 runs the fused recurrence of `recurrence.py`, whose hand-written
+backward pass computes the kernel gradients once over all steps; hard attention, the
+ablation and float16 run the autodiff loop.
 """
 
 import keras
@@ -224,12 +224,13 @@ class AttentionDecoder(keras.layers.Layer):
         word_gates = tf.transpose(self.lstm_embed(embedded), [1, 0, 2])  # (T, B, 4n)
         state = self.initial_state(features)
         if self.uses_recurrence() and not autodiff:
+            # One dtype for every input, also when only this layer has a mixed policy
+            # and its sublayers compute in float32.
+            read = [tf.cast(x, self.compute_dtype) for x in (word_gates, state["projected"])]
+            read += [state["features"], tf.cast(state["h"], read[0].dtype)]
             hs, zs, alphas = recurrence.soft_attention_recurrence(
-                word_gates,
-                state["projected"],
-                state["features"],
-                state["h"],
-                state["c"],
+                *read,
+                tf.cast(state["c"], read[0].dtype),
                 tf.concat(self._hidden_kernels(), axis=1),
                 self._read(self.lstm_context.kernel),
                 self._gate_bias(),
@@ -301,8 +302,8 @@ class AttentionDecoder(keras.layers.Layer):
 
     def uses_recurrence(self):
         """Whether `call` runs `recurrence.soft_attention_recurrence`: soft attention in
-        float32. Mixed precision keeps the autodiff loop."""
-        return self.attention == "soft" and self.compute_dtype == "float32"
+        float32 or bfloat16 (`mixed_bfloat16`). float16 keeps the autodiff loop."""
+        return self.attention == "soft" and self.compute_dtype in ("float32", "bfloat16")
 
     def _outputs(self, embedded, hs, zs, alphas, training):
         """Logits and alpha from the time-major (T, B, .) states of the recurrence."""

@@ -12,9 +12,12 @@ attention inputs `W_a a` (dot score) and a, rank T in each image, are likewise o
 batched product over t each; those of the additive score's tanh layer are summed step
 by step.
 
-`AttentionDecoder.call` uses it for soft attention in float32, also under `jit_compile`
-and `tf.distribute`; under mixed precision it keeps the autodiff loop, whose casts
-this function does not repeat.
+`AttentionDecoder.call` uses it for soft attention in float32 and under the
+`mixed_bfloat16` policy, also under `jit_compile` and `tf.distribute`. In bfloat16 the
+attention weights stay float32 as in `step.attention_step` (the softmax and its
+gradient run in float32), and so do the sums over B T that give the gate bias's and
+v's gradients; every other product and element-wise pass runs in bfloat16, as the
+autodiff loop of the same policy runs them. float16 keeps the autodiff loop.
 """
 
 import tensorflow as tf
@@ -46,6 +49,12 @@ def _lstm_backward(gates, c_prev, c, dh, dc):
     return d_gates, dc * f
 
 
+def alpha_dtype(dtype):
+    """The dtype of the attention weights for inputs of `dtype`: float32 for the 16-bit
+    types, whose softmax `step.attention_step` runs in float32; else `dtype`."""
+    return tf.float32 if dtype in (tf.bfloat16, tf.float16) else dtype
+
+
 def soft_attention_recurrence(
     gates_x,
     projected,
@@ -62,6 +71,7 @@ def soft_attention_recurrence(
     Every input is a tensor of one float dtype (read variables before the call);
     gradients with respect to all of them come from a hand-written backward pass, which
     also takes the gradients of `alphas` (the doubly stochastic penalty, §4.2.1).
+    `alphas` are float32 when the inputs are bfloat16 or float16 (`alpha_dtype`).
 
     Args:
       gates_x: (T, B, 4n) the word half of the LSTM gates, bias included.
@@ -79,6 +89,7 @@ def soft_attention_recurrence(
     Returns:
       hs (T, B, n), zs (T, B, D) the gated contexts, alphas (T, B, L).
     """
+    alpha_type = alpha_dtype(gates_x.dtype)
     additive = score_kernel is not None
     n4 = context_kernel.shape[1]
     layout = step.HiddenLayout(n4, projected.shape[-1] if additive else 0, gated=True)
@@ -118,7 +129,10 @@ def soft_attention_recurrence(
                 pres.write(t, out.score_hidden) if additive else pres,
             )
 
-        arrays = tuple(tf.TensorArray(dtype, size=steps) for _ in range(7))
+        # Saved per step: h, z, alpha, c, gates, context, beta.
+        arrays = tuple(
+            tf.TensorArray(alpha_type if i == 2 else dtype, size=steps) for i in range(7)
+        )
         # The tanh layers of the additive score, (B, L, A) per step and by far the most
         # memory kept, stay unstacked: stacking would copy them.
         pres = tf.TensorArray(dtype, size=steps) if additive else ()
@@ -149,15 +163,18 @@ def soft_attention_recurrence(
                 d_beta = tf.reduce_sum(d_z * context, -1, keepdims=True)  # (B, 1)
                 d_beta_logit = tf.raw_ops.SigmoidGrad(y=beta, dy=d_beta)
                 d_context = d_z * beta
-                d_alpha = d_alphas[t] + tf.einsum("bld,bd->bl", features, d_context)
+                d_alpha = d_alphas[t] + tf.cast(
+                    tf.einsum("bld,bd->bl", features, d_context), alpha_type
+                )
                 d_scores = alpha * (d_alpha - tf.reduce_sum(alpha * d_alpha, -1, keepdims=True))
+                d_scores = tf.cast(d_scores, dtype)
                 if additive:
                     pre = pres.read(t)
                     d_pre = tf.raw_ops.TanhGrad(
                         y=pre, dy=d_scores[:, :, None] * kernels[3][:, 0]
                     )  # (B, L, A)
                     d_projected += d_pre
-                    d_score_kernel += tf.einsum("bl,bla->a", d_scores, pre)
+                    d_score_kernel += tf.cast(tf.einsum("bl,bla->a", d_scores, pre), alpha_type)
                     d_p = layout.join(d_gates, tf.reduce_sum(d_pre, 1), d_beta_logit)
                     dh = tf.matmul(d_p, hidden_kernel_t)
                 else:
@@ -170,7 +187,9 @@ def soft_attention_recurrence(
 
             d_arrays = tuple(tf.TensorArray(dtype, size=steps) for _ in range(3))
             d_projected = tf.zeros_like(projected) if additive else tf.zeros([], dtype)
-            d_score_kernel = tf.zeros_like(kernels[3][:, 0]) if additive else tf.zeros([], dtype)
+            d_score_kernel = (
+                tf.zeros(kernels[3].shape[:1], alpha_type) if additive else tf.zeros([], dtype)
+            )
             loop_vars = (steps - 1, tf.zeros_like(h0), tf.zeros_like(c0))
             loop_vars += (d_projected, d_score_kernel, d_arrays)
             _, d_h0, d_c0, d_projected, d_score_kernel, d_arrays = tf.while_loop(
@@ -189,11 +208,12 @@ def soft_attention_recurrence(
                 tf.reshape(d_gates_x, [-1, n4]),  # (T B, 4n)
                 transpose_a=True,
             )
-            d_beta_bias = tf.reshape(tf.reduce_sum(d_p[:, :, -1]), [1])
-            d_features = tf.einsum("tbl,tbd->bld", alphas, d_contexts)
+            d_beta_bias = tf.reduce_sum(tf.cast(d_p[:, :, -1], alpha_type))
+            d_beta_bias = tf.cast(tf.reshape(d_beta_bias, [1]), dtype)
+            d_features = tf.einsum("tbl,tbd->bld", tf.cast(alphas, dtype), d_contexts)
             d_kernels = [d_hidden_kernel, d_context_kernel, d_beta_bias]
             if additive:
-                d_kernels.append(d_score_kernel[:, None])
+                d_kernels.append(tf.cast(d_score_kernel[:, None], dtype))
             else:
                 d_projected = tf.einsum("tbl,tbu->blu", d_scores, h_prev)
             return [d_gates_x, d_projected, d_features, d_h0, d_c0, *d_kernels]
