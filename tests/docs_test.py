@@ -10,6 +10,8 @@ from absl.testing import absltest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DESIGN = os.path.join("docs", "design.md")
+# Larger files are data, not text that cites the page.
+MAX_TEXT_BYTES = 4 * 1024**2
 BINARY_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".npz", ".h5", ".pb", ".tflite", ".gz")
 
 SECTION = re.compile(r"^(##|###) (\d+)\.(\d+)?\s")
@@ -110,11 +112,14 @@ def repository_files():
 
 
 def read_text(path):
-    """The file's text, or None for a binary or unreadable file."""
-    if path.lower().endswith(BINARY_SUFFIXES):
+    """The file's text, or None for a binary, unreadable or very large file."""
+    full = os.path.join(ROOT, path)
+    if path.lower().endswith(BINARY_SUFFIXES) or not os.path.isfile(full):
+        return None
+    if os.path.getsize(full) > MAX_TEXT_BYTES:
         return None
     try:
-        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        with open(full, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError):
         return None
