@@ -1,6 +1,6 @@
 """Analytic work counts of the decoder (paper §3.1.2, §4) for the benchmarks.
 
-Notation as in DESIGN.md §1: L annotation vectors of size D, word embedding m, LSTM size
+Notation as in docs/design.md §1.1: L annotation vectors of size D, word embedding m, LSTM size
 n, additive-score width A, output vocabulary V, batch B, T decoder steps (the caption's
 words and `<end>`). A matrix product of (r, k) by (k, c) costs 2 r k c FLOPs; every
 elementwise operation (add, multiply, tanh, sigmoid, exp, log, compare) costs 1 FLOP per

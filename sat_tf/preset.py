@@ -1,6 +1,6 @@
 """Presets: trained captioners that the package ships or downloads, loaded by one call.
 
-A preset is a folder (DESIGN.md §9):
+A preset is a folder (docs/design.md §8):
 
   weights.npz     the model's weights in float16, keyed by variable path without the
                   model's name (`decoder/init_h/kernel`); read without pickle. The

@@ -1,4 +1,4 @@
-"""Training under `tf.distribute` and mixed precision (DESIGN.md §3).
+"""Training under `tf.distribute` and mixed precision (docs/design.md §5.5).
 
 Logical devices, `TF_CONFIG` and the global dtype policy must be set before TensorFlow
 starts, so every case runs this file as a script in a fresh process

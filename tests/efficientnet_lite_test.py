@@ -23,7 +23,7 @@ def _weights_or_skip(test, variant):
 
 
 def _resize_and_crop(image, side=256, crop=224):
-    """Shortest side to `side`, then the central `crop` × `crop` (DESIGN.md §2)."""
+    """Shortest side to `side`, then the central `crop` × `crop` (docs/design.md §4.4)."""
     pil = Image.fromarray(image)
     scale = side / min(pil.size)
     pil = pil.resize((round(pil.width * scale), round(pil.height * scale)), Image.BICUBIC)

@@ -35,7 +35,7 @@ The Flickr image folder may also be named `Flickr8k_Dataset/` or `Images/` (Flic
 `flickr30k_images/` or `Images/` (Flickr30k), as other mirrors unpack them; the first
 folder that exists is used.
 
-Bad input policy (DESIGN.md §8), the same for every reader:
+Bad input policy (docs/design.md §10.3), the same for every reader:
   * A file that cannot be read, is not valid UTF-8 (strict decoding; no replacement, the
     error names the file and the line), is not valid JSON, lacks a required key (the
     error names the key and the entry index) or a token-file line without a tab or

@@ -139,7 +139,7 @@ def pointing_accuracy(
     shape; where several match, by the location words, then the size), the attention
     alpha_t that produced the word (Sec. 3.1.2) is reduced to its argmax location; it is a
     hit when that grid cell's centre, in image pixels, lies inside the object's box grown
-    by half a grid cell on each side (DESIGN.md §2).
+    by half a grid cell on each side (docs/design.md §6.2).
 
     A decoder may look at the object while producing the size or colour word and carry
     what it saw to the shape word in its memory; which word of the phrase carries the look

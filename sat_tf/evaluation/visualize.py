@@ -221,7 +221,7 @@ def attention_figure(
 def coarse_location(row: int, col: int, grid: tuple[int, int]) -> str:
     """Names the third of the image a grid cell's centre falls in: "top left", "center", ...
 
-    Uses the nine location words of the shapes dataset (DESIGN.md §2).
+    Uses the nine location words of the shapes dataset (docs/design.md §4.2).
     """
     vertical = _ROWS[min(2, int(3 * (row + 0.5) / grid[0]))]
     horizontal = _COLS[min(2, int(3 * (col + 0.5) / grid[1]))]

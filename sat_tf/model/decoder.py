@@ -167,7 +167,7 @@ class AttentionDecoder(keras.layers.Layer):
 
         The projections of h_{t-1} run as one product per kernel: at batch 1 joining the
         kernels on every call would copy them, which costs as much as the products.
-        Hard attention attends at `argmax_i alpha_ti` (DESIGN §1).
+        Hard attention attends at `argmax_i alpha_ti` (docs/design.md §1.4).
 
         Args:
           tokens: (B,) int32 previous words.

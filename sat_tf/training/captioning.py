@@ -95,7 +95,7 @@ def score_captions(records, results, objects=None, grid=(14, 14), image_size=112
       records: the captioned records.
       results: output of `caption_records`.
       objects: shapes object metadata keyed by image id, for pointing / location
-        accuracy (DESIGN.md §2).
+        accuracy (docs/design.md §6.2).
       grid, image_size: attention grid and image size for pointing accuracy.
       full: all coco-caption metrics (Java for METEOR) instead of BLEU-4 alone.
 
