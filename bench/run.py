@@ -121,15 +121,28 @@ TRAIN_SHAPES = {
         "words": 12,
     },
 }
-# name: (attention, score, jit_compile, Keras dtype policy)
+# name: (attention, score, jit_compile, Keras dtype policy, schedule). The schedule
+# "autodiff" runs soft attention through the decoder's autodiff loop instead of the
+# fused recurrence: the baseline each fused case's speed-up is measured against.
 TRAIN_CASES = {
-    "soft_additive": ("soft", "additive", False, "float32"),
-    "hard_additive": ("hard", "additive", False, "float32"),
-    "soft_dot": ("soft", "dot", False, "float32"),
-    "soft_additive_jit": ("soft", "additive", True, "float32"),
-    "hard_additive_jit": ("hard", "additive", True, "float32"),
-    "soft_additive_bf16": ("soft", "additive", False, "mixed_bfloat16"),
-    "hard_additive_bf16": ("hard", "additive", False, "mixed_bfloat16"),
+    "soft_additive": ("soft", "additive", False, "float32", "fused"),
+    "soft_additive_autodiff": ("soft", "additive", False, "float32", "autodiff"),
+    "hard_additive": ("hard", "additive", False, "float32", "fused"),
+    "soft_dot": ("soft", "dot", False, "float32", "fused"),
+    "soft_additive_jit": ("soft", "additive", True, "float32", "fused"),
+    "hard_additive_jit": ("hard", "additive", True, "float32", "fused"),
+    "soft_additive_bf16": ("soft", "additive", False, "mixed_bfloat16", "fused"),
+    "soft_additive_bf16_autodiff": ("soft", "additive", False, "mixed_bfloat16", "autodiff"),
+    "hard_additive_bf16": ("hard", "additive", False, "mixed_bfloat16", "fused"),
+}
+# case: the cases its speed-up is measured over (differing in one setting).
+SPEEDUP_BASELINES = {
+    "soft_additive": ("soft_additive_autodiff",),
+    "soft_additive_jit": ("soft_additive",),
+    "hard_additive_jit": ("hard_additive",),
+    "soft_additive_bf16": ("soft_additive", "soft_additive_bf16_autodiff"),
+    "soft_additive_bf16_autodiff": ("soft_additive_autodiff",),
+    "hard_additive_bf16": ("hard_additive",),
 }
 # Cases whose per-op profile the report carries (a profiled run of three steps).
 PROFILED = ("soft_additive", "hard_additive", "soft_additive_bf16", "hard_additive_bf16")
@@ -374,7 +387,7 @@ def op_profile(fn, calls=3, top=PROFILE_OPS):
     }
 
 
-def case_train_step(p, attention, score, jit, policy="float32", profile=False):
+def case_train_step(p, attention, score, jit, policy="float32", schedule="fused", profile=False):
     """The train step, timed in rounds that alternate with three matmul products.
 
     Its share of the float32 matmul rate is taken within each round (step GFLOP/s over
@@ -387,6 +400,8 @@ def case_train_step(p, attention, score, jit, policy="float32", profile=False):
         model = feature_model(p, attention, score)
     finally:
         keras.mixed_precision.set_global_policy("float32")
+    if schedule == "autodiff":
+        model.decoder.uses_recurrence = lambda: False
     step = blocking(tf.function(model.train_step, jit_compile=jit), train_batch(p))
     product, product_gflop = matmul_product(p)
     try:
@@ -422,26 +437,24 @@ def case_train_step(p, attention, score, jit, policy="float32", profile=False):
 
 
 def train_step_cases(p):
-    """Every case of TRAIN_CASES at every size of TRAIN_SHAPES, with each bfloat16 and
-    XLA case's speed-up over its float32 graph-mode twin measured in the same run."""
+    """Every case of TRAIN_CASES at every size of TRAIN_SHAPES, each case of
+    SPEEDUP_BASELINES with its speed-up over its baselines, measured in the same run."""
     results = {}
     for shape_name, sizes in TRAIN_SHAPES.items():
         shape_p = {**p, **sizes} if p is FULL else p
         cases = results[shape_name] = {"sizes": {k: shape_p[k] for k in DECODER_SIZES}}
-        for name, (attention, score, jit, policy) in TRAIN_CASES.items():
+        for name, settings in TRAIN_CASES.items():
             cases[name] = guarded(
-                lambda sp=shape_p, a=attention, s=score, j=jit, q=policy, n=name: case_train_step(
-                    sp, a, s, j, q, profile=n in PROFILED
+                lambda sp=shape_p, s=settings, n=name: case_train_step(
+                    sp, *s, profile=n in PROFILED
                 )
             )
-        for name, (attention, score, jit, policy) in TRAIN_CASES.items():
-            twin = f"{attention}_{score}"
-            if (jit or policy != "float32") and "error" not in cases[name]:
-                base = cases.get(twin, {}).get("seconds_per_step", {}).get("median")
-                if base:
-                    cases[name]["speedup_over_" + twin] = (
-                        base / cases[name]["seconds_per_step"]["median"]
-                    )
+        for name, baselines in SPEEDUP_BASELINES.items():
+            for base in baselines:
+                mine = cases[name].get("seconds_per_step", {}).get("median")
+                then = cases[base].get("seconds_per_step", {}).get("median")
+                if mine and then:
+                    cases[name]["speedup_over_" + base] = then / mine
         if p is not FULL:
             break  # --quick: one small shape
     return results
@@ -972,8 +985,10 @@ def run(quick, only=CASES, preset_name=None, data_dir=FLICKR8K, limit=0):
         "mode": "quick" if quick else "full",
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in p.items()},
         "train_cases": {
-            name: {"attention": attention, "score": score, "jit_compile": jit, "policy": policy}
-            for name, (attention, score, jit, policy) in TRAIN_CASES.items()
+            name: dict(
+                zip(("attention", "score", "jit_compile", "policy", "schedule"), s, strict=True)
+            )
+            for name, s in TRAIN_CASES.items()
         },
         "cases": {},
     }
