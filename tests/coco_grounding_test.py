@@ -220,11 +220,12 @@ def test_none_attention_model_gives_uniform_alpha(photos):
     model = build_model(config, 20, (12, 8), grid=(3, 4))
     features = np.random.default_rng(0).normal(size=(1, 12, 8)).astype(np.float32)
     out = model.generate({"features": tf.constant(features)}, max_length=6, beam_size=2)
-    alpha = out.attention.numpy()[0]  # (T, 12)
+    # Row t made word t; the row after the last word made `<end>` (if it came).
+    alpha = out.attention.numpy()[0, : int(out.length[0]) + 1]  # (n + 1, 12)
     assert np.all(alpha == alpha[:, :1])
-    words = ["man", "and", "a", "dog", "man", "dog"]
+    words = ["man", "dog"] * 3
     result = cg.coco_grounding(photos[:1], [words], [alpha], cg.Geometry(40, 1.0, (3, 4)))
-    assert result["words"] == 4
+    assert result["words"] == len(alpha)
     assert result["hit"] == result["random"]
     assert result["mass"] == pytest.approx(result["area_share"], abs=1e-6)
 
@@ -281,6 +282,17 @@ def test_crop_moves_the_cells(photos):
     x0, x1 = 25 * 200 / 107, 81 * 200 / 107
     assert crop["area_share"] == pytest.approx((100 - x0) / (x1 - x0))
     assert crop["mass"] == pytest.approx(1.0) and crop["random"] == 0.5
+
+
+def test_no_scored_word_gives_no_rates(photos):
+    result = cg.coco_grounding(
+        photos,
+        [["a", "cat"], []],
+        [np.ones((2, 12)), np.ones((0, 12))],
+        cg.Geometry(40, 1.0, (3, 4)),
+    )
+    assert (result["words"], result["absent"], result["hit"], result["mass"]) == (0, 1, None, None)
+    assert "| **all** | 0 | 0 | - | - | - | - | - |" in cg.format_table(result)
 
 
 def test_attention_of_the_wrong_shape_is_refused(photos):

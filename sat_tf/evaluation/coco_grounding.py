@@ -517,7 +517,7 @@ SCORES = ("hit", "centre", "random", "mass", "area_share")
 def _summary(rows: list[dict]) -> dict:
     summary = {"words": len(rows), "photos": len({r["image_id"] for r in rows})}
     for key in SCORES:
-        summary[key] = float(np.mean([r[key] for r in rows])) if rows else 0.0
+        summary[key] = float(np.mean([r[key] for r in rows])) if rows else None
     return summary
 
 
@@ -544,8 +544,9 @@ def coco_grounding(
 
     Returns:
       {"photos": captioned photos, "words", "photos_scored", "absent", the `SCORES`
-      over all scored words, "per_category": {name: {"words", "photos", SCORES...}}
-      (most words first), "scored": one dict per scored word}.
+      over all scored words (None when no word was scored), "per_category": {name:
+      {"words", "photos", SCORES...}} (most words first), "scored": one dict per scored
+      word}.
 
     Raises:
       ValueError: if the lists differ in length or an alpha does not fit the grid.
@@ -651,7 +652,7 @@ def format_table(result: dict, top: int = 12) -> str:
     ]
 
     def line(name, s):
-        rates = " | ".join(f"{s[k]:.3f}" for k in SCORES)
+        rates = " | ".join("-" if s[k] is None else f"{s[k]:.3f}" for k in SCORES)
         return f"| {name} | {s['words']} | {s['photos']} | {rates} |"
 
     overall = {k: result[k] for k in SCORES} | {
