@@ -352,6 +352,16 @@ def test_unreadable_or_missing_files_are_named(tmp_path):
         cg.load_coco_dir(str(tmp_path))
 
 
+def test_photo_turned_by_exif_is_refused(tmp_path):
+    _write_coco(str(tmp_path))
+    image = Image.new("RGB", (100, 60))
+    exif = image.getexif()
+    exif[0x0112] = 6  # turned 90 degrees clockwise when shown upright
+    image.save(tmp_path / "val2017" / "one.jpg", exif=exif)
+    with pytest.raises(ValueError, match=r"1 photo\(s\) .* EXIF orientation .*one.jpg"):
+        cg.load_coco_dir(str(tmp_path))
+
+
 @pytest.mark.skipif(not os.path.isdir(DEV_SET), reason="no ../shared/data/coco-mini-train")
 def test_script_on_the_shipped_preset(tmp_path):
     output = tmp_path / "grounding.json"

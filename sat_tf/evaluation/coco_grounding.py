@@ -311,7 +311,8 @@ def read_instances(annotations: str, image_dir: str) -> list[Photo]:
     Raises:
       ValueError: naming the file (and entry) when it is missing, not JSON, lacks a key,
         has a malformed box or refers to an unknown photo or category; naming the photos
-        that are missing from `image_dir`.
+        that are missing from `image_dir` or that an EXIF orientation turns (the encoder
+        would see them turned against their boxes).
     """
     data = _load_json(annotations)
     images = _entries(data, "images", ("id", "file_name", "width", "height"), annotations)
@@ -351,7 +352,20 @@ def read_instances(annotations: str, image_dir: str) -> list[Photo]:
             f"{len(missing)} photo(s) of {annotations!r} are missing from {image_dir!r}:"
             f"\n  {listed}"
         )
+    turned = [p.path for p in photos if _orientation(p.path) != 1]
+    if turned:
+        raise ValueError(
+            f"{len(turned)} photo(s) of {annotations!r} carry an EXIF orientation that the "
+            "encoder turns them by, while the boxes are in the stored frame; turn the files "
+            f"upright and their boxes with them: {', '.join(turned[:10])}"
+        )
     return photos
+
+
+def _orientation(path: str) -> int:
+    """The EXIF orientation that `image_io.decode_upright` applies to a file (1: none)."""
+    with open(path, "rb") as f:
+        return int(image_io.exif_orientation(f.read()))
 
 
 def load_coco_dir(coco_dir: str) -> list[Photo]:
