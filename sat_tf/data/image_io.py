@@ -169,14 +169,36 @@ def resize_and_crop(image, image_size, crop_fraction=224 / 256):
     image = tf.cast(image, tf.float32)
     if crop_fraction >= 1.0:
         return tf.image.resize(image, [image_size, image_size], antialias=True)
-    shape = tf.cast(tf.shape(image)[-3:-1], tf.float32)
-    scale = (image_size / crop_fraction) / tf.reduce_min(shape)
-    new_size = tf.maximum(tf.cast(tf.round(shape * scale), tf.int32), image_size)
+    new_size, top, left = crop_window(tf.shape(image)[-3:-1], image_size, crop_fraction)
     image = tf.image.resize(image, new_size, antialias=True)
-    top = (new_size[0] - image_size) // 2
-    left = (new_size[1] - image_size) // 2
     image = image[..., top : top + image_size, left : left + image_size, :]
     return tf.ensure_shape(image, [*image.shape[:-3], image_size, image_size, 3])
+
+
+def crop_window(shape, image_size, crop_fraction=224 / 256):
+    """Where `resize_and_crop` cuts its square: the size the image is resized to first
+    and the corner of the kept `image_size` square in the resized image.
+
+    The resized image spans the same frame as the original (`tf.image.resize`), so the
+    square shows the original's pixels `[left, left + image_size) * width / new_width`
+    across and likewise down.
+
+    Args:
+      shape: int (2,) tensor or sequence, (height, width) of the image.
+      image_size, crop_fraction: see `resize_and_crop`.
+
+    Returns:
+      (new_size int32 (2,) (height, width), top, left) int32 tensors; for crop_fraction
+      1.0 new_size is (image_size, image_size) and top = left = 0.
+    """
+    if crop_fraction >= 1.0:
+        return tf.constant([image_size, image_size]), tf.constant(0), tf.constant(0)
+    shape = tf.cast(shape, tf.float32)
+    scale = (image_size / crop_fraction) / tf.reduce_min(shape)
+    new_size = tf.maximum(tf.cast(tf.round(shape * scale), tf.int32), image_size)
+    top = (new_size[0] - image_size) // 2
+    left = (new_size[1] - image_size) // 2
+    return new_size, top, left
 
 
 def _path_problem(path):

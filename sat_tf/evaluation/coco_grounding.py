@@ -1,0 +1,682 @@
+"""Where attention looks on real photos: a pointing metric over COCO instance boxes.
+
+Show, Attend and Tell (Xu et al., 2015, §5.4, Fig. 3) shows attention maps; this module
+scores them. For every generated word that names a COCO category present in the photo
+(`SYNONYMS` maps caption words to category names), the attention alpha_t that produced
+the word (§3.1.2) is mapped back onto the photo exactly as the encoder saw it
+(`image_io.crop_window`: resize, centre crop) and compared with that category's boxes:
+
+- hit: the centre of the argmax cell lies inside a box (ties: the share of the tied
+  cells whose centre does);
+- mass: the attention inside the union of the boxes, each cell a rectangle of the photo,
+  sum_i alpha_i * area(cell_i ∩ boxes) / area(cell_i), computed exactly;
+
+beside what the same words get from maps that do not look:
+
+- centre: the cell that holds the centre of the frame (for an even side the centre lies
+  on a cell border; the two cells of that side that touch it count half each, so on a
+  14 x 14 grid the four middle cells count a quarter each);
+- random: a uniformly drawn cell, in expectation: the share of cells whose centre lies
+  inside a box (exact, no sampling). A `none` model's uniform alpha ties every cell, so
+  its hit equals this baseline;
+- area_share: the share of the seen frame that the boxes cover, which is the mass a
+  uniform map puts inside them.
+
+The shapes set's metric (`grounding.pointing_accuracy`) asks the same question of
+synthetic images; here the boxes come from COCO-format `instances_*.json` files.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import glob
+import json
+import os
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from sat_tf.data import image_io
+
+# The 80 category names of COCO 2014/2017 instance annotations, in category-id order.
+COCO_CATEGORIES = (
+    "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat",
+    "traffic light", "fire hydrant", "stop sign", "parking meter", "bench", "bird", "cat",
+    "dog", "horse", "sheep", "cow", "elephant", "bear", "zebra", "giraffe", "backpack",
+    "umbrella", "handbag", "tie", "suitcase", "frisbee", "skis", "snowboard", "sports ball",
+    "kite", "baseball bat", "baseball glove", "skateboard", "surfboard", "tennis racket",
+    "bottle", "wine glass", "cup", "fork", "knife", "spoon", "bowl", "banana", "apple",
+    "sandwich", "orange", "broccoli", "carrot", "hot dog", "pizza", "donut", "cake", "chair",
+    "couch", "potted plant", "bed", "dining table", "toilet", "tv", "laptop", "mouse",
+    "remote", "keyboard", "cell phone", "microwave", "oven", "toaster", "sink",
+    "refrigerator", "book", "clock", "vase", "scissors", "teddy bear", "hair drier",
+    "toothbrush",
+)  # fmt: skip
+
+SYNONYMS = {
+    # person
+    "person": "person", "persons": "person", "people": "person",
+    "man": "person", "men": "person", "woman": "person", "women": "person",
+    "boy": "person", "boys": "person", "girl": "person", "girls": "person",
+    "child": "person", "children": "person", "kid": "person", "kids": "person",
+    "baby": "person", "babies": "person", "toddler": "person", "toddlers": "person",
+    "guy": "person", "guys": "person", "lady": "person", "ladies": "person",
+    "gentleman": "person", "gentlemen": "person", "adult": "person", "adults": "person",
+    "teenager": "person", "teenagers": "person", "teen": "person", "teens": "person",
+    "player": "person", "players": "person", "skier": "person", "skiers": "person",
+    "surfer": "person", "surfers": "person", "snowboarder": "person",
+    "snowboarders": "person", "skateboarder": "person", "skateboarders": "person",
+    "biker": "person", "bikers": "person", "cyclist": "person", "cyclists": "person",
+    "rider": "person", "riders": "person", "runner": "person", "runners": "person",
+    "swimmer": "person", "swimmers": "person", "climber": "person", "climbers": "person",
+    "dancer": "person", "dancers": "person", "athlete": "person", "athletes": "person",
+    "batter": "person", "catcher": "person", "umpire": "person", "tourist": "person",
+    "tourists": "person", "pedestrian": "person", "pedestrians": "person",
+    "worker": "person", "workers": "person", "soldier": "person", "soldiers": "person",
+    "crowd": "person", "someone": "person",
+    # vehicles
+    "bicycle": "bicycle", "bicycles": "bicycle", "bike": "bicycle", "bikes": "bicycle",
+    "car": "car", "cars": "car", "taxi": "car", "taxis": "car",
+    "motorcycle": "motorcycle", "motorcycles": "motorcycle", "motorbike": "motorcycle",
+    "motorbikes": "motorcycle", "dirt bike": "motorcycle", "dirt bikes": "motorcycle",
+    "airplane": "airplane", "airplanes": "airplane", "plane": "airplane",
+    "planes": "airplane", "aeroplane": "airplane", "aeroplanes": "airplane",
+    "jet": "airplane", "jets": "airplane", "airliner": "airplane", "aircraft": "airplane",
+    "bus": "bus", "buses": "bus", "busses": "bus",
+    "train": "train", "trains": "train", "locomotive": "train",
+    "truck": "truck", "trucks": "truck",
+    "boat": "boat", "boats": "boat", "ship": "boat", "ships": "boat", "sailboat": "boat",
+    "sailboats": "boat", "kayak": "boat", "kayaks": "boat", "canoe": "boat",
+    "canoes": "boat", "yacht": "boat", "yachts": "boat",
+    # outdoor
+    "traffic light": "traffic light", "traffic lights": "traffic light",
+    "stoplight": "traffic light", "stoplights": "traffic light",
+    "fire hydrant": "fire hydrant", "fire hydrants": "fire hydrant",
+    "hydrant": "fire hydrant", "hydrants": "fire hydrant",
+    "stop sign": "stop sign", "stop signs": "stop sign",
+    "parking meter": "parking meter", "parking meters": "parking meter",
+    "bench": "bench", "benches": "bench",
+    # animals
+    "bird": "bird", "birds": "bird", "seagull": "bird", "seagulls": "bird", "gull": "bird",
+    "gulls": "bird", "duck": "bird", "ducks": "bird", "goose": "bird", "geese": "bird",
+    "pigeon": "bird", "pigeons": "bird", "parrot": "bird", "parrots": "bird",
+    "swan": "bird", "swans": "bird",
+    "cat": "cat", "cats": "cat", "kitten": "cat", "kittens": "cat", "kitty": "cat",
+    "dog": "dog", "dogs": "dog", "puppy": "dog", "puppies": "dog", "pup": "dog",
+    "pups": "dog",
+    "horse": "horse", "horses": "horse", "pony": "horse", "ponies": "horse",
+    "sheep": "sheep", "lamb": "sheep", "lambs": "sheep",
+    "cow": "cow", "cows": "cow", "cattle": "cow", "calf": "cow", "calves": "cow",
+    "bull": "cow", "bulls": "cow",
+    "elephant": "elephant", "elephants": "elephant", "bear": "bear", "bears": "bear",
+    "zebra": "zebra", "zebras": "zebra", "giraffe": "giraffe", "giraffes": "giraffe",
+    # accessories
+    "backpack": "backpack", "backpacks": "backpack",
+    "umbrella": "umbrella", "umbrellas": "umbrella",
+    "handbag": "handbag", "handbags": "handbag", "purse": "handbag", "purses": "handbag",
+    "tie": "tie", "ties": "tie", "necktie": "tie", "neckties": "tie",
+    "suitcase": "suitcase", "suitcases": "suitcase", "luggage": "suitcase",
+    # sports
+    "frisbee": "frisbee", "frisbees": "frisbee", "skis": "skis", "ski": "skis",
+    "snowboard": "snowboard", "snowboards": "snowboard",
+    "sports ball": "sports ball", "ball": "sports ball", "balls": "sports ball",
+    "soccer ball": "sports ball", "tennis ball": "sports ball",
+    "kite": "kite", "kites": "kite",
+    "baseball bat": "baseball bat", "baseball bats": "baseball bat",
+    "bat": "baseball bat", "bats": "baseball bat",
+    "baseball glove": "baseball glove", "baseball gloves": "baseball glove",
+    "mitt": "baseball glove", "mitts": "baseball glove",
+    "skateboard": "skateboard", "skateboards": "skateboard",
+    "surfboard": "surfboard", "surfboards": "surfboard",
+    "tennis racket": "tennis racket", "tennis rackets": "tennis racket",
+    "racket": "tennis racket", "rackets": "tennis racket", "racquet": "tennis racket",
+    "racquets": "tennis racket",
+    # kitchen
+    "bottle": "bottle", "bottles": "bottle",
+    "wine glass": "wine glass", "wine glasses": "wine glass",
+    "cup": "cup", "cups": "cup", "mug": "cup", "mugs": "cup",
+    "fork": "fork", "forks": "fork", "knife": "knife", "knives": "knife",
+    "spoon": "spoon", "spoons": "spoon", "bowl": "bowl", "bowls": "bowl",
+    # food
+    "banana": "banana", "bananas": "banana", "apple": "apple", "apples": "apple",
+    "sandwich": "sandwich", "sandwiches": "sandwich", "oranges": "orange",
+    "broccoli": "broccoli", "carrot": "carrot", "carrots": "carrot",
+    "hot dog": "hot dog", "hot dogs": "hot dog", "hotdog": "hot dog", "hotdogs": "hot dog",
+    "pizza": "pizza", "pizzas": "pizza", "donut": "donut", "donuts": "donut",
+    "doughnut": "donut", "doughnuts": "donut", "cake": "cake", "cakes": "cake",
+    # furniture
+    "chair": "chair", "chairs": "chair", "couch": "couch", "couches": "couch",
+    "sofa": "couch", "sofas": "couch",
+    "potted plant": "potted plant", "potted plants": "potted plant",
+    "bed": "bed", "beds": "bed",
+    "dining table": "dining table", "dining tables": "dining table",
+    "table": "dining table", "tables": "dining table",
+    "toilet": "toilet", "toilets": "toilet",
+    # electronics
+    "tv": "tv", "tvs": "tv", "television": "tv", "televisions": "tv",
+    "laptop": "laptop", "laptops": "laptop", "mouse": "mouse",
+    "remote": "remote", "remotes": "remote", "keyboard": "keyboard", "keyboards": "keyboard",
+    "cell phone": "cell phone", "cell phones": "cell phone", "cellphone": "cell phone",
+    "cellphones": "cell phone", "phone": "cell phone", "phones": "cell phone",
+    # appliances
+    "microwave": "microwave", "microwaves": "microwave", "oven": "oven", "ovens": "oven",
+    "toaster": "toaster", "toasters": "toaster", "sink": "sink", "sinks": "sink",
+    "refrigerator": "refrigerator", "refrigerators": "refrigerator",
+    "fridge": "refrigerator", "fridges": "refrigerator",
+    # indoor
+    "book": "book", "books": "book", "clock": "clock", "clocks": "clock",
+    "vase": "vase", "vases": "vase", "scissors": "scissors",
+    "teddy bear": "teddy bear", "teddy bears": "teddy bear", "teddy": "teddy bear",
+    "hair drier": "hair drier", "hair driers": "hair drier", "hair dryer": "hair drier",
+    "hair dryers": "hair drier", "toothbrush": "toothbrush", "toothbrushes": "toothbrush",
+}  # fmt: skip
+"""Caption words (and two-word phrases) -> COCO category names.
+
+Chosen by hand, not from data: every category's name and plural, then the nouns that
+captions use for it where the noun names that kind of object in nearly every use (man,
+woman, child, skier, player -> person; puppy -> dog; bike -> bicycle; dirt bike ->
+motorcycle; table -> dining table; sofa -> couch; ball -> sports ball). Words that often
+mean something else are left out: "orange" (a colour far more often than the fruit; its
+plural is kept), "glass" (windows, glasses), "light", "plant", "glove", "group", "team",
+"couple" (a couple of dogs). A two-word phrase is matched before its words alone ("hot
+dog" is a hot dog, not a dog; "teddy bear" not a bear) and is scored at its last word.
+"""
+
+# A phrase is scored at its last word; its length in words is 1 or 2.
+_PHRASE_WORDS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Photo:
+    """One annotated photo.
+
+    Attributes:
+      image_id: the `images[].id` of the annotations file.
+      path: the photo's file.
+      width, height: of the photo, in pixels, as the annotations give them.
+      boxes: {category name: float64 (n, 4) [x0, y0, x1, y1] in pixels of the photo}.
+    """
+
+    image_id: int
+    path: str
+    width: int
+    height: int
+    boxes: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """How the encoder saw a photo (`image_io.resize_and_crop`) and its attention grid.
+
+    Attributes:
+      image_size: side of the square encoder input.
+      crop_fraction: see `image_io.resize_and_crop` (`encoder.crop_fraction_of(config)`).
+      grid: (H, W) of the attention grid; alpha is row-major over it.
+    """
+
+    image_size: int
+    crop_fraction: float
+    grid: tuple[int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mention:
+    """A caption word or phrase that names a COCO category.
+
+    Attributes:
+      index: position of the scored word (a phrase's last word) in the caption.
+      text: the word or phrase as written.
+      category: the COCO category name it maps to.
+    """
+
+    index: int
+    text: str
+    category: str
+
+
+def category_mentions(words: Sequence[str], synonyms: dict = SYNONYMS) -> list[Mention]:
+    """The words of a caption that name a category, two-word phrases first.
+
+    Args:
+      words: the caption as a list of words (lowercase, as the package tokenizes).
+      synonyms: word or phrase -> category name.
+
+    Returns:
+      the mentions in caption order.
+    """
+    words = [str(w) for w in words]
+    mentions, i = [], 0
+    while i < len(words):
+        for n in range(_PHRASE_WORDS, 0, -1):
+            text = " ".join(words[i : i + n])
+            if i + n <= len(words) and text in synonyms:
+                mentions.append(Mention(i + n - 1, text, synonyms[text]))
+                i += n
+                break
+        else:
+            i += 1
+    return mentions
+
+
+def _load_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"annotations file {path!r} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"annotations file {path!r} cannot be read as JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"annotations file {path!r} holds a {type(data).__name__}, not an object")
+    return data
+
+
+def _entries(data: dict, key: str, fields: Sequence[str], path: str) -> list[dict]:
+    """`data[key]`, checked to be a list of objects that each have `fields`."""
+    entries = data.get(key)
+    if not isinstance(entries, list):
+        raise ValueError(f"annotations file {path!r} has no list {key!r}")
+    for i, entry in enumerate(entries):
+        missing = [f for f in fields if not isinstance(entry, dict) or f not in entry]
+        if missing:
+            raise ValueError(f"annotations file {path!r}: {key}[{i}] lacks {', '.join(missing)}")
+    return entries
+
+
+def _box(bbox, where: str) -> list[float]:
+    """[x, y, w, h] -> [x0, y0, x1, y1], or a ValueError naming `where`."""
+    ok = isinstance(bbox, list) and len(bbox) == 4
+    ok = ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox)
+    if not ok or not np.all(np.isfinite(bbox)) or bbox[2] < 0 or bbox[3] < 0:
+        raise ValueError(f"{where}: bbox {bbox!r} is not [x, y, width, height] with sizes >= 0")
+    x, y, w, h = map(float, bbox)
+    return [x, y, x + w, y + h]
+
+
+def read_instances(annotations: str, image_dir: str) -> list[Photo]:
+    """Reads a COCO-format instances file and checks that its photos exist.
+
+    Every annotation counts, crowd regions (`iscrowd` 1) included: a crowd box holds
+    people too.
+
+    Args:
+      annotations: an `instances_*.json` file (keys `images`, `annotations`,
+        `categories`; bbox [x, y, width, height] in pixels of the photo).
+      image_dir: the folder holding the photos' `file_name`s.
+
+    Returns:
+      the photos in the file's order, with their boxes by category name.
+
+    Raises:
+      ValueError: naming the file (and entry) when it is missing, not JSON, lacks a key,
+        has a malformed box or refers to an unknown photo or category; naming the photos
+        that are missing from `image_dir` or that an EXIF orientation turns (the encoder
+        would see them turned against their boxes).
+    """
+    data = _load_json(annotations)
+    images = _entries(data, "images", ("id", "file_name", "width", "height"), annotations)
+    anns = _entries(data, "annotations", ("image_id", "category_id", "bbox"), annotations)
+    categories = _entries(data, "categories", ("id", "name"), annotations)
+    for i, im in enumerate(images):
+        values = (im["id"], im["width"], im["height"])
+        if (
+            not all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+            or min(values[1:]) < 1
+        ):
+            raise ValueError(
+                f"annotations file {annotations!r}: images[{i}] has id {im['id']!r}, width "
+                f"{im['width']!r} and height {im['height']!r}; all must be integers, the "
+                "sizes positive"
+            )
+    names = {c["id"]: str(c["name"]) for c in categories if isinstance(c["id"], int)}
+    boxes = {im["id"]: collections.defaultdict(list) for im in images}
+    for i, ann in enumerate(anns):
+        where = f"annotations file {annotations!r}: annotations[{i}]"
+        image_id, category_id = ann["image_id"], ann["category_id"]
+        if not isinstance(image_id, int) or image_id not in boxes:
+            raise ValueError(f"{where} refers to image_id {image_id!r}, not in images")
+        if not isinstance(category_id, int) or category_id not in names:
+            raise ValueError(f"{where} refers to category_id {category_id!r}, not in categories")
+        boxes[image_id][names[category_id]].append(_box(ann["bbox"], where))
+    photos, missing = [], []
+    for im in images:
+        path = os.path.join(image_dir, str(im["file_name"]))
+        if not os.path.isfile(path):
+            missing.append(path)
+        found = {name: np.asarray(b, np.float64) for name, b in boxes[im["id"]].items()}
+        photos.append(Photo(im["id"], path, im["width"], im["height"], found))
+    if missing:
+        listed = "\n  ".join(missing[:10])
+        raise ValueError(
+            f"{len(missing)} photo(s) of {annotations!r} are missing from {image_dir!r}:"
+            f"\n  {listed}"
+        )
+    turned = [p.path for p in photos if _orientation(p.path) != 1]
+    if turned:
+        raise ValueError(
+            f"{len(turned)} photo(s) of {annotations!r} carry an EXIF orientation that the "
+            "encoder turns them by, while the boxes are in the stored frame; turn the files "
+            f"upright and their boxes with them: {', '.join(turned[:10])}"
+        )
+    return photos
+
+
+def _orientation(path: str) -> int:
+    """The EXIF orientation that `image_io.decode_upright` applies to a file (1: none)."""
+    with open(path, "rb") as f:
+        return int(image_io.exif_orientation(f.read()))
+
+
+def load_coco_dir(coco_dir: str) -> list[Photo]:
+    """`read_instances` of a COCO folder laid out as COCO ships it.
+
+    `annotations/instances_<name>.json` (exactly one) with its photos in `<name>/`
+    (e.g. `instances_train2017.json` and `train2017/`).
+
+    Raises:
+      ValueError: naming the folder when it, the annotations file or the photo folder
+        is missing, or when it holds several annotations files.
+    """
+    if not os.path.isdir(coco_dir):
+        raise ValueError(f"COCO folder {coco_dir!r} does not exist")
+    found = sorted(glob.glob(os.path.join(coco_dir, "annotations", "instances_*.json")))
+    if len(found) != 1:
+        raise ValueError(
+            f"COCO folder {coco_dir!r} must hold one annotations/instances_*.json, found "
+            f"{len(found)}: {[os.path.basename(f) for f in found]}"
+        )
+    name = os.path.basename(found[0])[len("instances_") : -len(".json")]
+    image_dir = os.path.join(coco_dir, name)
+    if not os.path.isdir(image_dir):
+        raise ValueError(f"COCO folder {coco_dir!r} has {found[0]} but no photo folder {name}/")
+    return read_instances(found[0], image_dir)
+
+
+def visible_frame(width: int, height: int, image_size: int, crop_fraction: float) -> np.ndarray:
+    """The part of a photo the encoder sees, in the photo's pixels.
+
+    Reads the crop from `image_io.crop_window`, the code `resize_and_crop` runs: the
+    resized image spans the photo's frame, so resized pixel `p` starts at original
+    `p * width / new_width` (likewise down).
+
+    Returns:
+      float64 (4,) [x0, y0, x1, y1].
+    """
+    new_size, top, left = image_io.crop_window([height, width], image_size, crop_fraction)
+    new_height, new_width = (int(v) for v in np.asarray(new_size))
+    top, left = int(top), int(left)
+    sx, sy = width / new_width, height / new_height
+    return np.array(
+        [left * sx, top * sy, (left + image_size) * sx, (top + image_size) * sy], np.float64
+    )
+
+
+def _edges(start: float, stop: float, n: int) -> np.ndarray:
+    return start + (stop - start) * np.arange(n + 1) / n
+
+
+def cell_rects(frame: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """The grid's cells as rectangles of the photo, row-major.
+
+    Args:
+      frame: [x0, y0, x1, y1] that the encoder input covers (`visible_frame`).
+      grid: (H, W).
+
+    Returns:
+      float64 (H * W, 4) [x0, y0, x1, y1].
+    """
+    rows, cols = grid
+    xs, ys = _edges(frame[0], frame[2], cols), _edges(frame[1], frame[3], rows)
+    row, col = np.divmod(np.arange(rows * cols), cols)
+    return np.stack([xs[col], ys[row], xs[col + 1], ys[row + 1]], axis=1)  # (L, 4)
+
+
+def centres_inside(cells: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """bool (L,): whether each cell's centre lies in one of the boxes (edges included)."""
+    cx = (cells[:, 0] + cells[:, 2]) / 2
+    cy = (cells[:, 1] + cells[:, 3]) / 2
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+    inside = (
+        (boxes[:, 0] <= cx[:, None])
+        & (cx[:, None] <= boxes[:, 2])
+        & (boxes[:, 1] <= cy[:, None])
+        & (cy[:, None] <= boxes[:, 3])
+    )  # (L, n)
+    return inside.any(axis=1)
+
+
+def covered_fractions(frame: np.ndarray, grid: tuple[int, int], boxes: np.ndarray) -> np.ndarray:
+    """Share of each cell's area inside the union of the boxes, exactly.
+
+    The box edges (clipped to the frame) and the cell edges cut the frame into
+    rectangles that lie wholly inside or outside each box and each cell; their areas are
+    summed per cell.
+
+    Args:
+      frame: [x0, y0, x1, y1] of the seen part of the photo.
+      grid: (H, W) cells that split the frame evenly.
+      boxes: (n, 4) [x0, y0, x1, y1].
+
+    Returns:
+      float64 (H * W,) in [0, 1], row-major.
+    """
+    rows, cols = grid
+    cell_x, cell_y = _edges(frame[0], frame[2], cols), _edges(frame[1], frame[3], rows)
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+    xs = np.unique(np.concatenate([cell_x, np.clip(boxes[:, [0, 2]], frame[0], frame[2]).ravel()]))
+    ys = np.unique(np.concatenate([cell_y, np.clip(boxes[:, [1, 3]], frame[1], frame[3]).ravel()]))
+    mx, my = (xs[:-1] + xs[1:]) / 2, (ys[:-1] + ys[1:]) / 2
+    in_x = (boxes[:, 0, None] <= mx) & (mx <= boxes[:, 2, None])  # (n, X)
+    in_y = (boxes[:, 1, None] <= my) & (my <= boxes[:, 3, None])  # (n, Y)
+    covered = (in_y[:, :, None] & in_x[:, None, :]).any(axis=0)  # (Y, X)
+    area = np.diff(ys)[:, None] * np.diff(xs)[None, :] * covered  # (Y, X)
+    col = np.clip(np.searchsorted(cell_x, mx, side="right") - 1, 0, cols - 1)
+    row = np.clip(np.searchsorted(cell_y, my, side="right") - 1, 0, rows - 1)
+    per_cell = np.zeros(rows * cols)
+    np.add.at(per_cell, (row[:, None] * cols + col[None, :]).ravel(), area.ravel())
+    cell_area = (frame[2] - frame[0]) * (frame[3] - frame[1]) / (rows * cols)
+    return np.minimum(per_cell / cell_area, 1.0)
+
+
+def centre_cells(grid: tuple[int, int]) -> np.ndarray:
+    """Row-major indices of the cells that hold the frame's centre.
+
+    An odd side has one middle cell; on an even side the centre lies on the border of
+    the two middle cells and both count. The centre baseline averages over these cells
+    (1, 2 or 4), as ties of the argmax are averaged.
+    """
+
+    def middle(n):
+        return [n // 2] if n % 2 else [n // 2 - 1, n // 2]
+
+    rows, cols = grid
+    return np.array([r * cols + c for r in middle(rows) for c in middle(cols)])
+
+
+def score_word(
+    alpha: np.ndarray,
+    cells: np.ndarray,
+    boxes: np.ndarray,
+    frame: np.ndarray,
+    grid: tuple[int, int],
+) -> dict:
+    """The pointing scores of one word's attention against one category's boxes.
+
+    Args:
+      alpha: (H * W,) attention weights, row-major.
+      cells: `cell_rects(frame, grid)`.
+      boxes: (n, 4) boxes of the category named.
+      frame, grid: see `cell_rects`.
+
+    Returns:
+      {"hit", "mass", "centre", "random", "area_share"}, floats (see the module's
+      docstring).
+    """
+    inside = centres_inside(cells, boxes).astype(np.float64)
+    covered = covered_fractions(frame, grid, boxes)
+    peaks = np.flatnonzero(alpha == alpha.max())
+    return {
+        "hit": float(inside[peaks].mean()),
+        "mass": float(np.dot(alpha, covered)),
+        "centre": float(inside[centre_cells(grid)].mean()),
+        "random": float(inside.mean()),
+        "area_share": float(covered.mean()),
+    }
+
+
+SCORES = ("hit", "centre", "random", "mass", "area_share")
+
+
+def _summary(rows: list[dict]) -> dict:
+    summary = {"words": len(rows), "photos": len({r["image_id"] for r in rows})}
+    for key in SCORES:
+        summary[key] = float(np.mean([r[key] for r in rows])) if rows else None
+    return summary
+
+
+def coco_grounding(
+    photos: Sequence[Photo],
+    captions: Sequence[Sequence[str]],
+    alphas: Sequence[np.ndarray],
+    geometry: Geometry,
+    synonyms: dict = SYNONYMS,
+) -> dict:
+    """Scores where the attention of every category word of the captions lands.
+
+    A word counts when it (`category_mentions`) names a category with a box in its
+    photo; words naming an absent category are counted apart (`absent`), not scored.
+    Rates are means over the scored words.
+
+    Args:
+      photos: the captioned photos.
+      captions: per photo the generated words.
+      alphas: per photo an array (T, H * W) or (T, H, W); row t is the attention that
+        produced word t. Words with t >= T are not scored.
+      geometry: how the encoder saw the photos.
+      synonyms: word or phrase -> category name.
+
+    Returns:
+      {"photos": captioned photos, "words", "photos_scored", "absent", the `SCORES`
+      over all scored words (None when no word was scored), "per_category": {name:
+      {"words", "photos", SCORES...}} (most words first), "scored": one dict per scored
+      word}.
+
+    Raises:
+      ValueError: if the lists differ in length or an alpha does not fit the grid.
+    """
+    if not len(photos) == len(captions) == len(alphas):
+        raise ValueError(
+            f"photos, captions and alphas must have one entry per photo, got "
+            f"{len(photos)}, {len(captions)} and {len(alphas)}"
+        )
+    grid = tuple(geometry.grid)
+    num_cells = grid[0] * grid[1]
+    rows, absent = [], 0
+    for photo, words, alpha in zip(photos, captions, alphas, strict=True):
+        alpha = np.asarray(alpha, np.float64)
+        alpha = alpha.reshape(alpha.shape[0], -1) if alpha.ndim == 3 else alpha
+        if alpha.ndim != 2 or alpha.shape[1] != num_cells or not np.all(np.isfinite(alpha)):
+            raise ValueError(
+                f"attention of photo {photo.image_id} must be finite with shape (T, "
+                f"{num_cells}) for grid {grid}, got shape {alpha.shape}"
+            )
+        frame = visible_frame(
+            photo.width, photo.height, geometry.image_size, geometry.crop_fraction
+        )
+        cells = cell_rects(frame, grid)
+        for mention in category_mentions(words, synonyms):
+            if mention.category not in photo.boxes:
+                absent += 1
+                continue
+            if mention.index >= alpha.shape[0]:
+                continue
+            scores = score_word(
+                alpha[mention.index], cells, photo.boxes[mention.category], frame, grid
+            )
+            rows.append(
+                {
+                    "image_id": photo.image_id,
+                    "index": mention.index,
+                    "word": mention.text,
+                    "category": mention.category,
+                    **scores,
+                }
+            )
+    by_category = collections.defaultdict(list)
+    for row in rows:
+        by_category[row["category"]].append(row)
+    per_category = {
+        name: _summary(group)
+        for name, group in sorted(by_category.items(), key=lambda item: (-len(item[1]), item[0]))
+    }
+    summary = _summary(rows)
+    return {
+        "photos": len(photos),
+        "words": summary.pop("words"),
+        "photos_scored": summary.pop("photos"),
+        "absent": absent,
+        **summary,
+        "per_category": per_category,
+        "scored": rows,
+    }
+
+
+def measure(
+    photos: Sequence[Photo],
+    caption_batch: Callable[[list[Photo]], list[tuple[list[str], np.ndarray]]],
+    geometry: Geometry,
+    batch_size: int = 8,
+) -> tuple[dict, list[dict]]:
+    """Captions the photos batch by batch and scores them with `coco_grounding`.
+
+    Args:
+      photos: from `load_coco_dir` / `read_instances`.
+      caption_batch: photos -> per photo (words, alpha (T, H * W) or (T, H, W)).
+      geometry: how the captioner's encoder sees a photo.
+      batch_size: photos per call of `caption_batch`.
+
+    Returns:
+      (the `coco_grounding` result, per photo {"image_id", "file", "caption"}).
+    """
+    captions, alphas = [], []
+    for start in range(0, len(photos), batch_size):
+        for words, alpha in caption_batch(list(photos[start : start + batch_size])):
+            captions.append(list(words))
+            alphas.append(alpha)
+    result = coco_grounding(photos, captions, alphas, geometry)
+    written = [
+        {"image_id": p.image_id, "file": os.path.basename(p.path), "caption": " ".join(w)}
+        for p, w in zip(photos, captions, strict=True)
+    ]
+    return result, written
+
+
+def format_table(result: dict, top: int = 12) -> str:
+    """A Markdown table of a `coco_grounding` result: all words, then the `top`
+    categories with the most words."""
+    header = "| words | photos | hit | centre | random | mass | area share |"
+    lines = [
+        f"{result['words']} category words scored in {result['photos_scored']} of "
+        f"{result['photos']} photos ({result['absent']} more name a category the photo "
+        "lacks and are not scored)",
+        "",
+        "| category " + header,
+        "|---" * 8 + "|",
+    ]
+
+    def line(name, s):
+        rates = " | ".join("-" if s[k] is None else f"{s[k]:.3f}" for k in SCORES)
+        return f"| {name} | {s['words']} | {s['photos']} | {rates} |"
+
+    overall = {k: result[k] for k in SCORES} | {
+        "words": result["words"],
+        "photos": result["photos_scored"],
+    }
+    lines.append(line("**all**", overall))
+    for name, s in list(result["per_category"].items())[:top]:
+        lines.append(line(name, s))
+    hidden = len(result["per_category"]) - top
+    if hidden > 0:
+        lines.append(f"\n({hidden} more categories in the JSON output)")
+    return "\n".join(lines)

@@ -1,0 +1,398 @@
+"""Tests for sat_tf.evaluation.coco_grounding and scripts/grounding.py: hand-made COCO
+annotations, photos and attention maps whose scores are worked out by hand below."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from sat_tf.config import Config
+from sat_tf.data import image_io
+from sat_tf.evaluation import coco_grounding as cg
+from sat_tf.evaluation.coco_grounding import Mention
+from sat_tf.model.captioner import build_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEV_SET = os.path.join(ROOT, "..", "shared", "data", "coco-mini-train")
+
+# Photo 1 is 100 x 60 with two person boxes and a dog; photo 2 is 200 x 120 with a cat.
+# Person A [x 10..40, y 10..50], person B [x 30..60, y 30..50] (they overlap in
+# [30..40] x [30..50]), dog [x 60..100, y 0..25], cat [x 0..100, y 0..120].
+PERSON_A, PERSON_B = [10, 10, 30, 40], [30, 30, 30, 20]
+ANNOTATIONS = {
+    "images": [
+        {"id": 1, "file_name": "one.jpg", "width": 100, "height": 60},
+        {"id": 2, "file_name": "two.png", "width": 200, "height": 120},
+    ],
+    "annotations": [
+        {"id": 10, "image_id": 1, "category_id": 1, "bbox": PERSON_A, "iscrowd": 0},
+        {"id": 11, "image_id": 1, "category_id": 1, "bbox": PERSON_B, "iscrowd": 1},
+        {"id": 12, "image_id": 1, "category_id": 18, "bbox": [60, 0, 40, 25], "iscrowd": 0},
+        {"id": 13, "image_id": 2, "category_id": 17, "bbox": [0, 0, 100, 120], "iscrowd": 0},
+    ],
+    "categories": [
+        {"id": 1, "name": "person"},
+        {"id": 17, "name": "cat"},
+        {"id": 18, "name": "dog"},
+    ],
+}
+
+
+def _write_coco(folder, annotations=ANNOTATIONS, name="val2017"):
+    """A COCO folder: annotations/instances_<name>.json and flat grey photos in <name>/."""
+    os.makedirs(os.path.join(folder, "annotations"), exist_ok=True)
+    os.makedirs(os.path.join(folder, name), exist_ok=True)
+    path = os.path.join(folder, "annotations", f"instances_{name}.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(annotations, f)
+    for im in annotations["images"]:
+        pixels = np.full((im["height"], im["width"], 3), 128, np.uint8)
+        Image.fromarray(pixels).save(os.path.join(folder, name, im["file_name"]))
+    return path
+
+
+@pytest.fixture
+def photos(tmp_path):
+    _write_coco(str(tmp_path))
+    return cg.load_coco_dir(str(tmp_path))
+
+
+def test_synonyms_name_coco_categories():
+    assert len(cg.COCO_CATEGORIES) == len(set(cg.COCO_CATEGORIES)) == 80
+    assert set(cg.SYNONYMS.values()) <= set(cg.COCO_CATEGORIES)
+    for name in set(cg.COCO_CATEGORIES) - {"orange"}:
+        assert cg.SYNONYMS[name] == name
+    assert all(len(key.split()) <= 2 for key in cg.SYNONYMS)
+    for word, category in [
+        ("woman", "person"),
+        ("kids", "person"),
+        ("players", "person"),
+        ("puppy", "dog"),
+        ("dogs", "dog"),
+        ("bikes", "bicycle"),
+        ("motorbike", "motorcycle"),
+        ("table", "dining table"),
+        ("oranges", "orange"),
+    ]:
+        assert cg.SYNONYMS[word] == category
+    # A colour far more often than the fruit; glass is windows as often as a wine glass.
+    assert "orange" not in cg.SYNONYMS and "glass" not in cg.SYNONYMS
+
+
+def test_category_mentions_match_phrases_before_words():
+    words = "a man and a puppy eat a hot dog at the dining table near a teddy bear".split()
+    assert cg.category_mentions(words) == [
+        Mention(1, "man", "person"),
+        Mention(4, "puppy", "dog"),
+        Mention(8, "hot dog", "hot dog"),
+        Mention(12, "dining table", "dining table"),
+        Mention(16, "teddy bear", "teddy bear"),
+    ]
+    assert cg.category_mentions("a bear on a dirt bike and a bike".split()) == [
+        Mention(1, "bear", "bear"),
+        Mention(5, "dirt bike", "motorcycle"),
+        Mention(8, "bike", "bicycle"),
+    ]
+    assert cg.category_mentions(["an", "orange", "shirt"]) == []
+    assert cg.category_mentions([]) == []
+
+
+def test_read_instances(photos, tmp_path):
+    one, two = photos
+    assert (one.image_id, one.width, one.height) == (1, 100, 60)
+    assert one.path == os.path.join(str(tmp_path), "val2017", "one.jpg")
+    assert sorted(one.boxes) == ["dog", "person"]
+    # [x, y, w, h] -> [x0, y0, x1, y1]; the crowd box counts too.
+    np.testing.assert_array_equal(one.boxes["person"], [[10, 10, 40, 50], [30, 30, 60, 50]])
+    np.testing.assert_array_equal(one.boxes["dog"], [[60, 0, 100, 25]])
+    assert list(two.boxes) == ["cat"]
+
+
+def test_visible_frame_whole_photo_and_centre_crop():
+    np.testing.assert_array_equal(cg.visible_frame(100, 60, 40, 1.0), [0, 0, 100, 60])
+    # 120 x 200 at 56 / 0.875 = 64: 64 x round(106.67) = 107, crop from row 4, column 25;
+    # one resized pixel is 200 / 107 photo pixels across and 120 / 64 down.
+    np.testing.assert_allclose(
+        cg.visible_frame(200, 120, 56, 0.875),
+        [25 * 200 / 107, 4 * 120 / 64, 81 * 200 / 107, 60 * 120 / 64],
+    )
+
+
+def test_visible_frame_is_where_resize_and_crop_puts_the_photo():
+    """A white rectangle of the photo lands in the encoder's input where the frame says."""
+    pixels = np.zeros((120, 200, 3), np.uint8)
+    pixels[40:80, 100:140] = 255
+    seen = image_io.resize_and_crop(pixels, 56, 0.875).numpy()[..., 0]
+    x0, y0, x1, y1 = cg.visible_frame(200, 120, 56, 0.875)
+    rows, cols = np.nonzero(seen > 127.5)
+    # The rectangle's edges mapped into the 56 x 56 input, against the half-bright pixels.
+    left, right = (np.array([100, 140]) - x0) / (x1 - x0) * 56
+    top, bottom = (np.array([40, 80]) - y0) / (y1 - y0) * 56
+    assert abs(cols.min() - left) < 1 and abs(cols.max() + 1 - right) < 1
+    assert abs(rows.min() - top) < 1 and abs(rows.max() + 1 - bottom) < 1
+
+
+def test_cells_and_exact_cover_on_a_3_by_4_grid():
+    frame = np.array([0.0, 0.0, 100.0, 60.0])
+    cells = cg.cell_rects(frame, (3, 4))  # cells of 25 x 20
+    np.testing.assert_array_equal(cells[0], [0, 0, 25, 20])
+    np.testing.assert_array_equal(cells[6], [50, 20, 75, 40])
+    person_a = np.array([[10.0, 10, 40, 50]])
+    # Centres x 12.5, 37.5, 62.5, 87.5 and y 10, 30, 50; box edges count as inside.
+    np.testing.assert_array_equal(
+        cg.centres_inside(cells, person_a), [1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0]
+    )
+    # Columns 0 and 1 hold 15 of 25 in x, rows 0 and 2 hold 10 of 20 in y, row 1 all.
+    np.testing.assert_allclose(
+        cg.covered_fractions(frame, (3, 4), person_a),
+        [0.3, 0.3, 0, 0, 0.6, 0.6, 0, 0, 0.3, 0.3, 0, 0],
+    )
+    both = np.array([[10.0, 10, 40, 50], [30, 30, 60, 50]])
+    covered = cg.covered_fractions(frame, (3, 4), both)
+    # Cell (1, 1) [25..50] x [20..40]: A 300 + B 200 - overlap 100 = 400 of 500.
+    assert covered[5] == pytest.approx(0.8)
+    # Cell (1, 2) [50..75] x [20..40]: B alone, [50..60] x [30..40].
+    assert covered[6] == pytest.approx(0.2)
+    # Cell (2, 1) [25..50] x [40..60]: A 150 + B 200 - overlap 100 = 250 of 500.
+    assert covered[9] == pytest.approx(0.5)
+    # Union: 1200 + 600 - 200 = 1600 of the frame's 6000.
+    assert covered.mean() == pytest.approx(1600 / 6000)
+    # A box sticking out of the frame counts only inside it.
+    outside = cg.covered_fractions(frame, (3, 4), np.array([[-50.0, -50, 25, 20]]))
+    np.testing.assert_allclose(outside, [1] + [0] * 11)
+
+
+def test_centre_cells():
+    np.testing.assert_array_equal(cg.centre_cells((7, 7)), [24])
+    np.testing.assert_array_equal(cg.centre_cells((3, 4)), [5, 6])
+    np.testing.assert_array_equal(cg.centre_cells((14, 14)), [90, 91, 104, 105])
+
+
+def _alpha(values, length=12):
+    alpha = np.zeros(length)
+    for cell, value in values.items():
+        alpha[cell] = value
+    return alpha
+
+
+def test_score_word_by_hand():
+    frame = np.array([0.0, 0.0, 100.0, 60.0])
+    cells, person_a = cg.cell_rects(frame, (3, 4)), np.array([[10.0, 10, 40, 50]])
+    scores = cg.score_word(_alpha({5: 0.5, 3: 0.5 - 1e-6, 0: 1e-6}), cells, person_a, frame, (3, 4))
+    assert scores["hit"] == 1.0
+    assert scores["mass"] == pytest.approx(0.5 * 0.6 + 1e-6 * 0.3)
+    # Centre cells 5 (centre inside) and 6 (not); 6 of 12 centres inside; box 1200 of 6000.
+    assert scores["centre"] == 0.5 and scores["random"] == 0.5
+    assert scores["area_share"] == pytest.approx(0.2)
+    # A tie between cell 5 (inside) and cell 3 (outside) counts half.
+    tied = cg.score_word(_alpha({5: 0.4, 3: 0.4, 0: 0.2}), cells, person_a, frame, (3, 4))
+    assert tied["hit"] == 0.5
+    assert tied["mass"] == pytest.approx(0.4 * 0.6 + 0.2 * 0.3)
+    missed = cg.score_word(_alpha({11: 1.0}), cells, person_a, frame, (3, 4))
+    assert missed["hit"] == 0.0 and missed["mass"] == 0.0
+
+
+def test_uniform_attention_scores_the_baselines(photos):
+    geometry = cg.Geometry(40, 1.0, (3, 4))
+    uniform = np.full((4, 12), 1 / 12, np.float32)
+    result = cg.coco_grounding(photos[:1], [["a", "man", "and", "dog"]], [uniform], geometry)
+    for row in result["scored"]:
+        assert row["hit"] == row["random"]
+        assert row["mass"] == pytest.approx(row["area_share"])
+    assert result["hit"] == result["random"]
+
+
+def test_none_attention_model_gives_uniform_alpha(photos):
+    """A `none` model's alpha ties all cells, so its hit is the random baseline exactly."""
+    config = Config(
+        use_feature_cache=True,
+        attention="none",
+        embed_dim=8,
+        hidden_dim=16,
+        attention_dim=8,
+        max_decode_length=6,
+    )
+    model = build_model(config, 20, (12, 8), grid=(3, 4))
+    features = np.random.default_rng(0).normal(size=(1, 12, 8)).astype(np.float32)
+    out = model.generate({"features": tf.constant(features)}, max_length=6, beam_size=2)
+    # Row t made word t; the row after the last word made `<end>` (if it came).
+    alpha = out.attention.numpy()[0, : int(out.length[0]) + 1]  # (n + 1, 12)
+    assert np.all(alpha == alpha[:, :1])
+    words = ["man", "dog"] * 3
+    result = cg.coco_grounding(photos[:1], [words], [alpha], cg.Geometry(40, 1.0, (3, 4)))
+    assert result["words"] == len(alpha)
+    assert result["hit"] == result["random"]
+    assert result["mass"] == pytest.approx(result["area_share"], abs=1e-6)
+
+
+def test_coco_grounding_counts_and_categories(photos):
+    geometry = cg.Geometry(40, 1.0, (3, 4))
+    # Photo 1: "man" looks at cell 5 (person: hit), "dog" at cell 3 (the dog box holds the
+    # centres of cells 2 and 3: hit), "cat" is absent from photo 1. Photo 2 (its left half
+    # is cat; cells 50 x 40): "kitten" ties cells 0 and 9, both in columns 0-1; "people"
+    # is absent; "dogs" is word 6 but alpha has 5 rows: absent comes first.
+    captions = [
+        ["a", "man", "with", "a", "dog", "and", "cat"],
+        ["a", "kitten", "near", "people", "and", "big", "dogs"],
+    ]
+    one = np.stack(
+        [_alpha({5: 1.0}), _alpha({5: 1.0}), _alpha({0: 1}), _alpha({0: 1}), _alpha({3: 1})]
+        + [_alpha({0: 1})] * 2
+    )
+    two = np.stack([_alpha({0: 1})] + [_alpha({0: 0.5, 9: 0.5})] + [_alpha({0: 1})] * 3)
+    result = cg.coco_grounding(photos, captions, [one, two], geometry)
+    assert (result["photos"], result["photos_scored"], result["words"]) == (2, 2, 3)
+    assert result["absent"] == 3
+    assert [(r["image_id"], r["word"], r["category"], r["hit"]) for r in result["scored"]] == [
+        (1, "man", "person", 1.0),
+        (1, "dog", "dog", 1.0),
+        (2, "kitten", "cat", 1.0),
+    ]
+    assert list(result["per_category"]) == ["cat", "dog", "person"]
+    dog = result["per_category"]["dog"]
+    # Dog box [60..100] x [0..25] against cells of 25 x 20: cell 3 inside, cell 2 for 15
+    # of 25 across, cells 6 and 7 for 5 of 20 down; centres of cells 2 and 3 inside.
+    assert dog["mass"] == pytest.approx(1.0)
+    assert dog["random"] == pytest.approx(2 / 12)
+    assert dog["centre"] == 0.0
+    assert dog["area_share"] == pytest.approx(1000 / 6000)
+    # The cat box covers the left half of photo 2: centres of columns 0 and 1.
+    assert result["per_category"]["cat"]["random"] == 0.5
+    assert result["hit"] == 1.0
+    assert result["random"] == pytest.approx((0.5 + 2 / 12 + 0.5) / 3)
+    assert "| **all** | 3 | 2 | 1.000 |" in cg.format_table(result)
+
+
+def test_crop_moves_the_cells(photos):
+    """Photo 2 (200 x 120) centre-cropped at 0.875 shows x 46.73..151.40 only: on a 2 x 2
+    grid the cat box (left half, x <= 100) covers all of column 0 and 0.93 px of column 1."""
+    two = photos[1]
+    whole = cg.coco_grounding(
+        [two], [["cat"]], [_alpha({0: 1}, 4)[None]], cg.Geometry(56, 1.0, (2, 2))
+    )
+    crop = cg.coco_grounding(
+        [two], [["cat"]], [_alpha({0: 1}, 4)[None]], cg.Geometry(56, 0.875, (2, 2))
+    )
+    assert whole["area_share"] == pytest.approx(0.5)
+    x0, x1 = 25 * 200 / 107, 81 * 200 / 107
+    assert crop["area_share"] == pytest.approx((100 - x0) / (x1 - x0))
+    assert crop["mass"] == pytest.approx(1.0) and crop["random"] == 0.5
+
+
+def test_no_scored_word_gives_no_rates(photos):
+    result = cg.coco_grounding(
+        photos,
+        [["a", "cat"], []],
+        [np.ones((2, 12)), np.ones((0, 12))],
+        cg.Geometry(40, 1.0, (3, 4)),
+    )
+    assert (result["words"], result["absent"], result["hit"], result["mass"]) == (0, 1, None, None)
+    assert "| **all** | 0 | 0 | - | - | - | - | - |" in cg.format_table(result)
+
+
+def test_attention_of_the_wrong_shape_is_refused(photos):
+    with pytest.raises(ValueError, match=r"shape \(T, 12\)"):
+        cg.coco_grounding(photos[:1], [["man"]], [np.ones((1, 49))], cg.Geometry(40, 1.0, (3, 4)))
+    with pytest.raises(ValueError, match="one entry per photo"):
+        cg.coco_grounding(photos, [["man"]], [np.ones((1, 12))], cg.Geometry(40, 1.0, (3, 4)))
+
+
+def _broken(**changes):
+    data = json.loads(json.dumps(ANNOTATIONS))
+    for key, value in changes.items():
+        section, index, field = key.split("__")
+        data[section][int(index)][field] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    "annotations, message",
+    [
+        (_broken(annotations__0__bbox=[1, 2, 3]), r"annotations\[0\]: bbox \[1, 2, 3\]"),
+        (_broken(annotations__1__bbox=[0, 0, -1, 5]), r"annotations\[1\]: bbox"),
+        (_broken(annotations__2__category_id=99), r"category_id 99, not in categories"),
+        (_broken(annotations__3__image_id=7), r"image_id 7, not in images"),
+        (_broken(images__1__width="wide"), r"images\[1\] has id 2, width 'wide'"),
+        ({"images": [], "categories": []}, r"has no list 'annotations'"),
+        ({**ANNOTATIONS, "categories": [{"id": 1}]}, r"categories\[0\] lacks name"),
+        ([1, 2], "holds a list, not an object"),
+    ],
+)
+def test_bad_annotations_name_the_file(tmp_path, annotations, message):
+    path = _write_coco(str(tmp_path), ANNOTATIONS)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(annotations, f)
+    with pytest.raises(ValueError, match=message) as error:
+        cg.load_coco_dir(str(tmp_path))
+    assert path in str(error.value)
+
+
+def test_unreadable_or_missing_files_are_named(tmp_path):
+    path = _write_coco(str(tmp_path))
+    with open(path, "w", encoding="utf-8") as f:
+        f.write('{"images": [')
+    with pytest.raises(ValueError, match="cannot be read as JSON") as error:
+        cg.load_coco_dir(str(tmp_path))
+    assert path in str(error.value)
+    with pytest.raises(ValueError, match="does not exist"):
+        cg.read_instances(str(tmp_path / "nothing.json"), str(tmp_path))
+    _write_coco(str(tmp_path))
+    os.remove(tmp_path / "val2017" / "two.png")
+    with pytest.raises(ValueError, match=r"(?s)1 photo\(s\) .* missing .*two.png"):
+        cg.load_coco_dir(str(tmp_path))
+    with pytest.raises(ValueError, match="does not exist"):
+        cg.load_coco_dir(str(tmp_path / "elsewhere"))
+    _write_coco(str(tmp_path), name="train2017")
+    with pytest.raises(ValueError, match="one annotations/instances_\\*.json, found 2"):
+        cg.load_coco_dir(str(tmp_path))
+
+
+def test_photo_turned_by_exif_is_refused(tmp_path):
+    _write_coco(str(tmp_path))
+    image = Image.new("RGB", (100, 60))
+    exif = image.getexif()
+    exif[0x0112] = 6  # turned 90 degrees clockwise when shown upright
+    image.save(tmp_path / "val2017" / "one.jpg", exif=exif)
+    with pytest.raises(ValueError, match=r"1 photo\(s\) .* EXIF orientation .*one.jpg"):
+        cg.load_coco_dir(str(tmp_path))
+
+
+@pytest.mark.skipif(not os.path.isdir(DEV_SET), reason="no ../shared/data/coco-mini-train")
+def test_script_on_the_shipped_preset(tmp_path):
+    output = tmp_path / "grounding.json"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    args = [
+        sys.executable,
+        os.path.join(ROOT, "scripts", "grounding.py"),
+        "--preset=flickr8k_lite0_soft",
+        f"--coco_dir={DEV_SET}",
+        "--num_photos=3",
+        "--beam_size=1",
+        f"--output={output}",
+    ]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| **all** |" in done.stdout
+    result = json.loads(output.read_text())
+    assert result["photos"] == len(result["captions"]) == 3
+    assert result["geometry"] == {"image_size": 224, "crop_fraction": 1.0, "grid": [7, 7]}
+    assert result["words"] == len(result["scored"])
+    for row in result["scored"]:
+        assert 0 <= row["hit"] <= 1 and 0 <= row["mass"] <= 1
+        caption = next(c["caption"] for c in result["captions"] if c["image_id"] == row["image_id"])
+        assert cg.SYNONYMS[row["word"]] == row["category"]
+        assert row["word"].split()[-1] == caption.split()[row["index"]]
+    refused = subprocess.run(
+        [*args[:2], "--preset=flickr8k_lite0_soft", "--workdir=runs/x"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert refused.returncode == 1
+    assert "give exactly one of --workdir, --preset and --export" in refused.stderr
