@@ -401,7 +401,7 @@ class CaptionEvaluateScriptTest(parameterized.TestCase):
     @parameterized.parameters("missing", "not_an_image")
     def test_bad_image_is_one_line_naming_it(self, key):
         code, _, lines = self.results[key]
-        self.assertEqual(code, 1)
+        self.assertEqual(code, 2)  # sat_tf.cli.caption.SKIPPED
         self.assertLen(lines, 1)
         self.assertStartsWith(lines[0], "error: ")
         self.assertIn(self.bad[key], lines[0])
