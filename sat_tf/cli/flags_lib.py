@@ -211,7 +211,8 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc=""):
     main_doc = main_module.__doc__
     own = flag_values is not flags.FLAGS
     if own:
-        flag_values.unparse_flags()
+        for name in flag_values:
+            flag_values[name].unparse()  # its default, not given
         flags.FLAGS.append_flag_values(flag_values)
         for name in flag_values:
             # --help lists the flags of the main module (absl keys it by sys.argv[0]).
