@@ -12,6 +12,21 @@ setup(
     packages=find_packages(include=["sat_tf", "sat_tf.*"]),
     package_data={"sat_tf": ["demo_assets/*", "presets/*/*"]},
     python_requires=">=3.10,<3.13",
+    entry_points={
+        "console_scripts": [
+            f"sat-{name.replace('_', '-')}=sat_tf.cli.{name}:main"
+            for name in (
+                "train",
+                "evaluate",
+                "caption",
+                "export",
+                "demo",
+                "extract_features",
+                "table",
+                "make_preset",
+            )
+        ]
+    },
     install_requires=[
         "tensorflow>=2.21,<2.22",
         "keras>=3.10,<4",

@@ -12,6 +12,28 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 __version__ = "0.1.0"
 
+# The public names load on first use (PEP 562): `import sat_tf` stays free of TensorFlow,
+# which `cpu_allocator` and the allocator choice above rely on.
+_LAZY = {
+    "Caption": "sat_tf.api",
+    "Captioner": "sat_tf.api",
+    "ShowAttendTell": "sat_tf.model.captioner",
+}
+__all__ = [*_LAZY, "cpu_allocator"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'sat_tf' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_LAZY])
+
+
 ALLOCATORS = ("bfc", "onednn", "default")
 
 # A held tensor below oneDNN's small-allocation threshold (256 KiB): the BFC allocator

@@ -1,81 +1,11 @@
-"""Captions a split with a trained model or a preset and scores it with the coco-caption
-metrics.
+"""The command sat-evaluate (sat_tf/cli/evaluate.py); --help describes it."""
 
-  python scripts/evaluate.py --workdir=runs/shapes --split=test --beam_size=3
-  python scripts/evaluate.py --preset=<name> --data_dir=../shared/data/flickr8k --split=test
-
-Writes captions_<split>.json (COCO results format), metrics_<split>.json and
-table_<split>.md (laid out like the paper's Table 1) into the workdir, or into
---output_dir (for a preset by default runs/presets/<its name>); `_beam<k>` comes before
-the extension when --beam_size overrides the model's own. A workdir's model reads its
-feature cache, if it was trained on one; a preset is evaluated from the image files (its
-encoder runs on every photo, as in caption.py and the exports), and its scores are
-compared with those stored in its metadata.json.
-"""
-
-import dataclasses
-import json
 import os
+import sys
 
-from absl import flags
-from flags_lib import define_model_source, define_override, model_source, override, run
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sat_tf import files, preset
-from sat_tf.evaluation import metrics
-from sat_tf.training import captioning, prepare
-from sat_tf.training import workdir as workdir_lib
-
-define_model_source()
-flags.DEFINE_enum("split", "test", ["train", "val", "test"], "Split to caption.")
-define_override("beam_size", "Beam size (1 = greedy)")
-flags.DEFINE_string("data_dir", None, "Dataset folder; default the one the model was trained on.")
-flags.DEFINE_string(
-    "output_dir", None, "Folder for the results; default the workdir, or runs/presets/<name>."
-)
-FLAGS = flags.FLAGS
-
-
-def _with_data_dir(config):
-    return dataclasses.replace(config, data_dir=FLAGS.data_dir) if FLAGS.data_dir else config
-
-
-def main(argv):
-    if len(argv) > 1:
-        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
-    beam_size = override(FLAGS, "beam_size")
-    kind, source = model_source(FLAGS)
-    stored = None
-    if kind == "workdir":
-        model, vocab, config = workdir_lib.load_trained(source)
-        config = _with_data_dir(config)
-        output_dir = FLAGS.output_dir or source
-        captioning.check_output_dir(output_dir, config)
-        os.makedirs(output_dir, exist_ok=True)
-        data = prepare.prepare_data(config, source)
-        scores = captioning.evaluate(model, data, config, output_dir, FLAGS.split, beam_size)
-    else:
-        model, vocab, config = preset.load(source)
-        metadata = preset.read_metadata(preset.resolve(source))
-        config = _with_data_dir(config)
-        output_dir = FLAGS.output_dir or os.path.join("runs", "presets", metadata["name"])
-        scores = captioning.evaluate_images(
-            model, vocab, config, output_dir, FLAGS.split, beam_size
-        )
-        stored = preset.stored_scores(metadata, beam_size or config.beam_size, FLAGS.split)
-    beam = beam_size or config.beam_size
-    name = f"this model ({config.attention} attention, {config.attention_score}, beam {beam})"
-    table = metrics.format_table1(scores, config.dataset, name)
-    table_name = captioning.result_name("table", FLAGS.split, config, beam_size, ".md")
-    files.write_text(os.path.join(output_dir, table_name), table)
-    print(json.dumps(scores, indent=2, sort_keys=True))
-    print(table)
-    if stored is not None:
-        differences = preset.score_differences(stored, scores)
-        print(
-            f"the preset's metadata.json stores the scores of {FLAGS.split}, beam {beam}: "
-            + ("these are equal" if not differences else "they differ: " + "; ".join(differences))
-        )
-
+from sat_tf.cli.evaluate import main  # noqa: E402
 
 if __name__ == "__main__":
-    run(main)
+    sys.exit(main())

@@ -1,46 +1,11 @@
-"""Runs the frozen encoder once per image of a dataset and writes float16 feature shards.
+"""The command sat-extract-features (sat_tf/cli/extract_features.py); --help describes it."""
 
-  python scripts/extract_features.py --flagfile=configs/coco.flags
-  python scripts/extract_features.py --dataset=flickr8k --data_dir=data/flickr8k \
-      --encoder=vgg19 --encoder_weights=imagenet --image_size=224
+import os
+import sys
 
-Shards go to --feature_dir (default <data_dir>/features_<encoder>). Running the same
-command again after an interruption skips the shards already written. Training reads
-them with --use_feature_cache.
-"""
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import flags
-from flags_lib import config_from_flags, define_config_flags, run
-
-from sat_tf.data import feature_cache
-
-flags.DEFINE_integer("shard_size", 1000, "Images per TFRecord shard.")
-flags.DEFINE_integer("extract_batch_size", 32, "Images per encoder call.")
-flags.DEFINE_bool(
-    "skip_bad_images", False, "Leave out images that cannot be decoded instead of stopping."
-)
-define_config_flags()
-FLAGS = flags.FLAGS
-
-
-def main(argv):
-    if len(argv) > 1:
-        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
-    config = config_from_flags(FLAGS)
-    index = feature_cache.extract_for_config(
-        config,
-        shard_size=FLAGS.shard_size,
-        batch_size=FLAGS.extract_batch_size,
-        skip_bad_images=FLAGS.skip_bad_images,
-    )
-    length, depth = index["feature_shape"]
-    skipped = sum(len(s["skipped"]) for s in index["shards"])
-    print(
-        f"{index['num_records'] - skipped} images, {length} x {depth} float16 features in "
-        f"{index['num_shards']} shards: {feature_cache.feature_dir_of(config)}"
-        + (f" ({skipped} undecodable images skipped)" if skipped else "")
-    )
-
+from sat_tf.cli.extract_features import main  # noqa: E402
 
 if __name__ == "__main__":
-    run(main)
+    sys.exit(main())

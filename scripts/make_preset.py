@@ -1,68 +1,11 @@
-"""Makes a preset, `sat_tf/presets/<name>/`, from a trained workdir.
+"""The command sat-make-preset (sat_tf/cli/make_preset.py); --help describes it."""
 
-  python scripts/make_preset.py --workdir=runs/flickr8k_lite0 --name=flickr8k_lite0_soft \\
-      --data_dir=../shared/data/flickr8k \\
-      --train_command="python scripts/train.py --flagfile=flickr8k_lite.flags ..."
-
-The weights are stored in float16 with the vocabulary, the config and metadata.json
-(see sat_tf/preset.py). The preset is written to a temporary folder beside its place,
-loaded back from there as users load it, evaluated on the test split greedily and with
-beam 3 from the image files (the encoder runs on every photo, as caption.py and the
-exports run it), and renamed into place when complete: the scores stored in its
-metadata are those of the shipped float16 weights. `evaluate.py --preset=<name>`
-reproduces them. A preset may take at most 25 MB.
-
-Rebuilding the shipped preset, when a better model is trained: train it (the
-`trained_with` command in the old preset's metadata.json names the settings), then run
-this script with the new workdir, the same --name and --overwrite, and commit the
-folder. `--archive=out.tar.gz` also packs the preset for download
-(`--preset=https://host/out.tar.gz#sha256=<the printed sha256>`).
-"""
-
-import json
 import os
-import shlex
 import sys
 
-from absl import flags
-from flags_lib import run
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sat_tf import preset
-
-flags.DEFINE_string("workdir", None, "The trained workdir (scripts/train.py).")
-flags.DEFINE_string("name", None, "Name of the preset: lowercase letters, digits, _ . -")
-flags.DEFINE_string("train_command", None, "The command that trained the workdir.")
-flags.DEFINE_string("data_dir", None, "Dataset folder to evaluate on; default the training run's.")
-flags.DEFINE_string("description", "", "One line saying what the preset is.")
-flags.DEFINE_string("output_root", preset.PRESETS_DIR, "Folder of presets.")
-flags.DEFINE_string("archive", None, "Also pack the preset into this .tar.gz file.")
-flags.DEFINE_bool("overwrite", False, "Replace an earlier preset of that name.")
-for _name in ("workdir", "name", "train_command"):
-    flags.mark_flag_as_required(_name)
-FLAGS = flags.FLAGS
-
-
-def main(argv):
-    if len(argv) > 1:
-        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
-    metadata = preset.make(
-        FLAGS.workdir,
-        FLAGS.output_root,
-        FLAGS.name,
-        train_command=FLAGS.train_command,
-        make_command=shlex.join(["python", "scripts/make_preset.py", *sys.argv[1:]]),
-        data_dir=FLAGS.data_dir,
-        description=FLAGS.description,
-        overwrite=FLAGS.overwrite,
-    )
-    folder = os.path.join(FLAGS.output_root, FLAGS.name)
-    scores = metadata["scores"]
-    summary = {k: {m: scores[k][m] for m in ("BLEU-4", "CIDEr")} for k in scores if "beam" in k}
-    print(json.dumps({"preset": folder, **summary}, indent=2))
-    if FLAGS.archive:
-        digest = preset.pack(folder, FLAGS.archive)
-        print(f"archive: {FLAGS.archive}\nsha256: {digest}")
-
+from sat_tf.cli.make_preset import main  # noqa: E402
 
 if __name__ == "__main__":
-    run(main)
+    sys.exit(main())

@@ -1,31 +1,11 @@
-"""Trains Show, Attend and Tell, keeps the best model by validation BLEU-4, and prints
-its test metrics.
+"""The command sat-train (sat_tf/cli/train.py); --help describes it."""
 
-  python scripts/train.py                                 # built-in shapes dataset
-  python scripts/train.py --flagfile=configs/coco.flags --workdir=runs/coco
+import os
+import sys
 
-Running the same command again after an interruption resumes from the last backup.
-"""
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import json
-
-from absl import flags
-from flags_lib import config_from_flags, define_config_flags, run
-
-from sat_tf.training import train_lib
-
-flags.DEFINE_string("workdir", "runs/shapes", "Where checkpoints, logs and results go.")
-define_config_flags()
-FLAGS = flags.FLAGS
-
-
-def main(argv):
-    if len(argv) > 1:
-        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
-    config = config_from_flags(FLAGS)
-    scores = train_lib.train_and_evaluate(config, FLAGS.workdir)
-    print(json.dumps(scores, indent=2, sort_keys=True))
-
+from sat_tf.cli.train import main  # noqa: E402
 
 if __name__ == "__main__":
-    run(main)
+    sys.exit(main())

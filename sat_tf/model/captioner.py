@@ -203,6 +203,36 @@ class ShowAttendTell(ResumableModel):
         self._update_trackers(self.loss_terms(batch, training=False))
         return self._logs([self.loss_tracker, self.nll_tracker])
 
+    @classmethod
+    def from_preset(cls, source, cache_dir=None):
+        """Loads a preset (keras-hub's `from_preset`): a trained captioner with its
+        vocabulary and settings.
+
+        Args:
+          source: a shipped preset's name (`sat_tf.preset.names()`), a preset folder, or
+            the https:// URL of a preset archive, optionally ending in `#sha256=<hex>`.
+          cache_dir: where downloads are kept; None for the preset module's default.
+
+        Returns:
+          the `ShowAttendTell`, float32, with two attributes set: `vocab`, its
+          `sat_tf.data.vocab.Vocab` (ids <-> words), and `config`, the
+          `sat_tf.config.Config` it was trained with (image size and crop, decoding
+          length, beam size). `sat_tf.Captioner(model, model.vocab, model.config)`
+          captions images with it.
+
+        Raises:
+          ValueError: one line naming the preset and what is wrong with it.
+        """
+        from sat_tf import preset  # the preset format is built on the model, not in it
+
+        model, vocab, config = preset.load(source, cache_dir)
+        if not isinstance(model, cls):
+            raise ValueError(
+                f"preset {source} holds a {type(model).__name__}, not a {cls.__name__}"
+            )
+        model.vocab, model.config = vocab, config
+        return model
+
     def generate(self, batch, max_length=40, beam_size=1, length_penalty=0.0):
         """Captions a batch in the graph: greedy for beam_size 1, else beam search.
 

@@ -1,0 +1,274 @@
+"""The Python API: caption photos with a trained model in three lines.
+
+    from sat_tf import Captioner
+    captioner = Captioner.from_preset("flickr8k_lite0_soft")
+    print(captioner.caption("photo.jpg")[0].text)
+
+`Captioner.caption` takes one image or a list of them, each a file path, encoded bytes
+(JPEG / PNG / GIF / BMP / WebP), a PIL image or a numpy array; it brings every image to the
+model's geometry with the package's own image code (`sat_tf.data.image_io`: shorter side
+to `image_size / crop_fraction`, centre crop), captions them in batches with the model's
+own decoding (`ShowAttendTell.generate`, greedy or beam search) and returns one `Caption`
+per image: the words, their ids, the caption's log-probability and where the model
+looked for every word.
+"""
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from PIL import Image, ImageOps
+
+from sat_tf import serving
+from sat_tf.data import image_io
+from sat_tf.evaluation import visualize
+from sat_tf.model.captioner import ShowAttendTell
+from sat_tf.model.encoder import crop_fraction_of
+from sat_tf.training import captioning
+from sat_tf.training import workdir as workdir_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Caption:
+    """The caption of one image.
+
+    Attributes:
+      text: the words joined by spaces.
+      words: the caption's words (never `<pad>`, `<start>`, `<unk>`; `<end>` not included).
+      tokens: int32 (len(words),) their ids in the model's vocabulary.
+      score: log p(words, `<end>` | image), the sum of the emitted tokens'
+        log-probabilities that greedy and beam search maximise (`<end>` included when
+        it was emitted; a caption cut at the length limit has none).
+      attention: float32 (M, H, W), where the model looked: `attention[i]` is the map
+        (summing to 1 over the H x W grid of annotation vectors, paper §4) that emitted
+        `words[i]`; a caption that ended with `<end>` has one map more, for `<end>`
+        (M = len(words) + 1), one cut at the length limit has M = len(words).
+      image: uint8 (S, S, 3) the pixels the model saw (after resize and centre crop).
+    """
+
+    text: str
+    words: list[str]
+    tokens: np.ndarray
+    score: float
+    attention: np.ndarray
+    image: np.ndarray
+
+
+def _is_batch(images) -> bool:
+    if isinstance(images, np.ndarray):
+        return images.ndim == 4
+    return isinstance(images, (list, tuple))
+
+
+def _describe(image, index) -> str:
+    if isinstance(image, (str, os.PathLike)):
+        return repr(os.fspath(image))
+    return f"{index} of the batch ({type(image).__name__})"
+
+
+def _array_pixels(array: np.ndarray, what: str) -> np.ndarray:
+    """An (H, W, 3) float32 array in [0, 255] from a numpy image (converted, not refused:
+    grayscale gets three channels, RGBA loses its alpha as `image_io.decode_upright` does).
+
+    Raises:
+      ValueError: for a shape that is not an image, or float pixels outside [0, 255] or
+        all within (0, 1] (the [0, 1] convention; the model takes [0, 255]).
+    """
+    if array.ndim == 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    if array.ndim == 2:
+        array = np.stack([array] * 3, axis=-1)
+    if array.ndim != 3 or array.shape[-1] not in (3, 4) or 0 in array.shape:
+        raise ValueError(
+            f"image {what}: a numpy image must be (H, W), (H, W, 1), (H, W, 3) or "
+            f"(H, W, 4); got shape {array.shape}"
+        )
+    array = array[..., :3]
+    if np.issubdtype(array.dtype, np.floating):
+        low, high = float(np.min(array)), float(np.max(array))
+        if not (np.isfinite(low) and np.isfinite(high)) or low < 0 or high > 255:
+            raise ValueError(
+                f"image {what}: float pixels must lie in [0, 255]; these span [{low}, {high}]"
+            )
+        if 0 < high <= 1:
+            raise ValueError(
+                f"image {what}: float pixels must lie in [0, 255]; these all lie in [0, 1] "
+                "(multiply by 255)"
+            )
+    elif array.dtype == np.uint16:
+        array = array / 257.0
+    elif array.dtype != np.uint8:
+        raise ValueError(f"image {what}: pixels must be uint8, uint16 or float, not {array.dtype}")
+    return array.astype(np.float32)
+
+
+class Captioner:
+    """Captions images with a trained `ShowAttendTell`.
+
+    Args:
+      model: a `ShowAttendTell` (e.g. `ShowAttendTell.from_preset(...)`).
+      vocab: its `Vocab`.
+      config: its `Config` (image size and crop, decoding length, default beam size).
+      batch_size: images per call of the model.
+    """
+
+    def __init__(self, model, vocab, config, batch_size: int = 16):
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be at least 1")
+        self.model, self.vocab, self.config = model, vocab, config
+        self.batch_size = batch_size
+        self.crop_fraction = crop_fraction_of(config)
+        # A model trained on cached features runs the backbone that made them.
+        self._encoder = serving.export_encoder(model, config) if model.encoder is None else None
+        self._caption_fns = {}
+
+    @classmethod
+    def from_preset(cls, source: str, cache_dir: str | None = None, **kwargs) -> "Captioner":
+        """A captioner of a preset: a shipped name (`sat_tf.preset.names()`), a preset
+        folder, or an https:// URL of a preset archive (`#sha256=<hex>` checks it)."""
+        model = ShowAttendTell.from_preset(source, cache_dir)
+        return cls(model, model.vocab, model.config, **kwargs)
+
+    @classmethod
+    def from_workdir(cls, workdir: str, **kwargs) -> "Captioner":
+        """A captioner of a training workdir (`sat-train`): its best weights."""
+        return cls(*workdir_lib.load_trained(workdir), **kwargs)
+
+    @property
+    def image_size(self) -> int:
+        return self.config.image_size
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(H, W) of the attention maps."""
+        return tuple(self.model.grid)
+
+    def load_image(self, image: Any, index: int = 0) -> np.ndarray:
+        """One image at the model's geometry: (S, S, 3) float32 pixels in [0, 255].
+
+        Args:
+          image: a file path (str or `os.PathLike`), encoded bytes, a PIL image, or a
+            numpy array (H, W, 3) of uint8 or of floats in [0, 255] (grayscale and RGBA
+            are converted).
+          index: its place in a batch, for error messages.
+
+        Raises:
+          ValueError: naming the image (its path, or its place in the batch) and what is
+            wrong with it.
+        """
+        size, crop = self.image_size, self.crop_fraction
+        what = _describe(image, index)
+        if isinstance(image, (str, os.PathLike)):
+            pixels = image_io.load_image_file(os.fspath(image), size, crop)
+        elif isinstance(image, (bytes, bytearray)):
+            if not image:
+                raise ValueError(f"image {what} is empty (0 bytes)")
+            try:
+                pixels = image_io.decode_image(tf.constant(bytes(image)), size, crop)
+            except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
+                reason = e.message.strip().splitlines()[0]
+                raise ValueError(f"image {what} cannot be decoded: {reason}") from None
+        elif isinstance(image, Image.Image):
+            # Upright as `image_io.decode_upright` turns a file; RGB as it converts one.
+            upright = ImageOps.exif_transpose(image)
+            array = np.asarray(upright.convert("RGBA" if "A" in upright.getbands() else "RGB"))
+            pixels = image_io.resize_and_crop(_array_pixels(array, what), size, crop)
+        elif isinstance(image, np.ndarray):
+            pixels = image_io.resize_and_crop(_array_pixels(image, what), size, crop)
+        else:
+            raise ValueError(f"image {what}: give a file path, bytes, a PIL image or a numpy array")
+        return np.asarray(pixels, np.float32)
+
+    def _caption_fn(self, beam_size):
+        if beam_size not in self._caption_fns:
+            self._caption_fns[beam_size] = captioning.make_caption_fn(
+                self.model, self.config, beam_size, self._encoder
+            )
+        return self._caption_fns[beam_size]
+
+    def caption_pixels(self, pixels: np.ndarray, beam_size: int | None = None) -> list[Caption]:
+        """Captions images already at the model's geometry (`load_image`).
+
+        Args:
+          pixels: (N, S, S, 3) float pixels in [0, 255].
+          beam_size: 1 for greedy decoding, k for beam search; None for the config's.
+
+        Returns:
+          one `Caption` per image.
+        """
+        if beam_size is not None and beam_size < 1:
+            raise ValueError(f"beam_size={beam_size} must be at least 1 (None: the model's)")
+        pixels = np.asarray(pixels, np.float32)
+        size = self.image_size
+        if pixels.ndim != 4 or pixels.shape[1:] != (size, size, 3):
+            raise ValueError(f"pixels must be (N, {size}, {size}, 3); got {pixels.shape}")
+        captions = []
+        caption = self._caption_fn(beam_size)
+        for start in range(0, len(pixels), self.batch_size):
+            chunk = pixels[start : start + self.batch_size]
+            out = caption({"image": tf.constant(chunk)})
+            tokens, lengths = out.tokens.numpy(), out.length.numpy()
+            maps = out.attention.numpy().reshape((*tokens.shape, *self.grid))  # (B, T, H, W)
+            for i, n in enumerate(lengths):
+                words = self.vocab.decode(tokens[i][:n])
+                emitted = min(n + 1, tokens.shape[1])  # the words and `<end>`, if emitted
+                captions.append(
+                    Caption(
+                        text=" ".join(words),
+                        words=words,
+                        tokens=tokens[i][:n].astype(np.int32),
+                        score=float(out.log_prob[i]),
+                        attention=maps[i, :emitted],
+                        image=np.clip(np.round(chunk[i]), 0, 255).astype(np.uint8),
+                    )
+                )
+        return captions
+
+    def caption(self, images, beam_size: int | None = None) -> list[Caption]:
+        """Captions one image or a list of images.
+
+        Args:
+          images: one image or a list (or an (N, H, W, 3) array) of images, each as
+            `load_image` takes it.
+          beam_size: 1 for greedy decoding, k for beam search; None for the config's.
+
+        Returns:
+          a list of `Caption`, one per image, in order (a list of one for one image).
+
+        Raises:
+          ValueError: naming the first image that cannot be read, and why.
+        """
+        batch = list(images) if _is_batch(images) else [images]
+        if not batch:
+            return []
+        pixels = np.stack([self.load_image(image, i) for i, image in enumerate(batch)])
+        return self.caption_pixels(pixels, beam_size)
+
+    def attention_figure(self, caption: Caption, path: str | None = None) -> np.ndarray:
+        """The picture of where the model looked for every word (paper Fig. 3): the image,
+        then a panel per word; for a hard-attention model each panel outlines the cell it
+        attended to (`sat_tf.evaluation.visualize.attention_figure`).
+
+        Args:
+          caption: a `Caption` of this captioner.
+          path: if given, the PNG is written there.
+
+        Returns:
+          the picture, (h, w, 3) uint8.
+        """
+        alphas = caption.attention.reshape(len(caption.attention), -1)  # (M, L)
+        shown, points = visualize.caption_panels(
+            caption.words, alphas, self.config.attention == "hard"
+        )
+        return visualize.attention_figure(
+            caption.image, shown, alphas, self.grid, hard_points=points, path=path
+        )
+
+    def attention_summary(self, caption: Caption) -> str:
+        """A text table of where the model looked for each word
+        (`sat_tf.evaluation.visualize.attention_summary`)."""
+        alphas = caption.attention.reshape(len(caption.attention), -1)  # (M, L)
+        shown, _ = visualize.caption_panels(caption.words, alphas, False)
+        return visualize.attention_summary(shown, alphas, self.grid)

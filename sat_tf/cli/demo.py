@@ -1,0 +1,74 @@
+"""Serves a web page on 127.0.0.1 to try a captioner: upload or drop a photo, read its
+caption and see where the model looked for every word.
+
+  python scripts/demo.py --preset=flickr8k_lite0_soft
+  python scripts/demo.py --workdir=runs/shapes
+  python scripts/demo.py --export=exports/sat/1,exports/sat/2 --port=8000 --samples=photos/
+
+With --preset or --workdir the trained model is exported twice (greedy and beam 3) into a
+temporary folder, removed when the demo stops; with --export (one or two SavedModel folders of
+export/export.py, repeated or comma-separated) the page offers the decodings they were
+exported with. Captions come from each SavedModel's serving_default signature.
+"""
+
+import signal
+import sys
+import tempfile
+
+from absl import flags
+
+from sat_tf import demo
+from sat_tf.cli.flags_lib import define_model_source, load_model, run
+
+FLAGS = flags.FlagValues()
+flags.DEFINE_multi_string(
+    "export",
+    [],
+    "SavedModel folder(s) of export/export.py, one per decoding (at most two).",
+    flag_values=FLAGS,
+)
+define_model_source(FLAGS)
+flags.DEFINE_integer("port", 8000, "Port on 127.0.0.1; 0 picks a free one.", flag_values=FLAGS)
+flags.DEFINE_string(
+    "samples", "", "Folder of sample photos offered on the page (first 8).", flag_values=FLAGS
+)
+
+
+def export_dirs(folder):
+    """The export folders to serve: --export's, or the model of --preset or --workdir
+    exported into `folder`."""
+    exports = [p for value in FLAGS.export for p in value.split(",") if p]
+    trained = FLAGS.workdir or FLAGS.preset
+    if exports and trained:
+        raise ValueError("give --export, or one of --preset and --workdir, not both")
+    if not exports and not trained:
+        raise ValueError(
+            "give --preset=NAME, --workdir=DIR (a trained model) or --export=DIR[,DIR] "
+            "(SavedModels)"
+        )
+    if trained:
+        print(f"exporting {trained} (greedy and beam 3) to {folder} ...", flush=True)
+        return demo.export_decodings(load_model(FLAGS), folder)
+    return exports
+
+
+def _main(argv):
+    if len(argv) > 1:
+        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    samples = demo.find_samples(FLAGS.samples) if FLAGS.samples else []
+    with tempfile.TemporaryDirectory(prefix="sat_tf_demo_") as folder:
+        captioners = demo.load_captioners(export_dirs(folder))
+        server = demo.serve(demo.create_app(captioners, samples), FLAGS.port)
+        names = " and ".join(c.name for c in captioners)
+        print(f"demo ({names}) at http://{demo.HOST}:{server.port}/ ; Ctrl-C stops it", flush=True)
+        server.serve_forever()
+
+
+def main(argv=None):
+    """The console command; `argv` (program name first) defaults to `sys.argv`.
+
+    Returns:
+      the exit status.
+    """
+    return run(_main, FLAGS, argv, __doc__)

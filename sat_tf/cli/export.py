@@ -1,0 +1,74 @@
+"""Exports a trained workdir or a preset as a SavedModel for TF Serving (and optionally
+TFLite).
+
+  python export/export.py --workdir=runs/shapes --output=exports/sat/1
+  python export/export.py --workdir=runs/shapes --output=exports/sat/2 --beam_size=3 --tflite
+  python export/export.py --preset=<name> --output=exports/preset/1 --tflite --quantize=dynamic
+
+The export directory gets the SavedModel (signatures serving_default, caption_images,
+caption_features), vocab.txt, sat_tf_export.json and, with --tflite, caption.tflite;
+--quantize=dynamic adds caption_int8.tflite (int8 weights, float activations).
+See export/serving/README.md for serving it.
+"""
+
+import json
+import os
+
+from absl import flags
+
+from sat_tf import serving
+from sat_tf.cli.flags_lib import define_model_source, define_override, load_model, override, run
+
+FLAGS = flags.FlagValues()
+define_model_source(FLAGS)
+flags.DEFINE_string(
+    "output",
+    None,
+    "Export directory, e.g. exports/sat/1 (a TF Serving version).",
+    flag_values=FLAGS,
+)
+define_override("beam_size", "Beam size fixed in the graph (1 = greedy)", FLAGS)
+define_override("max_length", "Most tokens per caption", FLAGS)
+flags.DEFINE_bool(
+    "tflite",
+    False,
+    "Also write caption.tflite (builtin ops, greedy decoding).",
+    flag_values=FLAGS,
+)
+flags.DEFINE_enum(
+    "quantize",
+    None,
+    list(serving.QUANTIZATIONS),
+    "With --tflite, also write caption_int8.tflite: dynamic = int8 weights, float activations.",
+    flag_values=FLAGS,
+)
+flags.DEFINE_bool("overwrite", False, "Replace an earlier export at --output.", flag_values=FLAGS)
+flags.mark_flag_as_required("output", flag_values=FLAGS)
+
+
+def _main(argv):
+    if len(argv) > 1:
+        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    model, vocab, config = load_model(FLAGS)
+    info = serving.export(
+        model,
+        vocab,
+        config,
+        FLAGS.output,
+        beam_size=override(FLAGS, "beam_size"),
+        max_length=override(FLAGS, "max_length"),
+        tflite=FLAGS.tflite,
+        quantize=FLAGS.quantize,
+        overwrite=FLAGS.overwrite,
+    )
+    summary = {k: v for k, v in info.items() if k != "config"}
+    print(json.dumps({"output": os.path.abspath(FLAGS.output), **summary}, indent=2))
+
+
+def main(argv=None):
+    """The console command; `argv` (program name first) defaults to `sys.argv`.
+
+    Returns:
+      the exit status.
+    """
+    return run(_main, FLAGS, argv, __doc__)

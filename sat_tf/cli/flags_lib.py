@@ -1,0 +1,229 @@
+"""absl flags generated from the fields of `sat_tf.config.Config`, and `run`, which parses
+a command line into one command's flags and calls its main.
+
+Each command (`sat_tf/cli/<name>.py`, the console command `sat-<name>` and
+`scripts/<name>.py`) defines its flags on its own `flags.FlagValues` at import, so that
+every command can be imported (and run, `main(argv)`) in one process; `run` adds them to
+absl's `flags.FLAGS` for the parse and removes them after. Nothing else under `sat_tf/`
+reads flags. A flagfile is plain data, one flag a line (`--flagfile=configs/coco.flags`),
+read by absl; a name not found from the working directory is looked up in the project's
+`configs/` (`--flagfile=coco.flags`), also for flagfiles that flagfiles name. An unknown
+flag in it stops the command with a one-line error naming the flag.
+"""
+
+import os
+import sys
+
+from absl import app, flags
+
+from sat_tf import config as config_lib
+
+# The repository root: configs/ holds the project's flagfiles (an editable install, or a
+# checkout run through scripts/).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS = os.path.join(ROOT, "configs")
+
+_DEFINE = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float}
+
+
+def define_config_flags(flag_values=flags.FLAGS, only=None):
+    """Defines one flag per `Config` field (or per field named in `only`)."""
+    for name, default, kind, help_text in config_lib.fields_with_help():
+        if only is not None and name not in only:
+            continue
+        if name in config_lib.CHOICES:
+            flags.DEFINE_enum(
+                name, default, list(config_lib.CHOICES[name]), help_text, flag_values=flag_values
+            )
+        elif kind in _DEFINE:
+            _DEFINE[kind](name, default, help_text, flag_values=flag_values)
+        else:
+            flags.DEFINE_string(name, default, help_text, flag_values=flag_values)
+
+
+def config_from_flags(flag_values=flags.FLAGS):
+    """Builds a `Config` from parsed flags.
+
+    Raises:
+      ValueError: for an invalid value, or for flags given explicitly (on the command
+        line or in a flagfile) that contradict each other
+        (`config_lib.check_given_settings`).
+    """
+    names = [name for name, *_ in config_lib.fields_with_help() if name in flag_values]
+    config = config_lib.Config(**{name: flag_values[name].value for name in names})
+    config_lib.check_given_settings(config, {n for n in names if flag_values[n].present})
+    return config
+
+
+FLAGFILE_HELP = (
+    "\n--flagfile=NAME reads flags from a file, one a line; a NAME not found from the "
+    f"working directory is looked up in {CONFIGS} (e.g. --flagfile=coco.flags).\n"
+)
+
+
+def find_flagfile(name):
+    """The path of flagfile `name`: as given when it exists, else in the project's
+    configs/ (or the project's root, for names such as `configs/shapes.flags`).
+
+    Raises:
+      ValueError: naming every place looked in.
+    """
+    for path in (name, os.path.join(CONFIGS, name), os.path.join(ROOT, name)):
+        if os.path.isfile(path):
+            return path
+    raise ValueError(
+        f"flagfile {name!r} not found in the working directory ({os.getcwd()}) nor in {CONFIGS}"
+    )
+
+
+class _FlagfileReader(flags.FlagValues):
+    """absl's own flagfile reading (comments, nesting, `--flagfile NAME`, cycles), with
+    `find_flagfile` choosing the file a name means: the one thing absl cannot do, as it
+    opens every name from the working directory. `_get_flag_file_lines` is the method
+    through which absl opens each flagfile, the top one and every nested one."""
+
+    def _get_flag_file_lines(self, filename, parsed_file_stack=None):
+        if filename:
+            filename = os.path.realpath(find_flagfile(filename))
+        return super()._get_flag_file_lines(filename, parsed_file_stack)
+
+
+def expand_flagfiles(argv):
+    """`argv` with every `--flagfile=NAME` (and `--flagfile NAME`) replaced, in place, by
+    the flags of the file it names (`find_flagfile`), recursively, as absl expands them.
+
+    Raises:
+      ValueError: for a flagfile that cannot be found or read.
+    """
+    try:
+        return _FlagfileReader().read_flags_from_files(list(argv))
+    except (flags.Error, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read a flagfile of {' '.join(argv)}: {e}") from e
+
+
+def define_override(name, what, flag_values=flags.FLAGS):
+    """An integer flag whose absence means the trained model's own setting."""
+    flags.DEFINE_integer(
+        name,
+        None,
+        f"{what}; left out: the trained model's own --{name}.",
+        flag_values=flag_values,
+    )
+
+
+def override(flag_values, name):
+    """The value of a `define_override` flag (None when left out).
+
+    Raises:
+      ValueError: for a value below 1.
+    """
+    value = flag_values[name].value
+    if value is not None and value < 1:
+        raise ValueError(f"--{name}={value} must be at least 1 (leave it out for the model's own)")
+    return value
+
+
+def define_model_source(flag_values=flags.FLAGS):
+    """The flags --workdir and --preset, of which a script that loads a trained model
+    takes exactly one (`load_model`)."""
+    flags.DEFINE_string(
+        "workdir",
+        None,
+        "A trained workdir (scripts/train.py); or --preset.",
+        flag_values=flag_values,
+    )
+    flags.DEFINE_string(
+        "preset",
+        None,
+        "A preset instead of --workdir: the name of a shipped one (sat_tf/presets/), a "
+        "preset folder, or the https:// URL of a preset archive (#sha256=<hex> checks it).",
+        flag_values=flag_values,
+    )
+
+
+def model_source(flag_values):
+    """("workdir", path) or ("preset", source) from the flags of `define_model_source`.
+
+    Raises:
+      ValueError: unless exactly one of the two is given.
+    """
+    workdir, source = flag_values["workdir"].value, flag_values["preset"].value
+    if workdir and source:
+        raise ValueError(
+            f"give --workdir or --preset, not both (--workdir={workdir} --preset={source})"
+        )
+    if not workdir and not source:
+        raise ValueError(
+            "give --workdir=<a trained workdir> or --preset=<a shipped name, a folder or "
+            "an https:// URL>"
+        )
+    return ("workdir", workdir) if workdir else ("preset", source)
+
+
+def load_model(flag_values):
+    """(model, vocab, config) of the workdir or preset the flags name (`model_source`)."""
+    from sat_tf import preset
+    from sat_tf.training import workdir as workdir_lib
+
+    kind, source = model_source(flag_values)
+    if kind == "workdir":
+        return workdir_lib.load_trained(source)
+    return preset.load(source)
+
+
+def _error(e):
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+
+
+def run(main, flag_values=flags.FLAGS, argv=None, doc=""):
+    """Parses `argv` into `flag_values` and calls `main` with the arguments left, through
+    `absl.app.run` (its --help / --helpfull, logging flags and flagfiles, with names
+    looked up by `expand_flagfiles`).
+
+    Args:
+      main: a function of the remaining argv (its program name first); its return value
+        is the exit status (None for 0).
+      flag_values: the command's own `flags.FlagValues`; reset to defaults first, so a
+        command can run more than once in a process. A script that defines its flags on
+        absl's `flags.FLAGS` itself passes that (the default).
+      argv: the command line, program name first; None for `sys.argv`.
+      doc: the command's help text, printed by --help before the flags.
+
+    Returns:
+      the exit status: main's, 1 for a ValueError (printed as one line `error: ...`) or
+      for flags absl cannot parse.
+    """
+    argv = list(sys.argv if argv is None else argv)
+    try:
+        argv = [argv[0], *expand_flagfiles(argv[1:])]
+    except ValueError as e:
+        return _error(e)
+
+    def wrapped(args):
+        flag_values.mark_as_parsed()
+        try:
+            return main(args)
+        except ValueError as e:
+            return _error(e)
+
+    main_module = sys.modules["__main__"]
+    main_doc = main_module.__doc__
+    own = flag_values is not flags.FLAGS
+    if own:
+        for name in flag_values:
+            flag_values[name].unparse()  # its default, not given
+        flags.FLAGS.append_flag_values(flag_values)
+        for name in flag_values:
+            # --help lists the flags of the main module (absl keys it by sys.argv[0]).
+            flags.FLAGS.register_flag_by_module(sys.argv[0], flag_values[name])
+    try:
+        main_module.__doc__ = (doc or main_doc or "") + FLAGFILE_HELP
+        app.run(wrapped, argv=argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else _error(e.code))
+    finally:
+        main_module.__doc__ = main_doc
+        if own:
+            flags.FLAGS.remove_flag_values(flag_values)
+    return 0

@@ -1,0 +1,86 @@
+"""Makes a preset, `sat_tf/presets/<name>/`, from a trained workdir.
+
+  python scripts/make_preset.py --workdir=runs/flickr8k_lite0 --name=flickr8k_lite0_soft \\
+      --data_dir=../shared/data/flickr8k \\
+      --train_command="python scripts/train.py --flagfile=flickr8k_lite.flags ..."
+
+The weights are stored in float16 with the vocabulary, the config and metadata.json
+(see sat_tf/preset.py). The preset is written to a temporary folder beside its place,
+loaded back from there as users load it, evaluated on the test split greedily and with
+beam 3 from the image files (the encoder runs on every photo, as caption.py and the
+exports run it), and renamed into place when complete: the scores stored in its
+metadata are those of the shipped float16 weights. `evaluate.py --preset=<name>`
+reproduces them. A preset may take at most 25 MB.
+
+Rebuilding the shipped preset, when a better model is trained: train it (the
+`trained_with` command in the old preset's metadata.json names the settings), then run
+this script with the new workdir, the same --name and --overwrite, and commit the
+folder. `--archive=out.tar.gz` also packs the preset for download
+(`--preset=https://host/out.tar.gz#sha256=<the printed sha256>`).
+"""
+
+import json
+import os
+import shlex
+import sys
+
+from absl import flags
+
+from sat_tf import preset
+from sat_tf.cli.flags_lib import run
+
+PROGRAM = "sat-make-preset"
+
+FLAGS = flags.FlagValues()
+for _name, _default, _help in (
+    ("workdir", None, "The trained workdir (scripts/train.py)."),
+    ("name", None, "Name of the preset: lowercase letters, digits, _ . -"),
+    ("train_command", None, "The command that trained the workdir."),
+    ("data_dir", None, "Dataset folder to evaluate on; default the training run's."),
+    ("description", "", "One line saying what the preset is."),
+    ("output_root", preset.PRESETS_DIR, "Folder of presets."),
+    ("archive", None, "Also pack the preset into this .tar.gz file."),
+):
+    flags.DEFINE_string(_name, _default, _help, flag_values=FLAGS)
+flags.DEFINE_bool("overwrite", False, "Replace an earlier preset of that name.", flag_values=FLAGS)
+for _name in ("workdir", "name", "train_command"):
+    flags.mark_flag_as_required(_name, flag_values=FLAGS)
+
+
+def _command(argv):
+    """The command line as it would be typed again: the script's path, or the console
+    command's name."""
+    program = ["python", "scripts/make_preset.py"] if argv[0].endswith(".py") else [PROGRAM]
+    return shlex.join([*program, *argv[1:]])
+
+
+def _main(argv, command):
+    if len(argv) > 1:
+        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    metadata = preset.make(
+        FLAGS.workdir,
+        FLAGS.output_root,
+        FLAGS.name,
+        train_command=FLAGS.train_command,
+        make_command=command,
+        data_dir=FLAGS.data_dir,
+        description=FLAGS.description,
+        overwrite=FLAGS.overwrite,
+    )
+    folder = os.path.join(FLAGS.output_root, FLAGS.name)
+    scores = metadata["scores"]
+    summary = {k: {m: scores[k][m] for m in ("BLEU-4", "CIDEr")} for k in scores if "beam" in k}
+    print(json.dumps({"preset": folder, **summary}, indent=2))
+    if FLAGS.archive:
+        digest = preset.pack(folder, FLAGS.archive)
+        print(f"archive: {FLAGS.archive}\nsha256: {digest}")
+
+
+def main(argv=None):
+    """The console command; `argv` (program name first) defaults to `sys.argv`.
+
+    Returns:
+      the exit status.
+    """
+    argv = list(sys.argv if argv is None else argv)
+    return run(lambda rest: _main(rest, _command(argv)), FLAGS, argv, __doc__)

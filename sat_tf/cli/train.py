@@ -1,0 +1,38 @@
+"""Trains Show, Attend and Tell, keeps the best model by validation BLEU-4, and prints
+its test metrics.
+
+  python scripts/train.py                                 # built-in shapes dataset
+  python scripts/train.py --flagfile=configs/coco.flags --workdir=runs/coco
+
+Running the same command again after an interruption resumes from the last backup.
+"""
+
+import json
+
+from absl import flags
+
+from sat_tf.cli.flags_lib import config_from_flags, define_config_flags, run
+from sat_tf.training import train_lib
+
+FLAGS = flags.FlagValues()
+flags.DEFINE_string(
+    "workdir", "runs/shapes", "Where checkpoints, logs and results go.", flag_values=FLAGS
+)
+define_config_flags(FLAGS)
+
+
+def _main(argv):
+    if len(argv) > 1:
+        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    config = config_from_flags(FLAGS)
+    scores = train_lib.train_and_evaluate(config, FLAGS.workdir)
+    print(json.dumps(scores, indent=2, sort_keys=True))
+
+
+def main(argv=None):
+    """The console command; `argv` (program name first) defaults to `sys.argv`.
+
+    Returns:
+      the exit status.
+    """
+    return run(_main, FLAGS, argv, __doc__)

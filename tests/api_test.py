@@ -1,0 +1,231 @@
+"""Tests for the Python API (`sat_tf.Captioner`, `ShowAttendTell.from_preset`) on the
+shipped preset: README's three lines, every input kind against the file path, batches
+against one image at a time, and the captions against the package's own pipeline of
+`scripts/caption.py` before the API (preset.load, image_io, make_caption_fn)."""
+
+import contextlib
+import io
+import os
+import pathlib
+import shutil
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+from PIL import Image
+
+import sat_tf
+from sat_tf import preset, serving
+from sat_tf.config import Config
+from sat_tf.data import image_io
+from sat_tf.model.encoder import crop_fraction_of
+from sat_tf.training import captioning
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLICKR8K = os.environ.get("SAT_TF_FLICKR8K", os.path.join(ROOT, "..", "shared", "data", "flickr8k"))
+PRESET = "flickr8k_lite0_soft"
+
+# README's first lines after `pip install -e .[weights]`, run as they are written.
+README_LINES = """\
+from sat_tf import Captioner
+c = Captioner.from_preset("flickr8k_lite0_soft")
+print(c.caption("photo.jpg")[0].text)
+"""
+
+
+def flickr8k_photos(count):
+    """The first `count` Flickr8k test photos, or None without the data."""
+    listing = os.path.join(FLICKR8K, "Flickr_8k.testImages.txt")
+    if not os.path.exists(listing):
+        return None
+    with open(listing, encoding="utf-8") as f:
+        names = [line.strip() for line in f if line.strip()][:count]
+    paths = [os.path.join(FLICKR8K, "Flicker8k_Dataset", name) for name in names]
+    return paths if all(os.path.exists(p) for p in paths) else None
+
+
+def made_photo(path, seed=0, size=(180, 240)):
+    """A photo-like picture (smooth colour fields, a bright disc) saved at `path`."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[: size[0], : size[1]] / np.array(size).reshape(2, 1, 1)
+    pixels = np.stack([x, y, 1 - x * y], -1) * rng.uniform(80, 250, 3)
+    cy, cx = rng.uniform(0.3, 0.7, 2)
+    pixels[(y - cy) ** 2 + (x - cx) ** 2 < 0.03] = rng.uniform(0, 255, 3)
+    Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(path)
+    return path
+
+
+def pipeline_words(model, vocab, config, paths, beam_size):
+    """The captions of `paths` by the steps scripts/caption.py took before the API."""
+    crop = crop_fraction_of(config)
+    images = np.stack([image_io.load_image_file(p, config.image_size, crop) for p in paths])
+    encoder = serving.export_encoder(model, config) if model.encoder is None else None
+    out = captioning.make_caption_fn(model, config, beam_size, encoder)({"image": images})
+    return [vocab.decode(out.tokens[i][: int(out.length[i])].numpy()) for i in range(len(paths))]
+
+
+class CaptionerTest(tf.test.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.dir = tempfile.mkdtemp()
+        cls.addClassCleanup(shutil.rmtree, cls.dir, ignore_errors=True)
+        cls.captioner = sat_tf.Captioner.from_preset(PRESET)
+        cls.pngs = [made_photo(os.path.join(cls.dir, f"made_{i}.png"), i) for i in range(3)]
+
+    def test_readme_three_lines(self):
+        photos = flickr8k_photos(1)
+        cwd = os.getcwd()
+        os.chdir(self.dir)
+        try:
+            if photos:
+                shutil.copy(photos[0], "photo.jpg")
+            else:
+                Image.open(self.pngs[0]).convert("RGB").save("photo.jpg", quality=95)
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                exec(README_LINES, {})
+            model, vocab, config = preset.load(PRESET)
+            want = pipeline_words(model, vocab, config, ["photo.jpg"], config.beam_size)[0]
+        finally:
+            os.chdir(cwd)
+        self.assertNotEmpty(want)
+        self.assertEqual(printed.getvalue(), " ".join(want) + "\n")
+
+    def test_from_preset_attaches_vocab_and_config(self):
+        model = sat_tf.ShowAttendTell.from_preset(PRESET)
+        folder = os.path.join(preset.PRESETS_DIR, PRESET)
+        self.assertIsInstance(model, sat_tf.ShowAttendTell)
+        self.assertEqual(model.config, Config.load(os.path.join(folder, "config.json")))
+        with open(os.path.join(folder, "vocab.txt"), encoding="utf-8") as f:
+            self.assertEqual(list(model.vocab.words), f.read().splitlines())
+        self.assertEqual(model.vocab_size, len(model.vocab))
+
+    def test_caption_fields(self):
+        (caption,) = self.captioner.caption(self.pngs[0])
+        n = len(caption.words)
+        self.assertEqual(caption.text, " ".join(caption.words))
+        self.assertEqual(caption.words, self.captioner.vocab.decode(caption.tokens))
+        self.assertEqual(caption.tokens.shape, (n,))
+        self.assertEqual(caption.tokens.dtype, np.int32)
+        height, width = self.captioner.grid
+        self.assertIn(caption.attention.shape, [(n, height, width), (n + 1, height, width)])
+        # Every map is a softmax over the grid (paper §4).
+        self.assertAllClose(caption.attention.sum(axis=(1, 2)), np.ones(len(caption.attention)))
+        self.assertLess(caption.score, 0.0)
+        size = self.captioner.image_size
+        self.assertEqual(caption.image.shape, (size, size, 3))
+        self.assertEqual(caption.image.dtype, np.uint8)
+
+    def test_the_captions_of_the_pipeline(self):
+        c = self.captioner
+        for beam in (1, 3):
+            got = [x.words for x in c.caption(self.pngs, beam_size=beam)]
+            want = pipeline_words(c.model, c.vocab, c.config, self.pngs, beam)
+            self.assertEqual(got, want, f"beam {beam}")
+
+    def _kinds(self, path):
+        with open(path, "rb") as f:
+            data = f.read()
+        pil = Image.open(path)
+        array = np.asarray(pil.convert("RGB"))
+        rgba = np.concatenate([array, np.full(array.shape[:2] + (1,), 7, np.uint8)], -1)
+        return {
+            "str": path,
+            "Path": pathlib.Path(path),
+            "bytes": data,
+            "PIL": pil,
+            "uint8": array,
+            "float": array.astype(np.float32),
+            "float64": array.astype(np.float64),
+            "rgba": rgba,
+        }
+
+    def test_every_input_kind_gives_the_caption_of_the_path(self):
+        # PNG decodes to the same pixels with TensorFlow and PIL: the same numbers.
+        kinds = self._kinds(self.pngs[1])
+        (want,) = self.captioner.caption(self.pngs[1], beam_size=1)
+        for name, image in kinds.items():
+            (got,) = self.captioner.caption(image, beam_size=1)
+            self.assertEqual(got.text, want.text, name)
+            self.assertAllEqual(got.tokens, want.tokens, msg=name)
+            self.assertAllClose(got.score, want.score, msg=name)
+            self.assertAllClose(got.attention, want.attention, msg=name)
+        got = self.captioner.caption(list(kinds.values()), beam_size=1)
+        self.assertEqual([c.text for c in got], [want.text] * len(kinds))
+
+    def test_every_input_kind_of_a_jpeg_photo(self):
+        photos = flickr8k_photos(1)
+        if not photos:
+            self.skipTest(f"no Flickr8k test photo under {os.path.abspath(FLICKR8K)}")
+        # TensorFlow's JPEG decoder (its default IDCT) and PIL's differ by a few levels
+        # per pixel: the same caption, scores within a small margin.
+        kinds = self._kinds(photos[0])
+        (want,) = self.captioner.caption(photos[0])
+        got = self.captioner.caption(list(kinds.values()))
+        for name, caption in zip(kinds, got, strict=True):
+            self.assertEqual(caption.text, want.text, name)
+
+    def test_batches_equal_one_image_at_a_time(self):
+        photos = (flickr8k_photos(3) or []) + self.pngs
+        for beam in (1, 3):
+            together = self.captioner.caption(photos, beam_size=beam)
+            captioner = sat_tf.Captioner(*preset.load(PRESET), batch_size=2)
+            in_twos = captioner.caption(photos, beam_size=beam)
+            for i, path in enumerate(photos):
+                (alone,) = self.captioner.caption(path, beam_size=beam)
+                for batched in (together[i], in_twos[i]):
+                    self.assertEqual(batched.text, alone.text, path)
+                    self.assertAllClose(batched.score, alone.score, rtol=1e-4, msg=path)
+                    self.assertAllClose(batched.attention, alone.attention, atol=1e-4)
+
+    def test_grayscale_is_converted(self):
+        gray = np.asarray(Image.open(self.pngs[2]).convert("L"))
+        three = np.stack([gray] * 3, -1)
+        (want,) = self.captioner.caption(three, beam_size=1)
+        for image in (gray, gray[..., None], Image.fromarray(gray)):
+            (got,) = self.captioner.caption(image, beam_size=1)
+            self.assertAllEqual(got.tokens, want.tokens)
+
+    def test_bad_input_names_the_image(self):
+        bad = {
+            "missing": (os.path.join(self.dir, "nope.jpg"), r"nope\.jpg' does not exist"),
+            "garbage bytes": (b"not an image", r"image 1 of the batch \(bytes\) cannot be decoded"),
+            "empty bytes": (b"", r"image 1 of the batch \(bytes\) is empty"),
+            "unit floats": (np.full((8, 8, 3), 0.5), r"\[0, 1\] \(multiply by 255\)"),
+            "negative": (np.full((8, 8, 3), -1.0), r"must lie in \[0, 255\]"),
+            "shape": (np.zeros((8, 8, 2), np.uint8), r"got shape \(8, 8, 2\)"),
+            "type": (3.0, r"give a file path, bytes, a PIL image or a numpy array"),
+        }
+        for name, (image, message) in bad.items():
+            with self.assertRaisesRegex(ValueError, message, msg=name):
+                self.captioner.caption([self.pngs[0], image])
+        with self.assertRaisesRegex(ValueError, "beam_size=0 must be at least 1"):
+            self.captioner.caption(self.pngs[0], beam_size=0)
+        self.assertEqual(self.captioner.caption([]), [])
+
+    def test_attention_figure_has_a_panel_per_word(self):
+        (caption,) = self.captioner.caption(self.pngs[0], beam_size=1)
+        path = os.path.join(self.dir, "figure.png")
+        picture = self.captioner.attention_figure(caption, path)
+        self.assertAllEqual(np.asarray(Image.open(path).convert("RGB")), picture)
+        # visualize.attention_figure: 220 x 240 pixels a panel, 5 panels a row, the
+        # image first, then one per map.
+        panels = 1 + len(caption.attention)
+        self.assertEqual(picture.shape, (240 * -(-panels // 5), 220 * min(5, panels), 3))
+
+
+class LazyImportTest(tf.test.TestCase):
+    def test_import_sat_tf_does_not_import_tensorflow(self):
+        import subprocess
+        import sys
+
+        code = "import sys, sat_tf; print('tensorflow' in sys.modules, 'Captioner' in dir(sat_tf))"
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+        )
+        self.assertEqual(done.stdout.split(), ["False", "True"], done.stderr[-2000:])
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,252 @@
+"""Tests for the console commands, run in process (`main(argv)`): the entry points that
+setup.py declares, the scripts that stay shims of them, sat-caption on a folder with a
+corrupt photo, README's console command, flagfiles read by absl, and a command run twice
+in one process."""
+
+import contextlib
+import importlib
+import io
+import json
+import os
+import re
+import runpy
+import shutil
+import tempfile
+from unittest import mock
+
+import numpy as np
+import tensorflow as tf
+from api_test import PRESET, flickr8k_photos, made_photo
+
+import sat_tf
+from sat_tf.cli import caption as caption_cli
+from sat_tf.cli import flags_lib
+from sat_tf.cli import table as table_cli
+from sat_tf.cli import train as train_cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMANDS = {
+    "train": "scripts/train.py",
+    "evaluate": "scripts/evaluate.py",
+    "caption": "scripts/caption.py",
+    "export": "export/export.py",
+    "demo": "scripts/demo.py",
+    "extract_features": "scripts/extract_features.py",
+    "table": "scripts/table.py",
+    "make_preset": "scripts/make_preset.py",
+}
+
+
+def run_main(main, *argv, cwd=None):
+    """(exit status, stdout, stderr) of `main(argv)` run in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    previous = os.getcwd()
+    try:
+        if cwd:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(argv))
+    finally:
+        os.chdir(previous)
+    return code, out.getvalue(), err.getvalue()
+
+
+def declared_entry_points():
+    """setup.py's console_scripts, read by running setup.py with `setup` replaced."""
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        with mock.patch("setuptools.setup") as setup:
+            runpy.run_path(os.path.join(ROOT, "setup.py"))
+    finally:
+        os.chdir(cwd)
+    scripts = setup.call_args.kwargs["entry_points"]["console_scripts"]
+    return dict(re.fullmatch(r"\s*(\S+)\s*=\s*(\S+)\s*", s).groups() for s in scripts)
+
+
+class EntryPointsTest(tf.test.TestCase):
+    def test_every_command_is_declared_and_has_a_main(self):
+        declared = declared_entry_points()
+        want = {f"sat-{name.replace('_', '-')}": f"sat_tf.cli.{name}:main" for name in COMMANDS}
+        self.assertEqual(declared, want)
+        for target in declared.values():
+            module, function = target.split(":")
+            self.assertTrue(callable(getattr(importlib.import_module(module), function)), target)
+
+    def test_scripts_are_shims_of_the_commands(self):
+        for name, script in COMMANDS.items():
+            with open(os.path.join(ROOT, script), encoding="utf-8") as f:
+                text = f.read()
+            self.assertIn(f"from sat_tf.cli.{name} import main", text, script)
+            self.assertIn("sys.exit(main())", text, script)
+            code = [line for line in text.splitlines() if line and not line.startswith(" ")]
+            self.assertLessEqual(len(code), 8, script)
+
+
+class CaptionCommandTest(tf.test.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.dir = tempfile.mkdtemp()
+        cls.addClassCleanup(shutil.rmtree, cls.dir, ignore_errors=True)
+        cls.folder = os.path.join(cls.dir, "photos")
+        os.makedirs(cls.folder)
+        photos = flickr8k_photos(2) or []
+        for i, path in enumerate(photos):
+            shutil.copy(path, os.path.join(cls.folder, f"p{i}.jpg"))
+        for i in range(len(photos), 3):
+            made_photo(os.path.join(cls.folder, f"p{i}.png"), i)
+        cls.bad = os.path.join(cls.folder, "p1_broken.jpg")
+        with open(cls.bad, "wb") as f:
+            f.write(b"\xff\xd8\xff\xe0 this JPEG ends here")
+        with open(os.path.join(cls.folder, "notes.txt"), "w", encoding="utf-8") as f:
+            f.write("not an image and not named like one: left out of a folder\n")
+        cls.good = sorted(
+            os.path.join(cls.folder, n) for n in os.listdir(cls.folder) if n.startswith("p")
+        )
+        cls.good.remove(cls.bad)
+        cls.captioner = sat_tf.Captioner.from_preset(PRESET)
+
+    def test_folder_with_a_corrupt_photo(self):
+        output = os.path.join(self.dir, "out", "captions.jsonl")
+        code, stdout, stderr = run_main(
+            caption_cli.main,
+            "sat-caption",
+            self.folder,
+            f"--preset={PRESET}",
+            f"--output={output}",
+            "--beam_size=1",
+            "--batch_size=2",
+        )
+        self.assertEqual(code, caption_cli.SKIPPED)
+        self.assertEqual(caption_cli.SKIPPED, 2)
+        with open(output, encoding="utf-8") as f:
+            records = [json.loads(line) for line in f]
+        want = self.captioner.caption(self.good, beam_size=1)
+        self.assertEqual([r["path"] for r in records], self.good)
+        self.assertEqual([set(r) for r in records], [{"path", "caption", "tokens", "score"}] * 3)
+        vocab = self.captioner.vocab
+        for record, caption in zip(records, want, strict=True):
+            self.assertEqual(record["caption"], caption.text)
+            self.assertEqual(" ".join(vocab.decode(record["tokens"])), record["caption"])
+            self.assertAllClose(record["score"], caption.score, rtol=1e-5)
+            self.assertIn(f"{record['path']}: {record['caption']}\n", stdout)
+        lines = stderr.splitlines()
+        # Names sorted: p0, p1_broken, p1 / p2 ... in batches of two, then the summary.
+        errors = [line for line in lines if line.startswith("error: ")]
+        self.assertLen(errors, 2)
+        self.assertStartsWith(errors[0], f"error: image {self.bad!r} cannot be decoded")
+        self.assertEqual(errors[1], "error: 1 of 4 inputs not captioned (named above)")
+        self.assertEqual(
+            [line for line in lines if "/" in line and ":" not in line], ["2/4", "4/4"]
+        )
+
+    def test_globs_and_files(self):
+        pattern = os.path.join(self.folder, "p[0-9].*")
+        missing = os.path.join(self.dir, "none", "*.jpg")
+        code, stdout, stderr = run_main(
+            caption_cli.main, "sat-caption", pattern, missing, f"--preset={PRESET}", "--beam_size=1"
+        )
+        self.assertEqual(code, 2)
+        self.assertIn(f"error: no file matches {missing!r}", stderr)
+        want = self.captioner.caption(self.good, beam_size=1)
+        printed = [line for line in stdout.splitlines() if line.startswith(self.folder)]
+        self.assertEqual(printed, [f"{p}: {c.text}" for p, c in zip(self.good, want, strict=True)])
+
+    def test_one_photo_no_progress_exit_0(self):
+        code, stdout, stderr = run_main(
+            caption_cli.main, "sat-caption", self.good[0], f"--preset={PRESET}"
+        )
+        self.assertEqual(code, 0, stderr)
+        self.assertEqual(stderr.strip(), "")
+        (want,) = self.captioner.caption(self.good[0])
+        self.assertStartsWith(stdout, f"{self.good[0]}: {want.text}\n")
+
+    def test_readme_command(self):
+        # sat-caption photo.jpg --preset=flickr8k_lite0_soft, from the photo's folder.
+        shutil.copy(self.good[0], os.path.join(self.dir, "photo.jpg"))
+        code, stdout, _ = run_main(
+            caption_cli.main, "sat-caption", "photo.jpg", f"--preset={PRESET}", cwd=self.dir
+        )
+        self.assertEqual(code, 0)
+        (want,) = self.captioner.caption(os.path.join(self.dir, "photo.jpg"))
+        self.assertEqual(stdout.splitlines()[0], f"photo.jpg: {want.text}")
+
+    def test_no_arguments_and_bad_flags_exit_1(self):
+        code, _, stderr = run_main(caption_cli.main, "sat-caption", f"--preset={PRESET}")
+        self.assertEqual(
+            (code, stderr.strip()),
+            (1, "error: give one or more image files, folders or globs to caption"),
+        )
+        code, _, stderr = run_main(
+            caption_cli.main, "sat-caption", "x.jpg", "--beam_size=0", f"--preset={PRESET}"
+        )
+        self.assertEqual(code, 1)
+        self.assertIn("--beam_size=0 must be at least 1", stderr)
+
+
+class FlagfileTest(tf.test.TestCase):
+    def setUp(self):
+        super().setUp()
+        self.dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
+
+    def test_unknown_flag_in_a_flagfile_is_named_and_nothing_runs(self):
+        path = os.path.join(self.dir, "bad.flags")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("--batch_size=4\n--no_such_setting=3\n")
+        workdir = os.path.join(self.dir, "run")
+        code, _, stderr = run_main(
+            train_cli.main, "sat-train", f"--flagfile={path}", f"--workdir={workdir}"
+        )
+        self.assertEqual(code, 1)
+        self.assertIn("no_such_setting", stderr)
+        self.assertNotIn("Traceback", stderr)
+        self.assertFalse(os.path.exists(workdir))
+
+    def test_nested_names_are_found_in_configs(self):
+        # flickr8k_grid14.flags names flickr8k_lite.flags, found beside it in configs/.
+        expanded = flags_lib.expand_flagfiles(["--flagfile=flickr8k_grid14.flags", "--seed=3"])
+        with open(os.path.join(ROOT, "configs", "flickr8k_lite.flags"), encoding="utf-8") as f:
+            lite = [x.strip() for x in f if x.strip() and not x.startswith("#")]
+        self.assertEqual(expanded, [*lite, "--encoder=efficientnet_lite0_head_dilated", "--seed=3"])
+
+    def test_flagfile_without_absl_lookup_reads_the_same(self):
+        # A flagfile given by its path: the lookup is not involved; absl alone agrees.
+        path = os.path.join(self.dir, "run.flags")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("# comment\n// also a comment\n\n--batch_size=5\n--attention=none\n")
+        from absl import flags
+
+        self.assertEqual(
+            flags_lib.expand_flagfiles(["--seed=1", "--flagfile", path]),
+            flags.FlagValues().read_flags_from_files(["--seed=1", f"--flagfile={path}"]),
+        )
+        self.assertEqual(
+            flags_lib.expand_flagfiles([f"--flagfile={path}"]),
+            ["--batch_size=5", "--attention=none"],
+        )
+
+
+class RunTwiceTest(tf.test.TestCase):
+    def test_flags_start_from_their_defaults_on_every_run(self):
+        folder = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, folder, ignore_errors=True)
+        metrics = os.path.join(folder, "metrics.json")
+        with open(metrics, "w", encoding="utf-8") as f:
+            json.dump({f"BLEU-{n}": 0.5 / n for n in range(1, 5)}, f)
+        table = os.path.join(folder, "table.md")
+        code, first, _ = run_main(table_cli.main, "sat-table", f"--output={table}", f"a={metrics}")
+        self.assertEqual(code, 0)
+        self.assertTrue(os.path.exists(table))
+        os.remove(table)
+        code, second, _ = run_main(table_cli.main, "sat-table", f"a={metrics}")
+        self.assertEqual(code, 0)
+        self.assertEqual(first, second)
+        self.assertFalse(os.path.exists(table), "--output of the first run was kept")
+        self.assertIn("| a (coco-caption BLEU, with brevity penalty) | 50.0 | 25.0 | 16.7 |", first)
+        np.testing.assert_equal(os.listdir(folder), ["metrics.json"])
+
+
+if __name__ == "__main__":
+    tf.test.main()
