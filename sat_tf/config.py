@@ -143,7 +143,11 @@ class Config:
 
     strategy: str = _field("default", "tf.distribute strategy.")
     mixed_precision: str = _field("", "Keras mixed precision policy ('' = float32).")
-    jit_compile: bool = _field(False, "Compile the train step and the captioning with XLA.")
+    jit_compile: bool = _field(
+        False,
+        "Compile captioning (greedy and beam search) with XLA; also the train step where a GPU "
+        "is present (on CPUs XLA made it slower).",
+    )
 
     def __post_init__(self):
         self.validate()

@@ -9,6 +9,25 @@ import platform
 VECTOR_EXTENSIONS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
 
 
+def cpu_id(path="/proc/cpuinfo") -> dict:
+    """{"vendor", "family", "model"} of the first CPU in /proc/cpuinfo (values as it
+    writes them; "unknown" where it has none). Machines that print the same model name
+    ("AMD EPYC") differ here."""
+    fields = {"vendor_id": "vendor", "cpu family": "family", "model": "model"}
+    found = dict.fromkeys(fields.values(), "unknown")
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in fields:
+                    found[fields[key.strip()]] = value.strip()
+                elif not line.strip():
+                    break  # the end of the first CPU
+    except OSError:
+        pass
+    return found
+
+
 def cpu() -> tuple[str, set[str]]:
     """(model name, flags) of the first CPU in /proc/cpuinfo; ("unknown", set()) elsewhere."""
     model, flags = "unknown", set()
@@ -35,6 +54,7 @@ def describe() -> dict:
     model, flags = cpu()
     return {
         "cpu": model,
+        "cpu_id": cpu_id(),
         "vector_extensions": [f for f in VECTOR_EXTENSIONS if f in flags],
         "cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,

@@ -234,3 +234,15 @@ class OptimizerTest(tf.test.TestCase):
         self.assertAllClose(float(rate()), 0.0, atol=1e-9)
         with self.assertRaisesRegex(ValueError, "cosine needs the number of training steps"):
             train_lib._optimizer(config)
+
+
+class TrainJitTest(tf.test.TestCase):
+    def test_xla_compiles_the_train_step_only_with_the_flag_and_a_gpu(self):
+        gpus = ["/physical_device:GPU:0"]
+        for flag, devices, expected in ((False, [], False), (True, [], False), (True, gpus, True)):
+            with mock.patch.object(tf.config, "list_physical_devices", return_value=devices):
+                self.assertIs(
+                    train_lib._train_jit(Config(jit_compile=flag)), expected, (flag, devices)
+                )
+        with mock.patch.object(tf.config, "list_physical_devices", return_value=gpus):
+            self.assertFalse(train_lib._train_jit(Config(jit_compile=False)))

@@ -84,6 +84,18 @@ def _callbacks(config, workdir, data, val, grid, done):
     return callbacks, stopper
 
 
+def _train_jit(config):
+    """Whether XLA compiles the train step: only with `--jit_compile` and a GPU. On every
+    CPU measured, XLA made both kinds of step slower (bench/run.py's `_jit` cases,
+    BUILD_NOTES "XLA"), so there the flag compiles captioning only."""
+    if not config.jit_compile:
+        return False
+    if tf.config.list_physical_devices("GPU"):
+        return True
+    logging.info("--jit_compile: captioning is compiled with XLA, the train step is not (CPU)")
+    return False
+
+
 def _warn_about_the_allocator():
     if sat_tf.cpu_allocator() == "default":
         logging.warning(
@@ -134,7 +146,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
     with _strategy(config).scope():
         model = build_model(config, len(data.vocab), feature_shape, grid)
         model.compile(
-            optimizer=_optimizer(config, config.epochs * steps), jit_compile=config.jit_compile
+            optimizer=_optimizer(config, config.epochs * steps), jit_compile=_train_jit(config)
         )
     val = data.splits["val"][: config.eval_images or None]
     callbacks, stopper = _callbacks(config, workdir, data, val, model.grid, done)
