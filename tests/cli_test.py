@@ -250,3 +250,45 @@ class RunTwiceTest(tf.test.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class SeedTableTest(tf.test.TestCase):
+    def test_runs_of_one_name_are_seeds_with_their_grounding(self):
+        folder = self.get_temp_dir()
+
+        def write(name, payload):
+            path = os.path.join(folder, name)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(payload, f)
+            return path
+
+        grounding = {"hit": 0.5, "centre": 0.4, "random": 0.3, "mass": 0.45, "area_share": 0.3}
+        runs = [
+            "soft="
+            + write("s0.json", {"BLEU-4": 0.2, "METEOR": 0.2, "CIDEr": 0.5})
+            + ","
+            + write("g0.json", {**grounding, "hit": 0.6}),
+            "soft="
+            + write("s1.json", {"BLEU-4": 0.3, "METEOR": 0.2, "CIDEr": 0.5})
+            + ","
+            + write("g1.json", grounding),
+            "none=" + write("n0.json", {"BLEU-4": 0.25, "METEOR": 0.2, "CIDEr": 0.4}),
+        ]
+        code, out, err = run_main(table_cli.main, "sat-table", "--seeds", *runs)
+        self.assertEqual(code, 0, err)
+        # BLEU-4 sd: |0.2 - 0.3| / sqrt(2) = 0.0707; hit sd the same for 0.6 and 0.5 / 10.
+        self.assertIn(
+            "| soft | 2 | 0.250 ± 0.071 | 0.200 ± 0.000 | 0.500 ± 0.000 | 0.550 ± 0.071 "
+            "| 0.400 ± 0.000 | 0.450 ± 0.000 |",
+            out,
+        )
+        self.assertIn("| none | 1 | 0.250 | 0.200 | 0.400 | n/a | n/a | n/a |", out)
+
+    def test_a_second_file_that_is_not_a_grounding_report_is_refused(self):
+        folder = self.get_temp_dir()
+        path = os.path.join(folder, "m.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"BLEU-4": 0.2}, f)
+        code, _, err = run_main(table_cli.main, "sat-table", "--seeds", f"soft={path},{path}")
+        self.assertNotEqual(code, 0)
+        self.assertIn(f"{path} is not a grounding report", err)

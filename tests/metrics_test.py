@@ -288,3 +288,26 @@ def test_coco_results_and_atomic_write(tmp_path):
     with open(path, encoding="utf-8") as f:
         assert json.load(f) == metrics.to_coco_results(captions)
     assert os.listdir(path.parent) == ["captions.json"]
+
+
+def test_mean_and_sd_by_hand():
+    # mean 0.2; deviations -0.1, 0, 0.1; sample variance 0.02 / 2 = 0.01.
+    mean, sd = metrics.mean_and_sd([0.1, 0.2, 0.3])
+    assert abs(mean - 0.2) < 1e-12 and abs(sd - 0.1) < 1e-12
+    assert metrics.mean_and_sd([0.25]) == (0.25, 0.0)
+
+
+def test_seed_table_means_and_counts():
+    runs = {
+        "soft": [
+            {"BLEU-4": 0.20, "METEOR": 0.19, "CIDEr": 0.50, "grounding hit": 0.6},
+            {"BLEU-4": 0.22, "METEOR": 0.21, "CIDEr": 0.54},
+        ],
+        "none": [{"BLEU-4": 0.21, "METEOR": 0.20, "CIDEr": 0.52}],
+    }
+    table = metrics.seed_table(runs)
+    lines = table.splitlines()
+    assert lines[0] == "| Model | runs | BLEU-4 | METEOR | CIDEr | hit |"
+    # sd of (0.20, 0.22) is 0.02 / sqrt(2) = 0.01414; hit only in one of the two runs.
+    assert lines[2] == "| soft | 2 | 0.210 ± 0.014 | 0.200 ± 0.014 | 0.520 ± 0.028 | 0.600 (1) |"
+    assert lines[3] == "| none | 1 | 0.210 | 0.200 | 0.520 | n/a |"

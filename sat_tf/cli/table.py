@@ -5,6 +5,13 @@
       "Soft, beam 3=runs/f8k_soft/metrics_test_beam3.json"
 
 Each argument is `<row name>=<metrics JSON>` (written by evaluate.py or train.py).
+
+With --seeds, each argument is one run, `<row name>=<metrics JSON>[,<grounding JSON>]`
+(the second written by grounding.py --output); arguments that share a row name are
+seeds of one model, shown as mean ± standard deviation:
+
+  python scripts/table.py --seeds "soft=runs/s0/metrics_test.json,runs/s0/grounding.json" \
+      "soft=runs/s1/metrics_test.json,runs/s1/grounding.json" "none=runs/n0/metrics_test.json"
 """
 
 import json
@@ -21,6 +28,36 @@ flags.DEFINE_string(
     "dataset", "flickr8k", "Dataset whose rows of the paper to show.", flag_values=FLAGS
 )
 flags.DEFINE_string("output", "", "Markdown file to write; '' prints only.", flag_values=FLAGS)
+flags.DEFINE_bool(
+    "seeds",
+    False,
+    "One run per argument (metrics JSON, optionally ',' and a grounding JSON); runs of one "
+    "row name are seeds: mean ± standard deviation.",
+    flag_values=FLAGS,
+)
+
+GROUNDING_KEYS = ("hit", "centre", "random", "mass", "area_share")
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read metrics {path}: {e}") from e
+
+
+def _run_scores(paths):
+    """One run's scores: its metrics JSON, and a grounding report's rates as
+    "grounding <key>"."""
+    first, *rest = paths.split(",")
+    scores = dict(_read(first))
+    for path in rest:
+        report = _read(path)
+        if not all(k in report for k in GROUNDING_KEYS):
+            raise ValueError(f"{path} is not a grounding report (keys {', '.join(GROUNDING_KEYS)})")
+        scores.update({f"grounding {k}": report[k] for k in GROUNDING_KEYS})
+    return scores
 
 
 def _main(argv):
@@ -29,14 +66,13 @@ def _main(argv):
         name, sep, path = arg.rpartition("=")
         if not sep or not name:
             raise ValueError(f"{arg!r} is not <row name>=<metrics JSON>")
-        try:
-            with open(path, encoding="utf-8") as f:
-                rows[name] = json.load(f)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot read metrics {path}: {e}") from e
+        if FLAGS.seeds:
+            rows.setdefault(name, []).append(_run_scores(path))
+        else:
+            rows[name] = _read(path)
     if not rows:
         raise ValueError("give one or more <row name>=<metrics JSON>")
-    table = metrics.table1(rows, FLAGS.dataset)
+    table = metrics.seed_table(rows) if FLAGS.seeds else metrics.table1(rows, FLAGS.dataset)
     if FLAGS.output:
         os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output)), exist_ok=True)
         files.write_text(FLAGS.output, table)

@@ -279,6 +279,73 @@ def table1(models: Mapping[str, Mapping], dataset: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The seed table's columns: (key in a run's scores, header). Grounding keys come from a
+# `coco_grounding` report merged in with the prefix "grounding ".
+SEED_COLUMNS = (
+    ("BLEU-4", "BLEU-4"),
+    ("METEOR", "METEOR"),
+    ("CIDEr", "CIDEr"),
+    ("grounding hit", "hit"),
+    ("grounding centre", "centre"),
+    ("grounding mass", "mass"),
+)
+
+
+def mean_and_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n - 1 in the denominator; 0 for one value)."""
+    if not values:
+        raise ValueError("no values")
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return mean, 0.0
+    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, math.sqrt(variance)
+
+
+def seed_table(models: Mapping[str, Sequence[Mapping]]) -> str:
+    """A Markdown table of each model's runs over seeds: mean ± standard deviation.
+
+    Columns coco-caption BLEU-4, METEOR and CIDEr, and grounding (hit, the centre cell's
+    hit on the same words, attention mass in the boxes) where the runs have it; values in
+    [0, 1] with three decimals, the sample standard deviation over the runs that have the
+    key, and the number of runs.
+
+    Args:
+      models: model name -> its runs' scores (metric name -> value), in row order.
+
+    Returns:
+      the table as Markdown.
+    """
+    columns = [
+        (key, header)
+        for key, header in SEED_COLUMNS
+        if any(key in run for runs in models.values() for run in runs)
+    ]
+    lines = [
+        "| Model | runs | " + " | ".join(header for _, header in columns) + " |",
+        "|---" * (len(columns) + 2) + "|",
+    ]
+    for name, runs in models.items():
+        if not runs:
+            raise ValueError(f"model {name!r} has no runs")
+        cells = []
+        for key, _ in columns:
+            values = [run[key] for run in runs if run.get(key) is not None]
+            if not values:
+                cells.append("n/a")
+                continue
+            mean, sd = mean_and_sd(values)
+            cell = f"{mean:.3f} ± {sd:.3f}" if len(values) > 1 else f"{mean:.3f}"
+            cells.append(cell if len(values) == len(runs) else f"{cell} ({len(values)})")
+        lines.append(f"| {name} | {len(runs)} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(
+        "Mean ± sample standard deviation over runs (seeds); a count in brackets where "
+        "fewer runs have the value."
+    )
+    return "\n".join(lines) + "\n"
+
+
 def to_coco_results(captions: Mapping[str, str]) -> list[dict]:
     """Captions in the COCO results format, [{"image_id", "caption"}, ...].
 
