@@ -30,6 +30,21 @@ CHOICES = {
     "reinforce_baseline": ("moving_average", "argmax"),
 }
 
+# The settings that decide the model's weights: a workdir or a preset made with other
+# values holds another model.
+MODEL_FIELDS = (
+    "dataset",
+    "vocab_size",
+    "encoder",
+    "image_size",
+    "use_feature_cache",
+    "attention",
+    "attention_score",
+    "embed_dim",
+    "hidden_dim",
+    "attention_dim",
+)
+
 # Settings of hard attention (paper 4.1): REINFORCE, entropy, baseline, the mix with the
 # expected context, and the gate.
 HARD_ONLY = (

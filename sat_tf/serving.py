@@ -18,8 +18,6 @@ is left to the app; `--quantize=dynamic` adds a copy with int8 weights.
 
 import dataclasses
 import os
-import shutil
-import tempfile
 
 import keras
 import numpy as np
@@ -495,11 +493,7 @@ def export(
             raise ValueError(f"{output} exists and is not an export; refusing to replace it")
     encoder = export_encoder(model, config)
     spec = export_spec(model, encoder, config, beam_size, max_length)
-    parent = os.path.dirname(output)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.tmp", dir=parent)
-    try:
-        os.chmod(tmp, 0o755)
+    with files.staged_dir(output) as tmp:
         export_archive(model, encoder, vocab, spec).write_out(tmp, verbose=False)
         vocab.save(os.path.join(tmp, VOCAB_FILE))
         info = {
@@ -527,10 +521,6 @@ def export(
                     tmp, TFLITE_INT8_FILE, _convert(holder, quantize), spec, quantize
                 )
         files.write_json(os.path.join(tmp, EXPORT_INFO), info, indent=2, sort_keys=True)
-        files.replace_dir(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return info
 
 

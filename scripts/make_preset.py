@@ -28,6 +28,7 @@ from absl import flags
 from flags_lib import run
 
 from sat_tf import preset
+from sat_tf.training import publish
 
 flags.DEFINE_string("workdir", None, "The trained workdir (scripts/train.py).")
 flags.DEFINE_string("name", None, "Name of the preset: lowercase letters, digits, _ . -")
@@ -45,7 +46,7 @@ FLAGS = flags.FLAGS
 def main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
-    metadata = preset.make(
+    metadata = publish.make(
         FLAGS.workdir,
         FLAGS.output_root,
         FLAGS.name,
@@ -60,7 +61,7 @@ def main(argv):
     summary = {k: {m: scores[k][m] for m in ("BLEU-4", "CIDEr")} for k in scores if "beam" in k}
     print(json.dumps({"preset": folder, **summary}, indent=2))
     if FLAGS.archive:
-        digest = preset.pack(folder, FLAGS.archive)
+        digest = publish.pack(folder, FLAGS.archive)
         print(f"archive: {FLAGS.archive}\nsha256: {digest}")
 
 
