@@ -664,13 +664,12 @@ def case_tflite(p, source, data_dir, limit):
     from sat_tf import preset, serving
     from sat_tf.data import image_io
     from sat_tf.evaluation import metrics
-    from sat_tf.model.encoder import crop_fraction_of
     from sat_tf.training import captioning
 
     model, vocab, config = preset.load(source)
     metadata = preset.read_metadata(preset.resolve(source))
     records, no_data = test_records(config, data_dir, limit)
-    size, crop = config.image_size, crop_fraction_of(config)
+    size, crop = config.image_size, config.effective_crop_fraction
     threads = len(os.sched_getaffinity(0))
     result = {"preset": metadata["name"], "images": len(records) or None, "litert_threads": threads}
     if no_data:
@@ -773,8 +772,8 @@ def case_float16(p, source, data_dir, limit):
     at batch 1 (the three alternating on every image) and at the batch of all images,
     and the share of captions equal to float32's. Features come from the preset's test
     photos (its encoder run once), else random ones."""
-    from sat_tf import preset, serving
-    from sat_tf.model.encoder import crop_fraction_of
+    from sat_tf import preset
+    from sat_tf.model.captioner import feature_encoder
 
     model, vocab, config = preset.load(source)
     if model.encoder is not None:
@@ -784,8 +783,8 @@ def case_float16(p, source, data_dir, limit):
     if records:
         from sat_tf.data import image_io
 
-        encoder = serving.export_encoder(model, config)
-        crop = crop_fraction_of(config)
+        encoder = feature_encoder(model, config)
+        crop = config.effective_crop_fraction
         pixels = [image_io.load_image_file(r.image_path, config.image_size, crop) for r in records]
         features = np.concatenate(
             [encoder(tf.stack(pixels[i : i + 20])).numpy() for i in range(0, len(pixels), 20)]

@@ -315,7 +315,7 @@ def load(source: str, cache_dir: str | None = None):
 
     Returns:
       (model, vocab, config), as `workdir.load_trained` returns them. A model trained on
-      cached features has no encoder: `serving.export_encoder(model, config)` rebuilds
+      cached features has no encoder: `captioner.feature_encoder(model, config)` rebuilds
       the backbone that made them, for captioning images.
 
     Raises:

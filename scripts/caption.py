@@ -14,10 +14,9 @@ import numpy as np
 from absl import flags
 from flags_lib import define_model_source, define_override, load_model, override, run
 
-from sat_tf import serving
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
-from sat_tf.model.encoder import crop_fraction_of
+from sat_tf.model.captioner import feature_encoder
 from sat_tf.training import captioning
 
 define_model_source()
@@ -32,10 +31,10 @@ def main(argv):
         raise ValueError("give one or more image files to caption")
     beam_size = override(FLAGS, "beam_size")
     model, vocab, config = load_model(FLAGS)
-    crop = crop_fraction_of(config)
+    crop = config.effective_crop_fraction
     images = [image_io.load_image_file(p, config.image_size, crop) for p in paths]
     # A model trained on cached features runs the backbone that made them, as the export does.
-    encoder = serving.export_encoder(model, config) if model.encoder is None else None
+    encoder = feature_encoder(model, config) if model.encoder is None else None
     caption = captioning.make_caption_fn(model, config, beam_size, encoder)
     out = caption({"image": np.stack([i.numpy() for i in images])})
     if FLAGS.visualize:

@@ -152,8 +152,9 @@ class ExportTest(tf.test.TestCase):
         cls.exports = os.path.join(cls.root, "exports", "sat")
         cls.greedy_dir = os.path.join(cls.exports, "1")
         cls.beam_dir = os.path.join(cls.exports, "2")
-        cls.info = serving.export_workdir(
-            cls.workdir, cls.greedy_dir, tflite=True, quantize="dynamic"
+        model, vocab, config = workdir_lib.load_trained(cls.workdir)
+        cls.info = serving.export(
+            model, vocab, config, cls.greedy_dir, tflite=True, quantize="dynamic"
         )
         serving.export(cls.model, cls.vocab, cls.config, cls.beam_dir, beam_size=2)
 

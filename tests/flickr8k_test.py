@@ -11,8 +11,8 @@ import tempfile
 import tensorflow as tf
 
 from sat_tf.config import Config
-from sat_tf.data import datasets, feature_cache
-from sat_tf.training import captioning, train_lib
+from sat_tf.data import datasets
+from sat_tf.training import captioning, extract, train_lib
 from sat_tf.training import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,7 +86,7 @@ class Flickr8kTest(tf.test.TestCase):
             eval_images=2,
             max_decode_length=12,
         )
-        index = feature_cache.extract_for_config(config, shard_size=5, progress=False)
+        index = extract.extract_for_config(config, shard_size=5, progress=False)
         self.assertEqual(index["feature_shape"], [49, 1280])
         self.assertEqual(index["grid"], [7, 7])
         self.assertEqual(index["num_records"], sum(HANDFUL.values()))

@@ -668,14 +668,14 @@ import sys
 
 import numpy as np
 
-from sat_tf import preset, serving
+from sat_tf import preset
 from sat_tf.data import image_io
-from sat_tf.model.encoder import crop_fraction_of
+from sat_tf.model.captioner import feature_encoder
 from sat_tf.training import captioning
 
 model, vocab, config = preset.load(sys.argv[1])
-image = image_io.load_image_file(sys.argv[2], config.image_size, crop_fraction_of(config))
-encoder = serving.export_encoder(model, config) if model.encoder is None else None
+image = image_io.load_image_file(sys.argv[2], config.image_size, config.effective_crop_fraction)
+encoder = feature_encoder(model, config) if model.encoder is None else None
 out = captioning.make_caption_fn(model, config, 1, encoder)({"image": image.numpy()[None]})
 words = vocab.decode(out.tokens[0][: int(out.length[0])].numpy())
 print(json.dumps(words))

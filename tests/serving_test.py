@@ -13,7 +13,7 @@ from sat_tf import serving
 from sat_tf.config import Config
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.model.captioner import build_model
+from sat_tf.model.captioner import build_model, feature_encoder
 from sat_tf.model.encoder import ImageEncoder
 
 
@@ -155,7 +155,7 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
             serving.export(self.model, self.vocab, self.config, root, overwrite=True)
         self.assertEqual(os.listdir(root), ["notes.txt"])
 
-    def test_export_encoder_of_a_feature_cache_model(self):
+    def test_feature_encoder_of_a_feature_cache_model(self):
         path = os.path.join(self.get_temp_dir(), "encoder.weights.h5")
         self.model.encoder.net.save_weights(path)
         config = Config(
@@ -166,7 +166,7 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
             encoder_weights=path,
         )
         features = build_model(config, len(WORDS), feature_shape=(196, self.model.feature_dim))
-        encoder = serving.export_encoder(features, config)
+        encoder = feature_encoder(features, config)
         self.assertIsInstance(encoder, ImageEncoder)
         pixels = self.images[:2].astype(np.float32)
         self.assertAllClose(encoder(pixels), self.model.encoder(pixels))
@@ -180,7 +180,7 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllEqual(got["tokens"][:, : want.tokens.shape[1]], want.tokens)
         no_weights = Config(embed_dim=8, hidden_dim=16, attention_dim=8, use_feature_cache=True)
         with self.assertRaisesRegex(ValueError, "randomly initialised encoder"):
-            serving.export_encoder(features, no_weights)
+            feature_encoder(features, no_weights)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ import sat_tf
 from sat_tf.config import Config
 from sat_tf.data import feature_cache, image_io, input_pipeline
 from sat_tf.model.captioner import build_model
-from sat_tf.model.encoder import crop_fraction_of
 from sat_tf.training import callbacks as callbacks_lib
 from sat_tf.training import workdir as workdir_lib
 from sat_tf.training.captioning import evaluate
@@ -122,7 +121,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         train,
         data.vocab,
         image_size=config.image_size,
-        crop_fraction=crop_fraction_of(config),
+        crop_fraction=config.effective_crop_fraction,
         batch_size=config.batch_size,
         max_words=config.max_caption_length,
         seed=config.seed,
