@@ -41,8 +41,8 @@ from sat_tf.config import Config
 from sat_tf.data import input_pipeline
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.datasets import Record
-from sat_tf.model.captioner import build_model
 from sat_tf.model.encoder import ImageEncoder
+from sat_tf.model.show_attend_tell import build_model
 
 SPECIALS = len(vocab_lib.SPECIALS)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -543,9 +543,9 @@ def _jpeg(size, seed):
 def case_serve(p):
     """The exported SavedModel's serving_default on JPEG bytes, and the TFLite file."""
     try:
-        from sat_tf import serving
+        from sat_tf import export_model
     except ImportError as e:
-        return {"skipped": f"sat_tf.serving cannot be imported: {e}"}
+        return {"skipped": f"sat_tf.export_model cannot be imported: {e}"}
     words = [f"w{i}" for i in range(p["vocab_words"])]
     vocab = vocab_lib.Vocab(list(vocab_lib.SPECIALS) + words)
     config = Config(
@@ -562,7 +562,7 @@ def case_serve(p):
         path = os.path.join(tmp, "export")
         try:
             start = time.perf_counter()
-            info = serving.export(model, vocab, config, path, tflite=True)
+            info = export_model.export(model, vocab, config, path, tflite=True)
             export_seconds = time.perf_counter() - start
         except Exception as e:  # noqa: BLE001 - the export belongs to another module
             return {"skipped": "export failed", **error_report(e)}
@@ -661,10 +661,10 @@ def case_tflite(p, source, data_dir, limit):
     the SavedModel gets the decoded uint8 photo and resizes it in its graph. Without
     the dataset, random images give the latencies alone.
     """
-    from sat_tf import preset, serving
+    from sat_tf import export_model, preset
     from sat_tf.data import image_io
     from sat_tf.evaluation import metrics
-    from sat_tf.training import captioning
+    from sat_tf.training import scoring
 
     model, vocab, config = preset.load(source)
     metadata = preset.read_metadata(preset.resolve(source))
@@ -678,7 +678,7 @@ def case_tflite(p, source, data_dir, limit):
         folder = os.path.join(tmp, "export")
         start = time.perf_counter()
         # Greedy, as the TFLite files decode (a preset's own beam may be larger).
-        info = serving.export(
+        info = export_model.export(
             model, vocab, config, folder, beam_size=1, tflite=True, quantize="dynamic"
         )
         result["export_seconds"] = time.perf_counter() - start
@@ -692,8 +692,8 @@ def case_tflite(p, source, data_dir, limit):
             return out["tokens"].numpy()[0], int(out["length"].numpy()[0])
 
         engines = {
-            "tflite_float": _litert(os.path.join(folder, serving.TFLITE_FILE), threads),
-            "tflite_int8": _litert(os.path.join(folder, serving.TFLITE_INT8_FILE), threads),
+            "tflite_float": _litert(os.path.join(folder, export_model.TFLITE_FILE), threads),
+            "tflite_int8": _litert(os.path.join(folder, export_model.TFLITE_INT8_FILE), threads),
             "saved_model": saved_model,
         }
         rng = np.random.default_rng(4)
@@ -728,7 +728,7 @@ def case_tflite(p, source, data_dir, limit):
         name: {"ms_per_caption": stats(ms[name])} for name in names
     }
     if records:
-        refs = captioning.references(records)
+        refs = scoring.references(records)
         for name in names:
             scores = metrics.coco_scores(refs, captions[name])
             engines_report[name].update({k: scores[k] for k in ("BLEU-4", "CIDEr")})
@@ -773,7 +773,7 @@ def case_float16(p, source, data_dir, limit):
     and the share of captions equal to float32's. Features come from the preset's test
     photos (its encoder run once), else random ones."""
     from sat_tf import preset
-    from sat_tf.model.captioner import feature_encoder
+    from sat_tf.model.show_attend_tell import feature_encoder
 
     model, vocab, config = preset.load(source)
     if model.encoder is not None:

@@ -28,7 +28,7 @@ from flags_lib import (  # noqa: E402
     run,
 )
 
-from sat_tf import serving  # noqa: E402
+from sat_tf import export_model  # noqa: E402
 
 define_model_source()
 flags.DEFINE_string("output", None, "Export directory, e.g. exports/sat/1 (a TF Serving version).")
@@ -38,7 +38,7 @@ flags.DEFINE_bool("tflite", False, "Also write caption.tflite (builtin ops, gree
 flags.DEFINE_enum(
     "quantize",
     None,
-    list(serving.QUANTIZATIONS),
+    list(export_model.QUANTIZATIONS),
     "With --tflite, also write caption_int8.tflite: dynamic = int8 weights, float activations.",
 )
 flags.DEFINE_bool("overwrite", False, "Replace an earlier export at --output.")
@@ -50,7 +50,7 @@ def main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
     model, vocab, config = load_model(FLAGS)
-    info = serving.export(
+    info = export_model.export(
         model,
         vocab,
         config,

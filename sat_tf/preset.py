@@ -37,7 +37,7 @@ from sat_tf import download, files, npz_weights
 from sat_tf.config import MODEL_FIELDS, Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.files import sha256_of
-from sat_tf.model.captioner import build_model
+from sat_tf.model.show_attend_tell import build_model
 
 PRESETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
 WEIGHTS_FILE = "weights.npz"
@@ -315,7 +315,7 @@ def load(source: str, cache_dir: str | None = None):
 
     Returns:
       (model, vocab, config), as `workdir.load_trained` returns them. A model trained on
-      cached features has no encoder: `captioner.feature_encoder(model, config)` rebuilds
+      cached features has no encoder: `show_attend_tell.feature_encoder(model, config)` rebuilds
       the backbone that made them, for captioning images.
 
     Raises:

@@ -16,8 +16,8 @@ from flags_lib import define_model_source, define_override, load_model, override
 
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
-from sat_tf.model.captioner import feature_encoder
-from sat_tf.training import captioning
+from sat_tf.model.show_attend_tell import feature_encoder
+from sat_tf.training import scoring
 
 define_model_source()
 define_override("beam_size", "Beam size (1 = greedy)")
@@ -35,7 +35,7 @@ def main(argv):
     images = [image_io.load_image_file(p, config.image_size, crop) for p in paths]
     # A model trained on cached features runs the backbone that made them, as the export does.
     encoder = feature_encoder(model, config) if model.encoder is None else None
-    caption = captioning.make_caption_fn(model, config, beam_size, encoder)
+    caption = scoring.make_caption_fn(model, config, beam_size, encoder)
     out = caption({"image": np.stack([i.numpy() for i in images])})
     if FLAGS.visualize:
         os.makedirs(FLAGS.visualize, exist_ok=True)

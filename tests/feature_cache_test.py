@@ -20,7 +20,7 @@ from sat_tf.data import datasets, feature_cache, image_io, input_pipeline
 from sat_tf.data.vocab import UNK, Vocab
 from sat_tf.evaluation import metrics
 from sat_tf.model.encoder import ImageEncoder
-from sat_tf.training import captioning, extract, train_lib
+from sat_tf.training import extract, scoring, train_lib
 from sat_tf.training import workdir as workdir_lib
 
 IMAGE_SIZE = 32  # shapes_cnn has stride 8: a 4 x 4 grid of 48 + 2 channels.
@@ -437,7 +437,7 @@ class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(model.grid, GRID)
         test = [r for r in datasets.load_records(dataset, data_dir) if r.split == "test"]
         self.assertEqual([r.image_id for r in test], [ids["fish"]])
-        results = captioning.caption_records(model, test, vocab, config)
+        results = scoring.caption_records(model, test, vocab, config)
         self.assertLen(results, 1)
         words, alpha = results[0]["words"], results[0]["alpha"]
         self.assertLessEqual(len(words), 5)

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from sat_tf.config import Config
 from sat_tf.data import datasets
-from sat_tf.training import captioning, extract, train_lib
+from sat_tf.training import extract, scoring, train_lib
 from sat_tf.training import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,7 +98,7 @@ class Flickr8kTest(tf.test.TestCase):
         test = [r for r in datasets.load_records("flickr8k", data_dir) if r.split == "test"]
         self.assertLen(test, HANDFUL["test"])
         for beam in (1, 3):
-            results = captioning.caption_records(model, test, vocab, config, beam_size=beam)
+            results = scoring.caption_records(model, test, vocab, config, beam_size=beam)
             for result in results:
                 self.assertLessEqual(len(result["words"]), config.max_decode_length)
                 self.assertContainsSubset(result["words"], vocab.words)

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXPORT = "serving"
+EXPORT = "export_model"
 # part -> the parts it may not import.
 FORBIDDEN = {
     "data": ("model", "training", "evaluation", EXPORT),

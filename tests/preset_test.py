@@ -28,8 +28,8 @@ from sat_tf import download, files, preset
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import java_tools
-from sat_tf.model.captioner import build_model
-from sat_tf.training import captioning, publish
+from sat_tf.model.show_attend_tell import build_model
+from sat_tf.training import publish, scoring
 from sat_tf.training import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -524,13 +524,13 @@ class MakePresetTest(tf.test.TestCase):
         # The stored scores are those of the loaded preset, evaluated again.
         model, vocab, config = preset.load(os.path.join(presets, "tiny"))
         outputs = os.path.join(root, "outputs")
-        again = captioning.evaluate_images(model, vocab, config, outputs, "test", 3)
+        again = scoring.evaluate_images(model, vocab, config, outputs, "test", 3)
         self.assertEqual(preset.score_differences(scores["beam_3"], again), [])
         self.assertEqual(preset.stored_scores(metadata, 3), scores["beam_3"])
         self.assertIsNone(preset.stored_scores(metadata, 3, split="val"))
         self.assertNotEqual(preset.score_differences(scores["beam_3"], scores["beam_1"]), [])
         with self.assertRaisesRegex(ValueError, r"lies in the dataset folder"):
-            captioning.evaluate_images(
+            scoring.evaluate_images(
                 model, vocab, config, os.path.join(config.data_dir, "out"), "test"
             )
 
@@ -670,13 +670,13 @@ import numpy as np
 
 from sat_tf import preset
 from sat_tf.data import image_io
-from sat_tf.model.captioner import feature_encoder
-from sat_tf.training import captioning
+from sat_tf.model.show_attend_tell import feature_encoder
+from sat_tf.training import scoring
 
 model, vocab, config = preset.load(sys.argv[1])
 image = image_io.load_image_file(sys.argv[2], config.image_size, config.effective_crop_fraction)
 encoder = feature_encoder(model, config) if model.encoder is None else None
-out = captioning.make_caption_fn(model, config, 1, encoder)({"image": image.numpy()[None]})
+out = scoring.make_caption_fn(model, config, 1, encoder)({"image": image.numpy()[None]})
 words = vocab.decode(out.tokens[0][: int(out.length[0])].numpy())
 print(json.dumps(words))
 """

@@ -13,7 +13,7 @@ from absl import logging
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
 from sat_tf.training import workdir as workdir_lib
-from sat_tf.training.captioning import caption_records, score_captions
+from sat_tf.training.scoring import caption_records, score_captions
 
 
 class EvaluationCallback(keras.callbacks.Callback):

@@ -9,7 +9,7 @@ import tarfile
 import tempfile
 
 from sat_tf import files, machine, preset
-from sat_tf.training import captioning
+from sat_tf.training import scoring
 from sat_tf.training import workdir as workdir_lib
 
 
@@ -29,7 +29,7 @@ def make(
 
     The preset is written to a temporary folder beside its place, loaded back from
     there (float16 weights, as users load it), evaluated on `split` greedily and with
-    beam 3 from the image files (`captioning.evaluate_images`), and renamed into place
+    beam 3 from the image files (`scoring.evaluate_images`), and renamed into place
     once complete: the stored scores are those of the shipped weights.
 
     Args:
@@ -85,7 +85,7 @@ def make(
         scores = {"split": split, "dataset": config.dataset, "inputs": "image files"}
         with tempfile.TemporaryDirectory() as outputs:
             for beam in preset.BEAM_SIZES:
-                scores[f"beam_{beam}"] = captioning.evaluate_images(
+                scores[f"beam_{beam}"] = scoring.evaluate_images(
                     shipped, shipped_vocab, evaluated, outputs, split, beam
                 )
         metadata = preset.read_metadata(tmp)

@@ -12,11 +12,11 @@ from absl import logging
 import sat_tf
 from sat_tf.config import Config
 from sat_tf.data import feature_cache, image_io, input_pipeline
-from sat_tf.model.captioner import build_model
+from sat_tf.model.show_attend_tell import build_model
 from sat_tf.training import callbacks as callbacks_lib
 from sat_tf.training import workdir as workdir_lib
-from sat_tf.training.captioning import evaluate
 from sat_tf.training.prepare import cached_features, prepare_data
+from sat_tf.training.scoring import evaluate
 
 
 def _optimizer(config: Config, total_steps=None):

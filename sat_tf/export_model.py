@@ -8,7 +8,7 @@ The SavedModel (written with `keras.export.ExportArchive`) has three signatures,
 
 each returning caption string (N,), tokens int32 (N, T), length int32 (N,),
 log_prob float32 (N,) and attention float32 (N, T, H, W) on the encoder's grid: the
-fields of `decoding.DecodeResult`, T the export's max_length. Decoding, resizing
+fields of `search.DecodeResult`, T the export's max_length. Decoding, resizing
 (`input_pipeline`, paper §5.4), the encoder, greedy or beam search (paper §4) and the
 id -> word lookup all run in the graph as core TensorFlow ops, so the export loads with
 `tf.saved_model.load` alone; the vocabulary is a constant of the graph. The TFLite file
@@ -27,7 +27,7 @@ from tensorflow.lite.tools import flatbuffer_utils
 from sat_tf import files
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.model.captioner import feature_encoder
+from sat_tf.model.show_attend_tell import feature_encoder
 
 EXPORT_INFO = "sat_tf_export.json"
 VOCAB_FILE = "vocab.txt"

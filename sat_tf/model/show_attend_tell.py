@@ -12,9 +12,9 @@ import numpy as np
 import tensorflow as tf
 
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.model import decoding
 from sat_tf.model import losses as losses_lib
 from sat_tf.model import reinforce as reinforce_lib
+from sat_tf.model import search
 from sat_tf.model.decoder import AttentionDecoder
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.resumable import ResumableModel
@@ -207,7 +207,7 @@ class ShowAttendTell(ResumableModel):
         """Captions a batch in the graph: greedy for beam_size 1, else beam search.
 
         Returns:
-          `decoding.DecodeResult` with tokens (B, T), length (B,), log_prob (B,) and
+          `search.DecodeResult` with tokens (B, T), length (B,), log_prob (B,) and
           attention (B, T, L).
         """
         features = self.encode(batch)
@@ -230,8 +230,8 @@ class ShowAttendTell(ResumableModel):
             return log_probs + banned, state, alpha
 
         if beam_size == 1:
-            return decoding.greedy_decode(step_fn, state, **common)
-        return decoding.beam_search(
+            return search.greedy_decode(step_fn, state, **common)
+        return search.beam_search(
             step_fn,
             state,
             beam_size=beam_size,
