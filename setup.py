@@ -24,6 +24,7 @@ setup(
                 "extract_features",
                 "table",
                 "make_preset",
+                "grounding",
             )
         ]
     },

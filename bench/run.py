@@ -41,8 +41,8 @@ from sat_tf.config import Config
 from sat_tf.data import input_pipeline
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.datasets import Record
-from sat_tf.model.captioner import build_model
 from sat_tf.model.encoder import ImageEncoder
+from sat_tf.model.show_attend_tell import build_model
 
 SPECIALS = len(vocab_lib.SPECIALS)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -679,9 +679,9 @@ def _jpeg(size, seed):
 def case_serve(p):
     """The exported SavedModel's serving_default on JPEG bytes, and the TFLite file."""
     try:
-        from sat_tf import serving
+        from sat_tf import export_model
     except ImportError as e:
-        return {"skipped": f"sat_tf.serving cannot be imported: {e}"}
+        return {"skipped": f"sat_tf.export_model cannot be imported: {e}"}
     words = [f"w{i}" for i in range(p["vocab_words"])]
     vocab = vocab_lib.Vocab(list(vocab_lib.SPECIALS) + words)
     config = Config(
@@ -698,7 +698,7 @@ def case_serve(p):
         path = os.path.join(tmp, "export")
         try:
             start = time.perf_counter()
-            info = serving.export(model, vocab, config, path, tflite=True)
+            info = export_model.export(model, vocab, config, path, tflite=True)
             export_seconds = time.perf_counter() - start
         except Exception as e:  # noqa: BLE001 - the export belongs to another module
             return {"skipped": "export failed", **error_report(e)}
@@ -797,16 +797,15 @@ def case_tflite(p, source, data_dir, limit):
     the SavedModel gets the decoded uint8 photo and resizes it in its graph. Without
     the dataset, random images give the latencies alone.
     """
-    from sat_tf import preset, serving
+    from sat_tf import export_model, preset
     from sat_tf.data import image_io
     from sat_tf.evaluation import metrics
-    from sat_tf.model.encoder import crop_fraction_of
-    from sat_tf.training import captioning
+    from sat_tf.training import scoring
 
     model, vocab, config = preset.load(source)
     metadata = preset.read_metadata(preset.resolve(source))
     records, no_data = test_records(config, data_dir, limit)
-    size, crop = config.image_size, crop_fraction_of(config)
+    size, crop = config.image_size, config.effective_crop_fraction
     threads = len(os.sched_getaffinity(0))
     result = {"preset": metadata["name"], "images": len(records) or None, "litert_threads": threads}
     if no_data:
@@ -815,7 +814,7 @@ def case_tflite(p, source, data_dir, limit):
         folder = os.path.join(tmp, "export")
         start = time.perf_counter()
         # Greedy, as the TFLite files decode (a preset's own beam may be larger).
-        info = serving.export(
+        info = export_model.export(
             model, vocab, config, folder, beam_size=1, tflite=True, quantize="dynamic"
         )
         result["export_seconds"] = time.perf_counter() - start
@@ -829,8 +828,8 @@ def case_tflite(p, source, data_dir, limit):
             return out["tokens"].numpy()[0], int(out["length"].numpy()[0])
 
         engines = {
-            "tflite_float": _litert(os.path.join(folder, serving.TFLITE_FILE), threads),
-            "tflite_int8": _litert(os.path.join(folder, serving.TFLITE_INT8_FILE), threads),
+            "tflite_float": _litert(os.path.join(folder, export_model.TFLITE_FILE), threads),
+            "tflite_int8": _litert(os.path.join(folder, export_model.TFLITE_INT8_FILE), threads),
             "saved_model": saved_model,
         }
         rng = np.random.default_rng(4)
@@ -865,7 +864,7 @@ def case_tflite(p, source, data_dir, limit):
         name: {"ms_per_caption": stats(ms[name])} for name in names
     }
     if records:
-        refs = captioning.references(records)
+        refs = scoring.references(records)
         for name in names:
             scores = metrics.coco_scores(refs, captions[name])
             engines_report[name].update({k: scores[k] for k in ("BLEU-4", "CIDEr")})
@@ -909,8 +908,8 @@ def case_float16(p, source, data_dir, limit):
     at batch 1 (the three alternating on every image) and at the batch of all images,
     and the share of captions equal to float32's. Features come from the preset's test
     photos (its encoder run once), else random ones."""
-    from sat_tf import preset, serving
-    from sat_tf.model.encoder import crop_fraction_of
+    from sat_tf import preset
+    from sat_tf.model.show_attend_tell import feature_encoder
 
     model, vocab, config = preset.load(source)
     if model.encoder is not None:
@@ -920,8 +919,8 @@ def case_float16(p, source, data_dir, limit):
     if records:
         from sat_tf.data import image_io
 
-        encoder = serving.export_encoder(model, config)
-        crop = crop_fraction_of(config)
+        encoder = feature_encoder(model, config)
+        crop = config.effective_crop_fraction
         pixels = [image_io.load_image_file(r.image_path, config.image_size, crop) for r in records]
         features = np.concatenate(
             [encoder(tf.stack(pixels[i : i + 20])).numpy() for i in range(0, len(pixels), 20)]

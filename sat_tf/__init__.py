@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Caption": "sat_tf.api",
     "Captioner": "sat_tf.api",
-    "ShowAttendTell": "sat_tf.model.captioner",
+    "ShowAttendTell": "sat_tf.model.show_attend_tell",
 }
 __all__ = [*_LAZY, "cpu_allocator"]
 

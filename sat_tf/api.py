@@ -21,12 +21,10 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image, ImageOps
 
-from sat_tf import serving
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
-from sat_tf.model.captioner import ShowAttendTell
-from sat_tf.model.encoder import crop_fraction_of
-from sat_tf.training import captioning
+from sat_tf.model.show_attend_tell import ShowAttendTell, feature_encoder
+from sat_tf.training import scoring
 from sat_tf.training import workdir as workdir_lib
 
 
@@ -119,9 +117,9 @@ class Captioner:
             raise ValueError(f"batch_size={batch_size} must be at least 1")
         self.model, self.vocab, self.config = model, vocab, config
         self.batch_size = batch_size
-        self.crop_fraction = crop_fraction_of(config)
+        self.crop_fraction = config.effective_crop_fraction
         # A model trained on cached features runs the backbone that made them.
-        self._encoder = serving.export_encoder(model, config) if model.encoder is None else None
+        self._encoder = feature_encoder(model, config) if model.encoder is None else None
         self._caption_fns = {}
 
     @classmethod
@@ -183,7 +181,7 @@ class Captioner:
 
     def _caption_fn(self, beam_size):
         if beam_size not in self._caption_fns:
-            self._caption_fns[beam_size] = captioning.make_caption_fn(
+            self._caption_fns[beam_size] = scoring.make_caption_fn(
                 self.model, self.config, beam_size, self._encoder
             )
         return self._caption_fns[beam_size]

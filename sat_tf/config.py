@@ -30,6 +30,26 @@ CHOICES = {
     "reinforce_baseline": ("moving_average", "argmax"),
 }
 
+# The settings that decide the model's weights: a workdir or a preset made with other
+# values holds another model.
+MODEL_FIELDS = (
+    "dataset",
+    "vocab_size",
+    "encoder",
+    "image_size",
+    "use_feature_cache",
+    "attention",
+    "attention_score",
+    "embed_dim",
+    "hidden_dim",
+    "attention_dim",
+)
+
+# The centre crop the ImageNet backbones were trained with (paper 5.4: 224 of 256); the
+# encoders listed after it, trained from scratch here, see the whole frame.
+IMAGENET_CROP_FRACTION = 224 / 256
+FULL_FRAME_ENCODERS = ("shapes_cnn",)
+
 # Settings of hard attention (paper 4.1): REINFORCE, entropy, baseline, the mix with the
 # expected context, and the gate.
 HARD_ONLY = (
@@ -152,6 +172,11 @@ class Config:
     def __post_init__(self):
         self.validate()
 
+    @property
+    def effective_crop_fraction(self) -> float:
+        """The centre-crop share the run uses: `--crop_fraction`, else its encoder's."""
+        return self.crop_fraction or encoder_crop_fraction(self.encoder)
+
     def validate(self):
         """Raises ValueError naming the first setting of the wrong type or out of range."""
         for f in dataclasses.fields(self):
@@ -213,6 +238,11 @@ class Config:
     def save(self, path: str) -> None:
         """Writes the config as JSON atomically (temp file + rename)."""
         files.write_text(path, self.to_json())
+
+
+def encoder_crop_fraction(encoder: str) -> float:
+    """The centre-crop share an encoder was trained with (`image_io.resize_and_crop`)."""
+    return 1.0 if encoder in FULL_FRAME_ENCODERS else IMAGENET_CROP_FRACTION
 
 
 def derived_dir(config: Config) -> str:

@@ -1,7 +1,7 @@
 """A local web page to try a captioner: upload or drop a photo, read its caption and see
 where the model looked for every word (paper Fig. 3).
 
-The page is driven by exported SavedModels (`sat_tf.serving`), each loaded once with
+The page is driven by exported SavedModels (`sat_tf.export_model`), each loaded once with
 `tf.saved_model.load`: a caption comes from the `serving_default` signature — the
 outputs TF Serving would return — and never from a second path through the Python
 model. Beam size is fixed in a SavedModel when it is exported, so the page offers one
@@ -34,7 +34,7 @@ import tensorflow as tf
 from PIL import Image
 from werkzeug import exceptions, serving
 
-from sat_tf import serving as export_lib
+from sat_tf import export_model
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
 
@@ -93,7 +93,7 @@ class Captioner:
 
     Attributes:
       path: the export directory.
-      info: its `sat_tf_export.json` (`serving.export` returns the same dict).
+      info: its `sat_tf_export.json` (`export_model.export` returns the same dict).
       beam_size: the beam size fixed in the graph; 1 is greedy.
       name: `decoding_name(beam_size)`.
     """
@@ -102,15 +102,15 @@ class Captioner:
         """Loads the SavedModel in `path`.
 
         Raises:
-          ValueError: when `path` is not a directory written by `serving.export`.
+          ValueError: when `path` is not a directory written by `export_model.export`.
         """
         self.path = os.path.abspath(path)
-        info_path = os.path.join(self.path, export_lib.EXPORT_INFO)
+        info_path = os.path.join(self.path, export_model.EXPORT_INFO)
         if not os.path.isdir(self.path):
             raise ValueError(f"export {path!r} is not a directory")
         if not os.path.exists(info_path):
             raise ValueError(
-                f"export {path!r} has no {export_lib.EXPORT_INFO}: "
+                f"export {path!r} has no {export_model.EXPORT_INFO}: "
                 "give a folder written by export/export.py"
             )
         with open(info_path, encoding="utf-8") as f:
@@ -208,7 +208,7 @@ def export_decodings(trained, folder: str, beam_sizes: Sequence[int] = (1, 3)) -
     paths = []
     for beam_size in beam_sizes:
         path = os.path.join(folder, decoding_name(beam_size).replace(" ", ""))
-        export_lib.export(model, vocab, config, path, beam_size=beam_size)
+        export_model.export(model, vocab, config, path, beam_size=beam_size)
         paths.append(path)
     return paths
 

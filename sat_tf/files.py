@@ -1,8 +1,9 @@
 """Writing files so that a kill never leaves a half-written one under the final name:
 every writer goes through `atomic_path` (a temporary name beside the target, renamed
-over it once complete)."""
+over it once complete), every folder written as a whole through `staged_dir`."""
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -27,6 +28,15 @@ def atomic_path(path):
 def is_temporary(name):
     """Whether a file name is one of `atomic_path`'s temporary names."""
     return name.startswith(".tmp")
+
+
+def sha256_of(path) -> str:
+    """The sha256 of a file's bytes, as hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def write_bytes(path, data: bytes):
@@ -57,3 +67,25 @@ def replace_dir(tmp, output):
     os.replace(output, old)
     os.replace(tmp, output)
     shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_dir(output):
+    """Yields a new empty folder beside `output` to write a whole folder into.
+
+    When the block ends without an error the folder replaces `output` (`replace_dir`),
+    so a reader never sees a partial one; on an error (or a KeyboardInterrupt) it is
+    removed and `output` is left as it was. The folder is readable by all (0o755), as
+    a folder made by `os.makedirs` would be.
+    """
+    output = os.path.abspath(output)
+    parent = os.path.dirname(output)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.tmp", dir=parent)
+    try:
+        os.chmod(tmp, 0o755)
+        yield tmp
+        replace_dir(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -16,61 +16,40 @@ A preset is a folder (docs/design.md §8):
 
 `load(source)` gives `(model, vocab, config)`, as `workdir.load_trained` does, from the
 name of a shipped preset (a folder of `sat_tf/presets/`), a preset folder, or the
-https:// URL of a preset archive (a .tar.gz written by `pack`), downloaded once into
-`default_cache_dir()`; a `#sha256=<hex>` fragment on the URL is the archive's checksum.
+https:// URL of a preset archive (a .tar.gz written by `publish.pack`), downloaded once
+into the cache (`sat_tf/download.py`, through `keras.utils.get_file`); a
+`#sha256=<hex>` fragment on the URL is the archive's checksum.
 Every file is checked against metadata.json before the model is built: a missing,
 truncated or changed file, a vocabulary or configuration that is not the one of the
 weights, is refused with a one-line ValueError. The float16 weights are cast to
 float32 on loading: decoding runs in float32.
 
-`scripts/make_preset.py` makes a preset from a trained workdir (`make`).
+`sat_tf/training/publish.py` makes a preset from a trained workdir and packs it.
 """
 
-import dataclasses
 import datetime
-import gzip
-import hashlib
 import json
 import os
 import re
-import shutil
-import ssl
-import tarfile
-import tempfile
-import urllib.error
-import urllib.parse
-import urllib.request
-import zipfile
-import zlib
-from http import client as http_client
-
-import numpy as np
-from absl import logging
 
 import sat_tf
-from sat_tf import files, machine
-from sat_tf.config import Config
+from sat_tf import download, files, npz_weights
+from sat_tf.config import MODEL_FIELDS, Config
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.messages import preview
-from sat_tf.model.captioner import build_model
-from sat_tf.training import captioning
-from sat_tf.training import workdir as workdir_lib
+from sat_tf.files import sha256_of
+from sat_tf.model.show_attend_tell import build_model
 
 PRESETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
 WEIGHTS_FILE = "weights.npz"
 METADATA_FILE = "metadata.json"
-DOWNLOAD_FILE = "download.json"
-CONFIG_FILE = workdir_lib.CONFIG_FILE
-VOCAB_FILE = workdir_lib.VOCAB_FILE
-FEATURES_FILE = workdir_lib.FEATURES_FILE
+CONFIG_FILE, VOCAB_FILE, FEATURES_FILE = "config.json", "vocab.txt", "features.json"
 FORMAT = "sat_tf preset"
 FORMAT_VERSION = 1
 # What a preset may take in git.
 MAX_BYTES = 25 * 10**6
-CACHE_ENV = "SAT_TF_CACHE"
 # Config fields that decide the model and its captions; metadata.json repeats them, so
 # that a config.json edited after the preset was made is named, field by field.
-CHECKED_FIELDS = workdir_lib.MODEL_FIELDS + (
+CHECKED_FIELDS = MODEL_FIELDS + (
     "encoder_weights",
     "crop_fraction",
     "hard_gate",
@@ -80,7 +59,6 @@ CHECKED_FIELDS = workdir_lib.MODEL_FIELDS + (
 BEAM_SIZES = (1, 3)
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_TIMEOUT_SECONDS = 60
 
 
 def names() -> list[str]:
@@ -95,23 +73,9 @@ def names() -> list[str]:
     )
 
 
-def default_cache_dir() -> str:
-    """Where downloaded presets are kept: `$SAT_TF_CACHE`, else `~/.cache/sat_tf`."""
-    return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "sat_tf")
-
-
-def sha256_of(path: str) -> str:
-    """The sha256 of a file's bytes, as hex."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def resolve(source: str, cache_dir: str | None = None) -> str:
     """The folder of a preset: a shipped preset's, the folder given, or that of a URL's
-    archive in the cache (downloaded if it is not there yet, see `download`).
+    archive in the cache (downloaded if it is not there yet: `download.cached_folder`).
 
     Raises:
       ValueError: for an unknown name (listing the shipped ones), a folder that does
@@ -120,7 +84,8 @@ def resolve(source: str, cache_dir: str | None = None) -> str:
     if not isinstance(source, str) or not source:
         raise ValueError(f"a preset is a shipped name, a folder or an https:// URL, not {source!r}")
     if "://" in source:
-        return download(source, cache_dir)
+        root = os.path.join(cache_dir or download.default_cache_dir(), "presets")
+        return download.cached_folder(source, root, METADATA_FILE, check=_check)
     shipped = names()
     if source in shipped:
         return os.path.join(PRESETS_DIR, source)
@@ -258,33 +223,6 @@ def _encoder_in_weights(config: Config) -> bool:
     )
 
 
-def _variables(model, with_encoder: bool) -> dict:
-    """{key: variable} of the weights a preset stores, keyed by path without the model's
-    name (`decoder/init_h/kernel`); the encoder's under `encoder/`."""
-    encoder = {id(v) for v in model.encoder.weights} if model.encoder is not None else set()
-    out = {}
-    for variable in model.weights:
-        if id(variable) in encoder:
-            if not with_encoder:
-                continue
-            key = f"encoder/{variable.path}"
-        else:
-            key = variable.path.split("/", 1)[-1]
-        if key in out:
-            raise ValueError(f"two weights of the model have the path {key}")
-        out[key] = variable
-    return out
-
-
-def _float16(key, value):
-    if not np.issubdtype(value.dtype, np.floating):
-        return value
-    largest = float(np.max(np.abs(value))) if value.size else 0.0
-    if largest > float(np.finfo(np.float16).max):
-        raise ValueError(f"weight {key} holds {largest:g}, beyond the range of float16")
-    return value.astype(np.float16)
-
-
 def _file_entries(directory, file_names):
     return {
         name: {
@@ -322,14 +260,12 @@ def save(model, vocab, config: Config, directory: str, *, name: str, **info) -> 
         raise ValueError(f"the vocabulary has {len(vocab)} words but the model {model.vocab_size}")
     os.makedirs(directory, exist_ok=True)
     with_encoder = _encoder_in_weights(config)
-    arrays = {k: _float16(k, v.numpy()) for k, v in _variables(model, with_encoder).items()}
-    with files.atomic_path(os.path.join(directory, WEIGHTS_FILE)) as tmp, open(tmp, "wb") as f:
-        np.savez(f, **arrays)
+    parameters = npz_weights.save(model, os.path.join(directory, WEIGHTS_FILE), with_encoder)
     vocab.save(os.path.join(directory, VOCAB_FILE))
     config.save(os.path.join(directory, CONFIG_FILE))
     written = [WEIGHTS_FILE, VOCAB_FILE, CONFIG_FILE]
     model_info = {
-        "parameters": int(sum(a.size for a in arrays.values())),
+        "parameters": parameters,
         "weights_dtype": "float16",
         "encoder_in_weights": with_encoder,
         "grid": list(model.grid) if model.grid else None,
@@ -368,48 +304,18 @@ def write_metadata(directory: str, metadata: dict) -> None:
     files.write_json(os.path.join(directory, METADATA_FILE), metadata, indent=2, sort_keys=True)
 
 
-def _load_arrays(directory, where):
-    path = os.path.join(directory, WEIGHTS_FILE)
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            return {key: npz[key] for key in npz.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-        raise ValueError(f"preset {where}: cannot read {WEIGHTS_FILE}: {e}") from e
-
-
-def _assign(model, arrays, with_encoder, where):
-    variables = _variables(model, with_encoder)
-    missing = sorted(set(variables) - set(arrays))
-    extra = sorted(set(arrays) - set(variables))
-    problems = []
-    if missing:
-        problems.append(f"it lacks {preview(missing)}")
-    if extra:
-        problems.append(f"the model has no {preview(extra)}")
-    for key in sorted(set(variables) & set(arrays)):
-        want, got = tuple(variables[key].shape), tuple(arrays[key].shape)
-        if want != got:
-            problems.append(f"{key} is {got} in {WEIGHTS_FILE}, {want} in the model")
-    if problems:
-        raise ValueError(
-            f"preset {where}: {WEIGHTS_FILE} does not fit the model of {CONFIG_FILE}: "
-            + "; ".join(problems[:5])
-        )
-    for key, variable in variables.items():
-        variable.assign(arrays[key].astype(variable.dtype))
-
-
 def load(source: str, cache_dir: str | None = None):
     """Loads a preset: the float16 weights into a float32 model.
 
     Args:
       source: a shipped preset's name (`names()`), a preset folder, or the https:// URL
-        of a preset archive, optionally ending in `#sha256=<hex>` (see `download`).
-      cache_dir: where downloads are kept; None for `default_cache_dir()`.
+        of a preset archive, optionally ending in `#sha256=<hex>` (`download`).
+      cache_dir: where downloads are kept (in `presets/`); None for
+        `download.default_cache_dir()`.
 
     Returns:
       (model, vocab, config), as `workdir.load_trained` returns them. A model trained on
-      cached features has no encoder: `serving.export_encoder(model, config)` rebuilds
+      cached features has no encoder: `show_attend_tell.feature_encoder(model, config)` rebuilds
       the backbone that made them, for captioning images.
 
     Raises:
@@ -432,11 +338,13 @@ def load(source: str, cache_dir: str | None = None):
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"preset {directory}: cannot read {FEATURES_FILE}: {e}") from e
     with_encoder = _encoder_in_weights(config)
-    arrays = _load_arrays(directory, directory)
     model = build_model(
         config, len(vocab), feature_shape, grid, load_encoder_weights=not with_encoder
     )
-    _assign(model, arrays, with_encoder, directory)
+    try:
+        npz_weights.load(model, os.path.join(directory, WEIGHTS_FILE), with_encoder, CONFIG_FILE)
+    except ValueError as e:
+        raise ValueError(f"preset {directory}: {e}") from e
     return model, vocab, config
 
 
@@ -456,240 +364,3 @@ def score_differences(stored: dict, measured: dict, tolerance: float = 1e-9) -> 
         if isinstance(value, float)
         and not (isinstance(measured.get(key), float) and abs(measured[key] - value) <= tolerance)
     ]
-
-
-def make(
-    workdir: str,
-    output_root: str,
-    name: str,
-    *,
-    train_command: str,
-    make_command: str,
-    data_dir: str | None = None,
-    description: str = "",
-    split: str = "test",
-    overwrite: bool = False,
-) -> dict:
-    """Makes the preset `<output_root>/<name>` from a trained workdir.
-
-    The preset is written to a temporary folder beside its place, loaded back from
-    there (float16 weights, as users load it), evaluated on `split` greedily and with
-    beam 3 from the image files (`captioning.evaluate_images`), and renamed into place
-    once complete: the stored scores are those of the shipped weights.
-
-    Args:
-      workdir: a trained workdir (`workdir.load_trained`).
-      output_root: the folder of presets (`PRESETS_DIR` for a shipped preset).
-      name: the preset's name (its folder).
-      train_command: the command that trained the workdir, stored in the metadata.
-      make_command: the command that makes this preset, stored in the metadata.
-      data_dir: the dataset folder to evaluate on; None for the training run's.
-      description: one line saying what the preset is.
-      split: the split whose scores are stored.
-      overwrite: replace an earlier preset of that name.
-
-    Returns:
-      the metadata written.
-
-    Raises:
-      ValueError: for a bad name, a preset that exists (without `overwrite`) or would
-        exceed `MAX_BYTES`, or an unreadable workdir or dataset.
-    """
-    target = os.path.join(os.path.abspath(output_root), name)
-    if os.path.exists(target):
-        if not overwrite:
-            raise ValueError(f"{target} exists; pass --overwrite to replace it")
-        if not os.path.isfile(os.path.join(target, METADATA_FILE)):
-            raise ValueError(f"{target} exists and is not a preset; refusing to replace it")
-    model, vocab, config = workdir_lib.load_trained(workdir)
-    best = {}
-    best_path = os.path.join(workdir, workdir_lib.BEST_INFO)
-    if os.path.exists(best_path):
-        with open(best_path, encoding="utf-8") as f:
-            best = json.load(f)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{name}.tmp", dir=os.path.dirname(target))
-    try:
-        save(
-            model,
-            vocab,
-            config,
-            tmp,
-            name=name,
-            description=description,
-            trained_with=train_command,
-            made_with=make_command,
-            trained_model={"best_epoch": best.get("epoch"), "val_bleu4": best.get("val_bleu4")},
-        )
-        size = sum(os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp))
-        if size > MAX_BYTES:
-            raise ValueError(
-                f"the preset would take {size / 1e6:.1f} MB, more than the "
-                f"{MAX_BYTES / 1e6:.0f} MB a preset may take"
-            )
-        shipped, shipped_vocab, shipped_config = load(tmp)
-        evaluated = dataclasses.replace(shipped_config, data_dir=data_dir or config.data_dir)
-        scores = {"split": split, "dataset": config.dataset, "inputs": "image files"}
-        with tempfile.TemporaryDirectory() as outputs:
-            for beam in BEAM_SIZES:
-                scores[f"beam_{beam}"] = captioning.evaluate_images(
-                    shipped, shipped_vocab, evaluated, outputs, split, beam
-                )
-        metadata = read_metadata(tmp)
-        metadata.update(scores=scores, measured_on=machine.describe())
-        write_metadata(tmp, metadata)
-        os.chmod(tmp, 0o755)
-        files.replace_dir(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return metadata
-
-
-def pack(directory: str, path: str) -> str:
-    """Writes a checked preset folder as a .tar.gz archive for `download`.
-
-    The archive holds one folder named after the preset, with every file's time, owner
-    and mode fixed, so the same preset always packs to the same bytes.
-
-    Returns:
-      the archive's sha256 (hex), for the URL's `#sha256=` fragment.
-    """
-    metadata = verify(directory)
-    with files.atomic_path(path) as tmp:
-        with (
-            open(tmp, "wb") as raw,
-            gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as compressed,
-            tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as tar,
-        ):
-            for name in [METADATA_FILE, *sorted(metadata["files"])]:
-                source = os.path.join(directory, name)
-                entry = tarfile.TarInfo(f"{metadata['name']}/{name}")
-                entry.size, entry.mode = os.path.getsize(source), 0o644
-                with open(source, "rb") as f:
-                    tar.addfile(entry, f)
-    return sha256_of(path)
-
-
-def _expected_sha256(url, fragment):
-    if not fragment:
-        return None
-    key, _, value = fragment.partition("=")
-    if key != "sha256" or not _SHA256.match(value.lower()):
-        raise ValueError(f"the fragment #{fragment} of {url} is not sha256=<64 hex digits>")
-    return value.lower()
-
-
-def _fetch(url, path):
-    """Downloads `url` into `path` over HTTPS; returns (bytes, sha256)."""
-    request = urllib.request.Request(url, headers={"User-Agent": f"sat_tf/{sat_tf.__version__}"})
-    digest, size = hashlib.sha256(), 0
-    try:
-        context = ssl.create_default_context()
-        with urllib.request.urlopen(request, timeout=_TIMEOUT_SECONDS, context=context) as response:
-            expected = response.headers.get("Content-Length")
-            with open(path, "wb") as f:
-                for chunk in iter(lambda: response.read(1 << 20), b""):
-                    f.write(chunk)
-                    digest.update(chunk)
-                    size += len(chunk)
-    except urllib.error.HTTPError as e:
-        raise ValueError(f"cannot download preset {url}: HTTP {e.code} {e.reason}") from e
-    except urllib.error.URLError as e:
-        raise ValueError(f"cannot download preset {url}: {e.reason}") from e
-    except (OSError, http_client.HTTPException) as e:
-        raise ValueError(f"cannot download preset {url}: {type(e).__name__}: {e}") from e
-    if expected is not None and expected.isdigit() and size != int(expected):
-        raise ValueError(
-            f"the download of {url} is truncated: {size:,} of {int(expected):,} bytes arrived"
-        )
-    return size, digest.hexdigest()
-
-
-def _read_archive(path, url):
-    """{file name: bytes} of a preset archive: files at its top or in one folder."""
-    try:
-        with tarfile.open(path, "r:gz") as tar:
-            members = tar.getmembers()
-            for member in members:
-                if not (member.isfile() or member.isdir()):
-                    raise ValueError(
-                        f"the archive from {url} holds {member.name!r}, which is not a file"
-                    )
-            regular = [m for m in members if m.isfile()]
-            parts = [m.name.strip("/").split("/") for m in regular]
-            tops = {p[0] for p in parts}
-            if len(tops) == 1 and all(len(p) == 2 for p in parts):
-                parts = [p[1:] for p in parts]
-            contents = {}
-            for member, name in zip(regular, parts, strict=True):
-                if len(name) != 1 or name[0] in ("", ".", ".."):
-                    raise ValueError(
-                        f"the archive from {url} holds {member.name!r}, not a file of one "
-                        "preset folder"
-                    )
-                contents[name[0]] = tar.extractfile(member).read()
-    except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
-        raise ValueError(
-            f"the archive from {url} is truncated or not a .tar.gz preset archive: {e}"
-        ) from e
-    return contents
-
-
-def download(url: str, cache_dir: str | None = None) -> str:
-    """The folder of a preset archive's files in the cache, downloaded if not there yet.
-
-    The archive is fetched over HTTPS with the standard library (trusting the system's
-    certificate authorities, or `$SSL_CERT_FILE`), checked against the URL's
-    `#sha256=<hex>` fragment when there is one, unpacked, and its files checked against
-    its metadata.json; only then does the folder enter the cache, so a failed download
-    leaves nothing behind and the next call tries again.
-
-    Args:
-      url: `https://...` of a .tar.gz written by `pack`, optionally `#sha256=<hex>`.
-      cache_dir: None for `default_cache_dir()`; presets go to `<cache_dir>/presets/`.
-
-    Returns:
-      the preset folder.
-
-    Raises:
-      ValueError: for another scheme than https, a bad fragment, a failed, truncated or
-        corrupt download, or a preset that fails its checks.
-    """
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "https":
-        raise ValueError(f"preset URL {url} is not https://; presets download only over HTTPS")
-    expected = _expected_sha256(url, parts.fragment)
-    address = urllib.parse.urlunsplit(parts._replace(fragment=""))
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(parts.path).split(".")[0]) or "preset"
-    key = hashlib.sha256(f"{address}#{expected or ''}".encode()).hexdigest()[:16]
-    root = os.path.join(cache_dir or default_cache_dir(), "presets")
-    target = os.path.join(root, f"{stem}-{key}")
-    if os.path.isdir(target):
-        return target
-    os.makedirs(root, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{stem}-{key}.tmp", dir=root)
-    try:
-        archive = os.path.join(tmp, "archive.tar.gz")
-        logging.info("downloading preset %s into %s", address, root)
-        size, digest = _fetch(address, archive)
-        if expected and digest != expected:
-            raise ValueError(
-                f"the archive downloaded from {address} has sha256 {digest}, the URL's "
-                f"#sha256= says {expected}: it is damaged or another file"
-            )
-        folder = os.path.join(tmp, "preset")
-        os.makedirs(folder)
-        for name, data in _read_archive(archive, address).items():
-            files.write_bytes(os.path.join(folder, name), data)
-        _check(folder, where=address)
-        record = {"url": address, "bytes": size, "sha256": digest}
-        files.write_json(os.path.join(folder, DOWNLOAD_FILE), record, indent=2)
-        try:
-            os.replace(folder, target)
-        except OSError:
-            if not os.path.isdir(target):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target

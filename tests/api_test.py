@@ -15,11 +15,11 @@ import tensorflow as tf
 from PIL import Image
 
 import sat_tf
-from sat_tf import preset, serving
+from sat_tf import preset
 from sat_tf.config import Config
 from sat_tf.data import image_io
-from sat_tf.model.encoder import crop_fraction_of
-from sat_tf.training import captioning
+from sat_tf.model.show_attend_tell import feature_encoder
+from sat_tf.training import scoring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLICKR8K = os.environ.get("SAT_TF_FLICKR8K", os.path.join(ROOT, "..", "shared", "data", "flickr8k"))
@@ -57,10 +57,10 @@ def made_photo(path, seed=0, size=(180, 240)):
 
 def pipeline_words(model, vocab, config, paths, beam_size):
     """The captions of `paths` by the steps scripts/caption.py took before the API."""
-    crop = crop_fraction_of(config)
+    crop = config.effective_crop_fraction
     images = np.stack([image_io.load_image_file(p, config.image_size, crop) for p in paths])
-    encoder = serving.export_encoder(model, config) if model.encoder is None else None
-    out = captioning.make_caption_fn(model, config, beam_size, encoder)({"image": images})
+    encoder = feature_encoder(model, config) if model.encoder is None else None
+    out = scoring.make_caption_fn(model, config, beam_size, encoder)({"image": images})
     return [vocab.decode(out.tokens[i][: int(out.length[i])].numpy()) for i in range(len(paths))]
 
 

@@ -11,7 +11,7 @@ from fixtures import TINY
 
 from sat_tf.config import Config
 from sat_tf.training import callbacks as callbacks_lib
-from sat_tf.training import captioning, train_lib
+from sat_tf.training import scoring, train_lib
 from sat_tf.training import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,7 +80,7 @@ class EarlyStoppingTest(tf.test.TestCase):
             **{**TINY, "epochs": 5, "early_stopping_patience": 1},
         )
         workdir = os.path.join(root, "run")
-        real = captioning.score_captions
+        real = scoring.score_captions
         val_scores = iter([0.5, 0.4, 0.9])
 
         def scores(*args, full=False, **kwargs):

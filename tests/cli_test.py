@@ -34,6 +34,7 @@ COMMANDS = {
     "extract_features": "scripts/extract_features.py",
     "table": "scripts/table.py",
     "make_preset": "scripts/make_preset.py",
+    "grounding": "scripts/grounding.py",
 }
 
 

@@ -3,19 +3,18 @@ annotations, photos and attention maps whose scores are worked out by hand below
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
 
+from sat_tf.cli import grounding as grounding_cli
 from sat_tf.config import Config
 from sat_tf.data import image_io
 from sat_tf.evaluation import coco_grounding as cg
 from sat_tf.evaluation.coco_grounding import Mention
-from sat_tf.model.captioner import build_model
+from sat_tf.model.show_attend_tell import build_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV_SET = os.path.join(ROOT, "..", "shared", "data", "coco-mini-train")
@@ -363,21 +362,21 @@ def test_photo_turned_by_exif_is_refused(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.isdir(DEV_SET), reason="no ../shared/data/coco-mini-train")
-def test_script_on_the_shipped_preset(tmp_path):
+def test_script_on_the_shipped_preset(tmp_path, capsys):
+    # In this process, through the command's main (as sat-grounding runs it).
     output = tmp_path / "grounding.json"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
     args = [
-        sys.executable,
-        os.path.join(ROOT, "scripts", "grounding.py"),
+        "sat-grounding",
         "--preset=flickr8k_lite0_soft",
         f"--coco_dir={DEV_SET}",
         "--num_photos=3",
         "--beam_size=1",
         f"--output={output}",
     ]
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "| **all** |" in done.stdout
+    code = grounding_cli.main(args)
+    out, err = capsys.readouterr()
+    assert code == 0, err[-2000:]
+    assert "| **all** |" in out
     result = json.loads(output.read_text())
     assert result["photos"] == len(result["captions"]) == 3
     assert result["geometry"] == {"image_size": 224, "crop_fraction": 1.0, "grid": [7, 7]}
@@ -387,12 +386,6 @@ def test_script_on_the_shipped_preset(tmp_path):
         caption = next(c["caption"] for c in result["captions"] if c["image_id"] == row["image_id"])
         assert cg.SYNONYMS[row["word"]] == row["category"]
         assert row["word"].split()[-1] == caption.split()[row["index"]]
-    refused = subprocess.run(
-        [*args[:2], "--preset=flickr8k_lite0_soft", "--workdir=runs/x"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert refused.returncode == 1
-    assert "give exactly one of --workdir, --preset and --export" in refused.stderr
+    refused = grounding_cli.main(args[:2] + ["--workdir=runs/x"])
+    assert refused == 1
+    assert "give exactly one of --workdir, --preset and --export" in capsys.readouterr().err

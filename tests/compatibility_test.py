@@ -14,7 +14,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 from sat_tf.config import Config
-from sat_tf.model.captioner import build_model
+from sat_tf.model.show_attend_tell import build_model
 from sat_tf.training import workdir as workdir_lib
 
 V0 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata", "v0_workdirs")

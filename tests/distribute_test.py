@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sat_tf.model.captioner import ShowAttendTell
 from sat_tf.model.decoder import AttentionDecoder
+from sat_tf.model.show_attend_tell import ShowAttendTell
 
 VOCAB, WIDTH, LOCATIONS, FEATURES = 12, 8, 4, 8
 REPLICAS = 2

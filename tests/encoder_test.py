@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
+from sat_tf import config as config_lib
 from sat_tf.model import encoder
 from sat_tf.model.encoder import AddCoords, ImageEncoder
 
@@ -42,8 +43,10 @@ class RegistryTest(tf.test.TestCase, parameterized.TestCase):
         self.assertTrue(spec.layer)
         size, grid = GRIDS[name]
         self.assertEqual(spec.image_size, size)
-        self.assertGreater(spec.crop_fraction, 0.0)
-        self.assertLessEqual(spec.crop_fraction, 1.0)
+        # The shapes CNN is trained here on whole frames; every other backbone on
+        # ImageNet's 224 of 256 (paper 5.4).
+        crop = 1.0 if name == "shapes_cnn" else 224 / 256
+        self.assertEqual(config_lib.encoder_crop_fraction(name), crop)
         layer = ImageEncoder(name, size, weights=None)
         self.assertEqual(layer.feature_grid(), grid)
         self.assertFalse(layer.pretrained)
@@ -51,6 +54,12 @@ class RegistryTest(tf.test.TestCase, parameterized.TestCase):
             out = layer(tf.random.stateless_uniform((1, size, size, 3), (0, 1), maxval=255.0))
             self.assertEqual(out.shape, (1, grid[0] * grid[1], grid[2]))
             self.assertTrue(np.all(np.isfinite(out)))
+
+    def test_a_config_crops_as_its_encoder_unless_told(self):
+        self.assertEqual(config_lib.Config().effective_crop_fraction, 1.0)
+        self.assertEqual(config_lib.Config(encoder="vgg19").effective_crop_fraction, 0.875)
+        told = config_lib.Config(encoder="vgg19", crop_fraction=0.5)
+        self.assertEqual(told.effective_crop_fraction, 0.5)
 
     def test_unknown_backbone_lists_the_known_ones(self):
         with self.assertRaisesRegex(ValueError, "alexnet") as raised:

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 from fixtures import MAX_LENGTH, encode, scenes, tiny_model
 
-from sat_tf import files, serving
+from sat_tf import export_model, files
 from sat_tf.data import image_io
 from sat_tf.training import workdir as workdir_lib
 
@@ -152,10 +152,11 @@ class ExportTest(tf.test.TestCase):
         cls.exports = os.path.join(cls.root, "exports", "sat")
         cls.greedy_dir = os.path.join(cls.exports, "1")
         cls.beam_dir = os.path.join(cls.exports, "2")
-        cls.info = serving.export_workdir(
-            cls.workdir, cls.greedy_dir, tflite=True, quantize="dynamic"
+        model, vocab, config = workdir_lib.load_trained(cls.workdir)
+        cls.info = export_model.export(
+            model, vocab, config, cls.greedy_dir, tflite=True, quantize="dynamic"
         )
-        serving.export(cls.model, cls.vocab, cls.config, cls.beam_dir, beam_size=2)
+        export_model.export(cls.model, cls.vocab, cls.config, cls.beam_dir, beam_size=2)
 
         cls.images = scenes(0, 4)
         cls.png = [encode(x, "PNG") for x in cls.images]
@@ -228,7 +229,7 @@ class ExportTest(tf.test.TestCase):
 
     def assertFreshResults(self, results):
         for name, beam in (("greedy", 1), ("beam", 2)):
-            for signature in serving.SIGNATURES:
+            for signature in export_model.SIGNATURES:
                 got = {
                     k.rsplit("/", 1)[1]: results[k]
                     for k in results.files
@@ -265,7 +266,7 @@ class ExportTest(tf.test.TestCase):
             meta_graph = tf.compat.v1.saved_model.loader.load(
                 session, [tf.saved_model.SERVING], self.greedy_dir
             )
-            for name in serving.SIGNATURES:
+            for name in export_model.SIGNATURES:
                 method = meta_graph.signature_def[name].method_name
                 self.assertEqual(method, "tensorflow/serving/predict")
 
@@ -323,7 +324,7 @@ class ExportTest(tf.test.TestCase):
         self.assertAllEqual(got["tokens"][2:], self.generate({"image": gray[None]}, 1).tokens)
 
     def test_tflite_matches_saved_model(self):
-        path = os.path.join(self.greedy_dir, serving.TFLITE_FILE)
+        path = os.path.join(self.greedy_dir, export_model.TFLITE_FILE)
         self.assertEqual(os.path.getsize(path), self.info["tflite"]["bytes"])
         runner = Interpreter(model_path=path).get_signature_runner()
         caption_images = tf.saved_model.load(self.greedy_dir).signatures["caption_images"]
@@ -348,7 +349,7 @@ class ExportTest(tf.test.TestCase):
     def test_int8_tflite(self):
         paths = {
             name: os.path.join(self.greedy_dir, name)
-            for name in (serving.TFLITE_FILE, serving.TFLITE_INT8_FILE)
+            for name in (export_model.TFLITE_FILE, export_model.TFLITE_INT8_FILE)
         }
         info = self.info["tflite_int8"]
         self.assertEqual(os.path.getsize(paths[info["file"]]), info["bytes"])
@@ -364,23 +365,23 @@ class ExportTest(tf.test.TestCase):
             int8 = [t for t in interpreter.get_tensor_details() if t["dtype"] == np.int8]
             # The encoder's convolution kernels have >= 1024 weights: the converter
             # quantizes those (smaller tensors stay float).
-            self.assertEqual(bool(int8), name == serving.TFLITE_INT8_FILE, name)
+            self.assertEqual(bool(int8), name == export_model.TFLITE_INT8_FILE, name)
         runners = {name: i.get_signature_runner() for name, i in interpreters.items()}
         pixels = image_io.resize_and_crop(self.images, 112, 1.0).numpy()
-        float_input = interpreters[serving.TFLITE_FILE].get_input_details()[0]
-        int8_input = interpreters[serving.TFLITE_INT8_FILE].get_input_details()[0]
+        float_input = interpreters[export_model.TFLITE_FILE].get_input_details()[0]
+        int8_input = interpreters[export_model.TFLITE_INT8_FILE].get_input_details()[0]
         self.assertEqual(float_input["dtype"], int8_input["dtype"])
         self.assertAllEqual(float_input["shape"], int8_input["shape"])
         same = 0
         for i in range(len(pixels)):
             outs = {name: run(image=pixels[i : i + 1]) for name, run in runners.items()}
-            out = outs[serving.TFLITE_INT8_FILE]
+            out = outs[export_model.TFLITE_INT8_FILE]
             self.assertTrue(np.all((out["tokens"] >= 0) & (out["tokens"] < len(self.vocab))))
             self.assertBetween(int(out["length"][0]), 0, MAX_LENGTH)
             want_words = [self.vocab.words[t].encode() for t in out["tokens"][0]]
             self.assertEqual(out["words"][0].tolist(), want_words)
             self.assertAllClose(np.sum(out["attention"][0], axis=(1, 2))[0], 1.0, atol=1e-4)
-            same += np.array_equal(out["tokens"], outs[serving.TFLITE_FILE]["tokens"])
+            same += np.array_equal(out["tokens"], outs[export_model.TFLITE_FILE]["tokens"])
         # Agreement with the float model is measured, not asserted (int8 weights round).
         print(f"int8 TFLite captions equal to float TFLite: {same} of {len(pixels)}")
 
@@ -394,7 +395,7 @@ class ExportTest(tf.test.TestCase):
         converter = tf.lite.TFLiteConverter.from_keras_model(net)
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         hybrid = converter.convert()
-        fixed = serving.float_depthwise_filters(hybrid)
+        fixed = export_model.float_depthwise_filters(hybrid)
         x = np.random.default_rng(1).normal(size=(1, 6, 6, 128)).astype(np.float32)
         outputs, kinds = [], []
         for flatbuffer in (hybrid, fixed):
@@ -422,31 +423,31 @@ class ExportTest(tf.test.TestCase):
 
     def test_quantize_settings(self):
         with self.assertRaisesRegex(ValueError, r"--quantize=dynamic quantizes the TFLite"):
-            serving.export(self.model, self.vocab, self.config, "unused", quantize="dynamic")
+            export_model.export(self.model, self.vocab, self.config, "unused", quantize="dynamic")
         with self.assertRaisesRegex(ValueError, r"--quantize='int4' is not one of 'dynamic'"):
-            serving.export(
+            export_model.export(
                 self.model, self.vocab, self.config, "unused", tflite=True, quantize="int4"
             )
         self.assertFalse(os.path.exists("unused"))
 
     def test_export_directory(self):
-        with open(os.path.join(self.greedy_dir, serving.EXPORT_INFO)) as f:
+        with open(os.path.join(self.greedy_dir, export_model.EXPORT_INFO)) as f:
             info = json.load(f)
         self.assertEqual(info, json.loads(json.dumps(self.info)))
         self.assertEqual(info["vocab_size"], len(self.vocab))
         self.assertEqual(info["vocab_fingerprint"], self.vocab.fingerprint)
         self.assertEqual((info["grid"], info["beam_size"], info["max_length"]), ([14, 14], 1, 8))
         self.assertEqual(info["config"]["hidden_dim"], 16)
-        self.assertEqual(info["tflite_int8"]["file"], serving.TFLITE_INT8_FILE)
-        with open(os.path.join(self.beam_dir, serving.EXPORT_INFO)) as f:
+        self.assertEqual(info["tflite_int8"]["file"], export_model.TFLITE_INT8_FILE)
+        with open(os.path.join(self.beam_dir, export_model.EXPORT_INFO)) as f:
             beam_info = json.load(f)
         self.assertEqual(beam_info["beam_size"], 2)
         self.assertEqual((beam_info["tflite"], beam_info["tflite_int8"]), (None, None))
-        saved = os.path.join(self.greedy_dir, serving.VOCAB_FILE)
+        saved = os.path.join(self.greedy_dir, export_model.VOCAB_FILE)
         self.assertEqual(self.vocab.load(saved).words, self.vocab.words)
         self.assertEqual(sorted(os.listdir(self.exports)), ["1", "2"])
         with self.assertRaisesRegex(ValueError, "exists; pass --overwrite"):
-            serving.export(self.model, self.vocab, self.config, self.greedy_dir)
+            export_model.export(self.model, self.vocab, self.config, self.greedy_dir)
 
     def test_failed_export_leaves_nothing_behind(self):
         class Broken:
@@ -456,13 +457,15 @@ class ExportTest(tf.test.TestCase):
                 raise RuntimeError("disk full")
 
         before = sorted(os.listdir(self.beam_dir))
-        original = serving.export_archive
-        serving.export_archive = lambda *args: Broken()
+        original = export_model.export_archive
+        export_model.export_archive = lambda *args: Broken()
         try:
             with self.assertRaisesRegex(RuntimeError, "disk full"):
-                serving.export(self.model, self.vocab, self.config, self.beam_dir, overwrite=True)
+                export_model.export(
+                    self.model, self.vocab, self.config, self.beam_dir, overwrite=True
+                )
         finally:
-            serving.export_archive = original
+            export_model.export_archive = original
         self.assertEqual(sorted(os.listdir(self.exports)), ["1", "2"])
         self.assertEqual(sorted(os.listdir(self.beam_dir)), before)
 

@@ -1,5 +1,6 @@
-"""Tests for sat_tf.data.feature_cache and the feature-cache path of training, on tiny datasets
-written in the exact on-disk formats: read -> vocabulary -> extract -> train -> decode."""
+"""Tests for sat_tf.data.feature_cache, sat_tf.training.extract and the feature-cache path
+of training, on tiny datasets written in the exact on-disk formats: read -> vocabulary ->
+extract -> train -> decode."""
 
 import collections
 import contextlib
@@ -19,7 +20,7 @@ from sat_tf.data import datasets, feature_cache, image_io, input_pipeline
 from sat_tf.data.vocab import UNK, Vocab
 from sat_tf.evaluation import metrics
 from sat_tf.model.encoder import ImageEncoder
-from sat_tf.training import captioning, train_lib
+from sat_tf.training import extract, scoring, train_lib
 from sat_tf.training import workdir as workdir_lib
 
 IMAGE_SIZE = 32  # shapes_cnn has stride 8: a 4 x 4 grid of 48 + 2 channels.
@@ -202,7 +203,7 @@ class FeatureCacheTest(tf.test.TestCase, parameterized.TestCase):
     def _extract(self, records=None, **kwargs):
         args = dict(shard_size=2, batch_size=2, progress=False)
         args.update(kwargs)
-        return feature_cache.extract_features(
+        return extract.extract_features(
             self.records if records is None else records,
             args.pop("encoder", "shapes_cnn"),
             args.pop("weights", self.weights),
@@ -397,7 +398,7 @@ class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
             max_decode_length=5,
         )
         data_files = sorted(os.walk(data_dir))
-        index = feature_cache.extract_for_config(config, shard_size=4, progress=False)
+        index = extract.extract_for_config(config, shard_size=4, progress=False)
         feature_dir = feature_cache.feature_dir_of(config)
         self.assertEqual(os.path.basename(feature_dir), "features_shapes_cnn")
         self.assertEqual(os.path.dirname(os.path.dirname(feature_dir)), config.cache_dir)
@@ -436,7 +437,7 @@ class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(model.grid, GRID)
         test = [r for r in datasets.load_records(dataset, data_dir) if r.split == "test"]
         self.assertEqual([r.image_id for r in test], [ids["fish"]])
-        results = captioning.caption_records(model, test, vocab, config)
+        results = scoring.caption_records(model, test, vocab, config)
         self.assertLen(results, 1)
         words, alpha = results[0]["words"], results[0]["alpha"]
         self.assertLessEqual(len(words), 5)

@@ -15,7 +15,7 @@ from PIL import Image
 
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.model.captioner import build_model
+from sat_tf.model.show_attend_tell import build_model
 
 # Eight named colours of flat test images.
 COLOURS = {

@@ -11,8 +11,8 @@ import tempfile
 import tensorflow as tf
 
 from sat_tf.config import Config
-from sat_tf.data import datasets, feature_cache
-from sat_tf.training import captioning, train_lib
+from sat_tf.data import datasets
+from sat_tf.training import extract, scoring, train_lib
 from sat_tf.training import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,7 +86,7 @@ class Flickr8kTest(tf.test.TestCase):
             eval_images=2,
             max_decode_length=12,
         )
-        index = feature_cache.extract_for_config(config, shard_size=5, progress=False)
+        index = extract.extract_for_config(config, shard_size=5, progress=False)
         self.assertEqual(index["feature_shape"], [49, 1280])
         self.assertEqual(index["grid"], [7, 7])
         self.assertEqual(index["num_records"], sum(HANDFUL.values()))
@@ -98,7 +98,7 @@ class Flickr8kTest(tf.test.TestCase):
         test = [r for r in datasets.load_records("flickr8k", data_dir) if r.split == "test"]
         self.assertLen(test, HANDFUL["test"])
         for beam in (1, 3):
-            results = captioning.caption_records(model, test, vocab, config, beam_size=beam)
+            results = scoring.caption_records(model, test, vocab, config, beam_size=beam)
             for result in results:
                 self.assertLessEqual(len(result["words"]), config.max_decode_length)
                 self.assertContainsSubset(result["words"], vocab.words)

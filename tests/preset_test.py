@@ -24,12 +24,12 @@ from absl import flags
 from absl.testing import parameterized
 from fixtures import MAX_LENGTH, WORDS, scenes, tiny_model
 
-from sat_tf import preset
+from sat_tf import download, files, preset
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import java_tools
-from sat_tf.model.captioner import build_model
-from sat_tf.training import captioning
+from sat_tf.model.show_attend_tell import build_model
+from sat_tf.training import publish, scoring
 from sat_tf.training import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,7 +85,7 @@ def rewrite_metadata(directory, change):
         file = os.path.join(directory, name)
         metadata["files"][name] = {
             "bytes": os.path.getsize(file),
-            "sha256": preset.sha256_of(file),
+            "sha256": files.sha256_of(file),
         }
     with open(path, "w", encoding="utf-8") as f:
         json.dump(metadata, f)
@@ -299,9 +299,9 @@ class PresetTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_pack_is_deterministic(self):
         first, second = (os.path.join(self.root, f"{n}.tar.gz") for n in ("first", "second"))
-        digest = preset.pack(self.image_dir, first)
-        self.assertEqual(preset.pack(self.image_dir, second), digest)
-        self.assertEqual(preset.sha256_of(first), digest)
+        digest = publish.pack(self.image_dir, first)
+        self.assertEqual(publish.pack(self.image_dir, second), digest)
+        self.assertEqual(files.sha256_of(first), digest)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -365,14 +365,14 @@ class DownloadTest(tf.test.TestCase):
         cls.base = f"https://127.0.0.1:{cls.server.server_address[1]}"
 
         archive = os.path.join(cls.root, "tiny.tar.gz")
-        cls.digest = preset.pack(cls.directory, archive)
+        cls.digest = publish.pack(cls.directory, archive)
         with open(archive, "rb") as f:
             good = f.read()
         damaged = os.path.join(cls.root, "damaged")
         shutil.copytree(cls.directory, damaged)
         flip_byte(os.path.join(damaged, preset.WEIGHTS_FILE))
         with mock.patch.object(preset, "verify", lambda d: preset.read_metadata(d)):
-            preset.pack(damaged, os.path.join(cls.root, "damaged.tar.gz"))
+            publish.pack(damaged, os.path.join(cls.root, "damaged.tar.gz"))
         with open(os.path.join(cls.root, "damaged.tar.gz"), "rb") as f:
             damaged_archive = f.read()
         flipped = bytearray(good)
@@ -411,8 +411,8 @@ class DownloadTest(tf.test.TestCase):
         with open(os.path.join(folder, "download.json")) as f:
             self.assertEqual(json.load(f)["sha256"], self.digest)
 
-        with mock.patch.dict(os.environ, {preset.CACHE_ENV: self.cache}):
-            self.assertEqual(preset.default_cache_dir(), self.cache)
+        with mock.patch.dict(os.environ, {download.CACHE_ENV: self.cache}):
+            self.assertEqual(download.default_cache_dir(), self.cache)
             model, _, _ = preset.load(url)
         self.assertAllEqual(generate(model, {"image": self.images}).tokens, self.want.tokens)
         self.assertEqual(self.server.requests, ["/tiny.tar.gz"])
@@ -442,15 +442,17 @@ class DownloadTest(tf.test.TestCase):
     def test_truncated_download_is_refused(self):
         total = len(self.server.routes["/tiny.tar.gz"][0])
         self.assertRefused(
-            "/cut.tar.gz", rf"download of .*/cut.tar.gz is truncated: [\d,]+ of {total:,} bytes"
+            "/cut.tar.gz",
+            r"cannot download .*/cut.tar.gz: retrieval incomplete: got only \d+ "
+            rf"out of {total} bytes",
         )
 
     def test_truncated_archive_is_refused(self):
         self.assertRefused(
-            "/short.tar.gz", r"archive from .*/short.tar.gz is truncated or not a .tar.gz"
+            "/short.tar.gz", r"archive from .*/short.tar.gz is truncated or not a .tar.gz archive"
         )
         self.server.requests.clear()
-        self.assertRefused("/notes.tar.gz", r"is truncated or not a .tar.gz preset archive")
+        self.assertRefused("/notes.tar.gz", r"is truncated or not a .tar.gz archive$")
 
     def test_corrupt_download_is_refused(self):
         self.assertRefused(
@@ -465,14 +467,14 @@ class DownloadTest(tf.test.TestCase):
         )
 
     def test_bad_urls(self):
-        with self.assertRaisesRegex(ValueError, r"cannot download preset .*/none.tar.gz: HTTP 404"):
+        with self.assertRaisesRegex(ValueError, r"cannot download .*/none.tar.gz: HTTP 404"):
             preset.load(f"{self.base}/none.tar.gz", cache_dir=self.cache)
-        with self.assertRaisesRegex(ValueError, r"is not https://; presets download only over"):
+        with self.assertRaisesRegex(ValueError, r"is not https://; downloads go over HTTPS only"):
             preset.load(f"http://127.0.0.1:{self.server.server_address[1]}/tiny.tar.gz")
         with self.assertRaisesRegex(ValueError, r"fragment #md5=abc of .* is not sha256="):
             preset.load(f"{self.base}/tiny.tar.gz#md5=abc", cache_dir=self.cache)
         with mock.patch.dict(os.environ, {"SSL_CERT_FILE": "", "SSL_CERT_DIR": self.cache}):
-            with self.assertRaisesRegex(ValueError, r"cannot download preset .*CERTIFICATE_VERIFY"):
+            with self.assertRaisesRegex(ValueError, r"cannot download .*CERTIFICATE_VERIFY"):
                 preset.load(f"{self.base}/tiny.tar.gz", cache_dir=self.cache)
         self.assertEqual(self.cached(), [])
 
@@ -506,7 +508,7 @@ class MakePresetTest(tf.test.TestCase):
         workdir = tiny_workdir(root)
         presets = os.path.join(root, "presets")
         commands = dict(train_command="python scripts/train.py x", make_command="python m.py y")
-        metadata = preset.make(workdir, presets, "tiny", description="a tiny one", **commands)
+        metadata = publish.make(workdir, presets, "tiny", description="a tiny one", **commands)
         self.assertEqual(os.listdir(presets), ["tiny"])
         self.assertEqual(preset.verify(os.path.join(presets, "tiny")), metadata)
         self.assertEqual(metadata["trained_with"], "python scripts/train.py x")
@@ -522,26 +524,26 @@ class MakePresetTest(tf.test.TestCase):
         # The stored scores are those of the loaded preset, evaluated again.
         model, vocab, config = preset.load(os.path.join(presets, "tiny"))
         outputs = os.path.join(root, "outputs")
-        again = captioning.evaluate_images(model, vocab, config, outputs, "test", 3)
+        again = scoring.evaluate_images(model, vocab, config, outputs, "test", 3)
         self.assertEqual(preset.score_differences(scores["beam_3"], again), [])
         self.assertEqual(preset.stored_scores(metadata, 3), scores["beam_3"])
         self.assertIsNone(preset.stored_scores(metadata, 3, split="val"))
         self.assertNotEqual(preset.score_differences(scores["beam_3"], scores["beam_1"]), [])
         with self.assertRaisesRegex(ValueError, r"lies in the dataset folder"):
-            captioning.evaluate_images(
+            scoring.evaluate_images(
                 model, vocab, config, os.path.join(config.data_dir, "out"), "test"
             )
 
         with self.assertRaisesRegex(ValueError, r"tiny exists; pass --overwrite"):
-            preset.make(workdir, presets, "tiny", **commands)
+            publish.make(workdir, presets, "tiny", **commands)
         with mock.patch.object(preset, "MAX_BYTES", 1000):
             with self.assertRaisesRegex(ValueError, r"would take 0\.\d MB, more than the 0 MB"):
-                preset.make(workdir, presets, "tiny", overwrite=True, **commands)
+                publish.make(workdir, presets, "tiny", overwrite=True, **commands)
         self.assertEqual(os.listdir(presets), ["tiny"])
         self.assertEqual(preset.verify(os.path.join(presets, "tiny")), metadata)
         os.makedirs(os.path.join(presets, "other"))
         with self.assertRaisesRegex(ValueError, r"other exists and is not a preset"):
-            preset.make(workdir, presets, "other", overwrite=True, **commands)
+            publish.make(workdir, presets, "other", overwrite=True, **commands)
 
 
 class ModelSourceFlagsTest(parameterized.TestCase):
@@ -622,7 +624,7 @@ class PresetScriptsTest(tf.test.TestCase):
         workdir = tiny_workdir(self.root)
         presets = os.path.join(self.root, "made")
         commands = dict(train_command="train", make_command="make")
-        metadata = preset.make(workdir, presets, "tiny", **commands)
+        metadata = publish.make(workdir, presets, "tiny", **commands)
         made = os.path.join(presets, "tiny")
         outputs = os.path.join(self.root, "evaluation")
         export = os.path.join(self.root, "export")
@@ -666,15 +668,15 @@ import sys
 
 import numpy as np
 
-from sat_tf import preset, serving
+from sat_tf import preset
 from sat_tf.data import image_io
-from sat_tf.model.encoder import crop_fraction_of
-from sat_tf.training import captioning
+from sat_tf.model.show_attend_tell import feature_encoder
+from sat_tf.training import scoring
 
 model, vocab, config = preset.load(sys.argv[1])
-image = image_io.load_image_file(sys.argv[2], config.image_size, crop_fraction_of(config))
-encoder = serving.export_encoder(model, config) if model.encoder is None else None
-out = captioning.make_caption_fn(model, config, 1, encoder)({"image": image.numpy()[None]})
+image = image_io.load_image_file(sys.argv[2], config.image_size, config.effective_crop_fraction)
+encoder = feature_encoder(model, config) if model.encoder is None else None
+out = scoring.make_caption_fn(model, config, 1, encoder)({"image": image.numpy()[None]})
 words = vocab.decode(out.tokens[0][: int(out.length[0])].numpy())
 print(json.dumps(words))
 """

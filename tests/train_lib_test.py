@@ -16,7 +16,7 @@ import tensorflow as tf
 from fixtures import TINY
 
 from sat_tf.config import Config
-from sat_tf.training import captioning, prepare, train_lib
+from sat_tf.training import prepare, scoring, train_lib
 from sat_tf.training import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,7 +60,7 @@ class TrainAndEvaluateTest(tf.test.TestCase):
         first = sorted(saved, key=lambda c: str(c["image_id"]))[0]
         data = prepare.prepare_data(config, self.workdir)
         record = next(r for r in data.splits["test"] if str(r.image_id) == str(first["image_id"]))
-        (result,) = captioning.caption_records(model, [record], vocab, config)
+        (result,) = scoring.caption_records(model, [record], vocab, config)
         self.assertEqual(" ".join(result["words"]), first["caption"])
 
     def test_another_model_in_the_same_workdir_is_refused(self):

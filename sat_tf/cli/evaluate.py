@@ -22,7 +22,7 @@ from absl import flags
 from sat_tf import files, preset
 from sat_tf.cli.flags_lib import define_model_source, define_override, model_source, override, run
 from sat_tf.evaluation import metrics
-from sat_tf.training import captioning, prepare
+from sat_tf.training import prepare, scoring
 from sat_tf.training import workdir as workdir_lib
 
 FLAGS = flags.FlagValues()
@@ -57,23 +57,21 @@ def _main(argv):
         model, vocab, config = workdir_lib.load_trained(source)
         config = _with_data_dir(config)
         output_dir = FLAGS.output_dir or source
-        captioning.check_output_dir(output_dir, config)
+        scoring.check_output_dir(output_dir, config)
         os.makedirs(output_dir, exist_ok=True)
         data = prepare.prepare_data(config, source)
-        scores = captioning.evaluate(model, data, config, output_dir, FLAGS.split, beam_size)
+        scores = scoring.evaluate(model, data, config, output_dir, FLAGS.split, beam_size)
     else:
         model, vocab, config = preset.load(source)
         metadata = preset.read_metadata(preset.resolve(source))
         config = _with_data_dir(config)
         output_dir = FLAGS.output_dir or os.path.join("runs", "presets", metadata["name"])
-        scores = captioning.evaluate_images(
-            model, vocab, config, output_dir, FLAGS.split, beam_size
-        )
+        scores = scoring.evaluate_images(model, vocab, config, output_dir, FLAGS.split, beam_size)
         stored = preset.stored_scores(metadata, beam_size or config.beam_size, FLAGS.split)
     beam = beam_size or config.beam_size
     name = f"this model ({config.attention} attention, {config.attention_score}, beam {beam})"
     table = metrics.format_table1(scores, config.dataset, name)
-    table_name = captioning.result_name("table", FLAGS.split, config, beam_size, ".md")
+    table_name = scoring.result_name("table", FLAGS.split, config, beam_size, ".md")
     files.write_text(os.path.join(output_dir, table_name), table)
     print(json.dumps(scores, indent=2, sort_keys=True))
     print(table)

@@ -13,6 +13,7 @@ from absl import flags
 
 from sat_tf.cli.flags_lib import config_from_flags, define_config_flags, run
 from sat_tf.data import feature_cache
+from sat_tf.training import extract
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_integer("shard_size", 1000, "Images per TFRecord shard.", flag_values=FLAGS)
@@ -30,7 +31,7 @@ def _main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
     config = config_from_flags(FLAGS)
-    index = feature_cache.extract_for_config(
+    index = extract.extract_for_config(
         config,
         shard_size=FLAGS.shard_size,
         batch_size=FLAGS.extract_batch_size,

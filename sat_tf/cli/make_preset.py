@@ -28,6 +28,7 @@ from absl import flags
 
 from sat_tf import preset
 from sat_tf.cli.flags_lib import run
+from sat_tf.training import publish
 
 PROGRAM = "sat-make-preset"
 
@@ -57,7 +58,7 @@ def _command(argv):
 def _main(argv, command):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
-    metadata = preset.make(
+    metadata = publish.make(
         FLAGS.workdir,
         FLAGS.output_root,
         FLAGS.name,
@@ -72,7 +73,7 @@ def _main(argv, command):
     summary = {k: {m: scores[k][m] for m in ("BLEU-4", "CIDEr")} for k in scores if "beam" in k}
     print(json.dumps({"preset": folder, **summary}, indent=2))
     if FLAGS.archive:
-        digest = preset.pack(folder, FLAGS.archive)
+        digest = publish.pack(folder, FLAGS.archive)
         print(f"archive: {FLAGS.archive}\nsha256: {digest}")
 
 

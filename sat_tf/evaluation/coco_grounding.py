@@ -211,7 +211,7 @@ class Geometry:
 
     Attributes:
       image_size: side of the square encoder input.
-      crop_fraction: see `image_io.resize_and_crop` (`encoder.crop_fraction_of(config)`).
+      crop_fraction: see `image_io.resize_and_crop` (`config.effective_crop_fraction`).
       grid: (H, W) of the attention grid; alpha is row-major over it.
     """
 

@@ -163,7 +163,7 @@ class AttentionDecoder(keras.layers.Layer):
         return self.deep_output(self.out_dropout(pre, training=training))
 
     def step(self, tokens, state):
-        """One decoding step; the `step_fn` that `decoding.py` drives.
+        """One decoding step; the `step_fn` that `search.py` drives.
 
         The projections of h_{t-1} run as one product per kernel: at batch 1 joining the
         kernels on every call would copy them, which costs as much as the products.

@@ -22,16 +22,14 @@ class EncoderSpec:
         weights is None, "imagenet" or a file path.
       layer: name of the layer whose output is the feature map.
       preprocess: maps float pixels in [0, 255] to the backbone's input range.
-      image_size: the input size the backbone was trained at.
-      crop_fraction: centre crop after resizing the shorter side to image_size /
-        crop_fraction (paper §5.4: 224 of 256); 1.0 resizes the whole image.
+      image_size: the input size the backbone was trained at (the centre crop it was
+        trained with is `sat_tf.config.encoder_crop_fraction`).
     """
 
     build: Callable
     layer: str
     preprocess: Callable
     image_size: int = 224
-    crop_fraction: float = 224 / 256
 
 
 @keras.saving.register_keras_serializable(package="sat_tf")
@@ -122,9 +120,7 @@ def _efficientnet_lite_layer(variant):
 
 apps = keras.applications
 REGISTRY = {
-    "shapes_cnn": EncoderSpec(
-        _shapes_cnn, "features", lambda x: x / 255.0, image_size=112, crop_fraction=1.0
-    ),
+    "shapes_cnn": EncoderSpec(_shapes_cnn, "features", lambda x: x / 255.0, image_size=112),
     "vgg19": EncoderSpec(_applications(apps.VGG19), "block5_conv4", apps.vgg19.preprocess_input),
     "resnet50": EncoderSpec(
         _applications(apps.ResNet50), "conv4_block6_out", apps.resnet.preprocess_input
@@ -180,11 +176,6 @@ def get_spec(name: str) -> EncoderSpec:
     if name not in REGISTRY:
         raise ValueError(f"unknown encoder {name!r}; known: {', '.join(sorted(REGISTRY))}")
     return REGISTRY[name]
-
-
-def crop_fraction_of(config) -> float:
-    """The centre-crop share a `Config` asks for: `--crop_fraction`, else the encoder's."""
-    return config.crop_fraction or get_spec(config.encoder).crop_fraction
 
 
 def _layer_name(spec):

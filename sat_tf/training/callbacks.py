@@ -12,9 +12,8 @@ from absl import logging
 
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
-from sat_tf.model.encoder import crop_fraction_of
 from sat_tf.training import workdir as workdir_lib
-from sat_tf.training.captioning import caption_records, score_captions
+from sat_tf.training.scoring import caption_records, score_captions
 
 
 class EvaluationCallback(keras.callbacks.Callback):
@@ -75,7 +74,7 @@ class EvaluationCallback(keras.callbacks.Callback):
 
     def _picture(self, record, res):
         data = tf.io.read_file(record.image_path)
-        crop = crop_fraction_of(self.config)
+        crop = self.config.effective_crop_fraction
         image = image_io.decode_image(data, self.config.image_size, crop)
         image = np.clip(image.numpy(), 0, 255).astype(np.uint8)
         hard = self.config.attention == "hard"

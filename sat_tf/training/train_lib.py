@@ -12,12 +12,11 @@ from absl import logging
 import sat_tf
 from sat_tf.config import Config
 from sat_tf.data import feature_cache, image_io, input_pipeline
-from sat_tf.model.captioner import build_model
-from sat_tf.model.encoder import crop_fraction_of
+from sat_tf.model.show_attend_tell import build_model
 from sat_tf.training import callbacks as callbacks_lib
 from sat_tf.training import workdir as workdir_lib
-from sat_tf.training.captioning import evaluate
 from sat_tf.training.prepare import cached_features, prepare_data
+from sat_tf.training.scoring import evaluate
 
 
 def _optimizer(config: Config, total_steps=None):
@@ -134,7 +133,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         train,
         data.vocab,
         image_size=config.image_size,
-        crop_fraction=crop_fraction_of(config),
+        crop_fraction=config.effective_crop_fraction,
         batch_size=config.batch_size,
         max_words=config.max_caption_length,
         seed=config.seed,

@@ -13,26 +13,14 @@ import json
 import os
 
 from sat_tf import files
-from sat_tf.config import Config
+from sat_tf.config import MODEL_FIELDS, Config
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.model.captioner import build_model
+from sat_tf.model.show_attend_tell import build_model
 
 CONFIG_FILE, VOCAB_FILE, BEST_WEIGHTS = "config.json", "vocab.txt", "best.weights.h5"
 BEST_INFO = "best.json"
 HISTORY_FILE = "val_history.json"
 FEATURES_FILE = "features.json"
-MODEL_FIELDS = (
-    "dataset",
-    "vocab_size",
-    "encoder",
-    "image_size",
-    "use_feature_cache",
-    "attention",
-    "attention_score",
-    "embed_dim",
-    "hidden_dim",
-    "attention_dim",
-)
 
 
 def write_json(path, value):

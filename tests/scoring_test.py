@@ -1,4 +1,4 @@
-"""Tests for sat_tf.training.captioning: captioning a split the same under XLA."""
+"""Tests for sat_tf.training.scoring: captioning a split the same under XLA."""
 
 import dataclasses
 import os
@@ -7,8 +7,8 @@ import numpy as np
 import tensorflow as tf
 
 from sat_tf.config import Config
-from sat_tf.model.captioner import build_model
-from sat_tf.training import captioning
+from sat_tf.model.show_attend_tell import build_model
+from sat_tf.training import scoring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -22,8 +22,8 @@ class CaptionFnTest(tf.test.TestCase):
         features = np.random.default_rng(0).normal(size=(3, 9, 12)).astype(np.float32)
         jit = dataclasses.replace(config, jit_compile=True)
         for beam in (1, 2):
-            plain = captioning.make_caption_fn(model, config, beam)({"features": features})
-            compiled = captioning.make_caption_fn(model, jit, beam)({"features": features})
+            plain = scoring.make_caption_fn(model, config, beam)({"features": features})
+            compiled = scoring.make_caption_fn(model, jit, beam)({"features": features})
             self.assertGreater(np.count_nonzero(plain.length), 0)
             self.assertAllEqual(compiled.tokens, plain.tokens)
             self.assertAllClose(compiled.log_prob, plain.log_prob, atol=1e-4)

@@ -8,7 +8,7 @@ The SavedModel (written with `keras.export.ExportArchive`) has three signatures,
 
 each returning caption string (N,), tokens int32 (N, T), length int32 (N,),
 log_prob float32 (N,) and attention float32 (N, T, H, W) on the encoder's grid: the
-fields of `decoding.DecodeResult`, T the export's max_length. Decoding, resizing
+fields of `search.DecodeResult`, T the export's max_length. Decoding, resizing
 (`input_pipeline`, paper §5.4), the encoder, greedy or beam search (paper §4) and the
 id -> word lookup all run in the graph as core TensorFlow ops, so the export loads with
 `tf.saved_model.load` alone; the vocabulary is a constant of the graph. The TFLite file
@@ -18,8 +18,6 @@ is left to the app; `--quantize=dynamic` adds a copy with int8 weights.
 
 import dataclasses
 import os
-import shutil
-import tempfile
 
 import keras
 import numpy as np
@@ -29,8 +27,7 @@ from tensorflow.lite.tools import flatbuffer_utils
 from sat_tf import files
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.model.encoder import ImageEncoder, crop_fraction_of
-from sat_tf.training import workdir as workdir_lib
+from sat_tf.model.show_attend_tell import feature_encoder
 
 EXPORT_INFO = "sat_tf_export.json"
 VOCAB_FILE = "vocab.txt"
@@ -364,39 +361,12 @@ def convert_tflite(model, encoder, vocab, spec, quantize=None) -> bytes:
     return _convert(_tflite_holder(model, encoder, vocab, spec), quantize)
 
 
-def export_encoder(model, config):
-    """The encoder of the export: the model's own, or for a model trained on cached
-    features the backbone that produced them (rebuilt from `config`).
-
-    Raises:
-      ValueError: when the backbone cannot be rebuilt or its features do not fit.
-    """
-    if model.encoder is not None:
-        return model.encoder
-    if not config.encoder_weights:
-        raise ValueError(
-            "the model reads cached features of a randomly initialised encoder; the "
-            "export needs the encoder that made them (--encoder_weights of the run)"
-        )
-    encoder = ImageEncoder(config.encoder, config.image_size, config.encoder_weights)
-    encoder.build((None, config.image_size, config.image_size, 3))  # the export tracks it
-    height, width, depth = encoder.feature_grid()
-    if depth != model.feature_dim or (
-        model.grid and height * width != model.grid[0] * model.grid[1]
-    ):
-        raise ValueError(
-            f"encoder {config.encoder} at {config.image_size} gives {height}x{width}x{depth} "
-            f"features; the model was trained on {model.grid} x {model.feature_dim}"
-        )
-    return encoder
-
-
 def export_spec(model, encoder, config, beam_size=None, max_length=None) -> ExportSpec:
     """The `ExportSpec` of a model and its config; None means the config's setting."""
     height, width, depth = encoder.feature_grid()
     spec = ExportSpec(
         image_size=config.image_size,
-        crop_fraction=crop_fraction_of(config),
+        crop_fraction=config.effective_crop_fraction,
         grid=(int(height), int(width)),
         feature_dim=int(depth),
         max_length=max_length or config.max_decode_length,
@@ -493,13 +463,9 @@ def export(
             raise ValueError(f"{output} exists; pass --overwrite to replace it")
         if not _is_export(output):
             raise ValueError(f"{output} exists and is not an export; refusing to replace it")
-    encoder = export_encoder(model, config)
+    encoder = feature_encoder(model, config)
     spec = export_spec(model, encoder, config, beam_size, max_length)
-    parent = os.path.dirname(output)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.tmp", dir=parent)
-    try:
-        os.chmod(tmp, 0o755)
+    with files.staged_dir(output) as tmp:
         export_archive(model, encoder, vocab, spec).write_out(tmp, verbose=False)
         vocab.save(os.path.join(tmp, VOCAB_FILE))
         info = {
@@ -527,14 +493,4 @@ def export(
                     tmp, TFLITE_INT8_FILE, _convert(holder, quantize), spec, quantize
                 )
         files.write_json(os.path.join(tmp, EXPORT_INFO), info, indent=2, sort_keys=True)
-        files.replace_dir(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return info
-
-
-def export_workdir(workdir, output, **kwargs) -> dict:
-    """`export` of the trained model in a workdir (see `workdir_lib.load_trained`)."""
-    model, vocab, config = workdir_lib.load_trained(workdir)
-    return export(model, vocab, config, output, **kwargs)

@@ -12,9 +12,9 @@ import numpy as np
 import tensorflow as tf
 
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.model import decoding
 from sat_tf.model import losses as losses_lib
 from sat_tf.model import reinforce as reinforce_lib
+from sat_tf.model import search
 from sat_tf.model.decoder import AttentionDecoder
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.resumable import ResumableModel
@@ -237,7 +237,7 @@ class ShowAttendTell(ResumableModel):
         """Captions a batch in the graph: greedy for beam_size 1, else beam search.
 
         Returns:
-          `decoding.DecodeResult` with tokens (B, T), length (B,), log_prob (B,) and
+          `search.DecodeResult` with tokens (B, T), length (B,), log_prob (B,) and
           attention (B, T, L).
         """
         features = self.encode(batch)
@@ -260,8 +260,8 @@ class ShowAttendTell(ResumableModel):
             return log_probs + banned, state, alpha
 
         if beam_size == 1:
-            return decoding.greedy_decode(step_fn, state, **common)
-        return decoding.beam_search(
+            return search.greedy_decode(step_fn, state, **common)
+        return search.beam_search(
             step_fn,
             state,
             beam_size=beam_size,
@@ -347,3 +347,31 @@ def build_model(config, vocab_size, feature_shape=None, grid=None, load_encoder_
         model = ShowAttendTell(decoder, encoder=encoder, **kwargs)
     model.build()
     return model
+
+
+def feature_encoder(model, config):
+    """The encoder whose features the model reads: its own, or for a model trained on
+    cached features the backbone that produced them, rebuilt from `config` (for
+    captioning images with it, and for the export).
+
+    Raises:
+      ValueError: when the backbone cannot be rebuilt or its features do not fit.
+    """
+    if model.encoder is not None:
+        return model.encoder
+    if not config.encoder_weights:
+        raise ValueError(
+            "the model reads cached features of a randomly initialised encoder; the "
+            "images need the encoder that made them (--encoder_weights of the run)"
+        )
+    encoder = ImageEncoder(config.encoder, config.image_size, config.encoder_weights)
+    encoder.build((None, config.image_size, config.image_size, 3))  # the export tracks it
+    height, width, depth = encoder.feature_grid()
+    if depth != model.feature_dim or (
+        model.grid and height * width != model.grid[0] * model.grid[1]
+    ):
+        raise ValueError(
+            f"encoder {config.encoder} at {config.image_size} gives {height}x{width}x{depth} "
+            f"features; the model was trained on {model.grid} x {model.feature_dim}"
+        )
+    return encoder

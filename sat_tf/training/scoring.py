@@ -5,12 +5,11 @@ import os
 
 import tensorflow as tf
 
-from sat_tf import serving
 from sat_tf.config import Config
 from sat_tf.data import input_pipeline
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import grounding, metrics
-from sat_tf.model.encoder import crop_fraction_of
+from sat_tf.model.show_attend_tell import feature_encoder
 from sat_tf.training.prepare import Data, cached_features, prepare_data
 from sat_tf.training.workdir import write_json
 
@@ -33,7 +32,7 @@ def make_caption_fn(model, config: Config, beam_size=None, encoder=None):
       config: its settings.
       beam_size: None for `config.beam_size`.
       encoder: an encoder to run on batch["image"] first, for a model trained on cached
-        features (`serving.export_encoder`); None feeds the batch to the model as it is.
+        features (`feature_encoder`); None feeds the batch to the model as it is.
     """
     beam = beam_size or config.beam_size
 
@@ -66,7 +65,7 @@ def caption_records(
     ds = input_pipeline.eval_dataset(
         records,
         image_size=config.image_size,
-        crop_fraction=crop_fraction_of(config),
+        crop_fraction=config.effective_crop_fraction,
         batch_size=batch_size,
         features=cached,
     )
@@ -166,7 +165,7 @@ def evaluate_images(model, vocab, config: Config, output_dir: str, split="test",
     """`evaluate` from the split's image files, for a model without a workdir (a preset).
 
     No feature cache is read: a model trained on cached features gets the backbone that
-    made them (`serving.export_encoder`), run on each image as `caption.py` and the
+    made them (`feature_encoder`), run on each image as `caption.py` and the
     exports run it, so the scores are those of the model as users run it.
 
     Args:
@@ -187,5 +186,5 @@ def evaluate_images(model, vocab, config: Config, output_dir: str, split="test",
     config = dataclasses.replace(config, use_feature_cache=False)
     os.makedirs(output_dir, exist_ok=True)
     data = prepare_data(config, output_dir, vocab=vocab)
-    encoder = serving.export_encoder(model, config) if model.encoder is None else None
+    encoder = feature_encoder(model, config) if model.encoder is None else None
     return evaluate(model, data, config, output_dir, split, beam_size, encoder=encoder)

@@ -1,10 +1,10 @@
-"""Tests for sat_tf.model.decoding with fake step functions whose answers are known."""
+"""Tests for sat_tf.model.search with fake step functions whose answers are known."""
 
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from sat_tf.model import decoding
+from sat_tf.model import search
 
 PAD, START, END, A, B = 0, 1, 2, 3, 4
 VOCAB = 5
@@ -115,7 +115,7 @@ def _reference_greedy(fn, code, max_length):
 def _reference_beam(fn, code, max_length, beam_size, length_penalty, num_return):
     """Beam search written with Python lists, one image at a time.
 
-    Same rules as `decoding.beam_search`: finished hypotheses stay in the beam and are
+    Same rules as `search.beam_search`: finished hypotheses stay in the beam and are
     extended by `<pad>` at log-prob 0; rank by GNMT-normalised score, ties to the lower
     (beam, token) index. Returns [(tokens, log_prob)] best first.
     """
@@ -165,7 +165,7 @@ def _all_sequences(fn, code, max_length, length_penalty):
 
 
 def _greedy(step_fn, state, batch_size, max_length):
-    return decoding.greedy_decode(
+    return search.greedy_decode(
         step_fn,
         state,
         batch_size=batch_size,
@@ -177,7 +177,7 @@ def _greedy(step_fn, state, batch_size, max_length):
 
 
 def _beam(step_fn, state, batch_size, max_length, beam_size, **kwargs):
-    return decoding.beam_search(
+    return search.beam_search(
         step_fn,
         state,
         batch_size=batch_size,

@@ -1,4 +1,5 @@
-"""Tests for sat_tf.model.captioner.ShowAttendTell on cached features and on the shapes encoder."""
+"""Tests for sat_tf.model.show_attend_tell.ShowAttendTell on cached features and on the
+shapes encoder."""
 
 import os
 
@@ -8,11 +9,11 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from sat_tf.model import decoding
-from sat_tf.model.captioner import ShowAttendTell
+from sat_tf.model import search
 from sat_tf.model.decoder import AttentionDecoder
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.reinforce import BASELINE_SLOTS
+from sat_tf.model.show_attend_tell import ShowAttendTell
 
 VOCAB, WIDTH, LOCATIONS, FEATURES = 12, 8, 4, 8
 START, END = 1, 2
@@ -315,7 +316,7 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         model.decoder.deep_output.bias.assign(np.eye(VOCAB, dtype=np.float32)[END] * 2.5)
         max_length = 6
         result = model.generate(batch, max_length=max_length)
-        self.assertIsInstance(result, decoding.DecodeResult)
+        self.assertIsInstance(result, search.DecodeResult)
         self.assertEqual(result.tokens.shape, (2, max_length))
         self.assertEqual(result.length.shape, (2,))
         self.assertEqual(result.log_prob.shape, (2,))
@@ -413,7 +414,7 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
 
     @parameterized.parameters(*ATTENTIONS)
     def test_beam_is_at_least_as_likely_as_greedy_on_random_models(self, attention):
-        # Not a theorem (decoding_test has a counter-example), but on random small models
+        # Not a theorem (search_test has a counter-example), but on random small models
         # beam 3 should find a caption at least as likely as greedy's for every image.
         for seed in range(3):
             batch = _batch(seed=10 + seed)

@@ -1,0 +1,169 @@
+"""Measures where a captioner looks on real photos: COCO boxes against its attention.
+
+  sat-grounding --preset=flickr8k_lite0_soft --beam_size=3 --output=g.json
+  sat-grounding --workdir=runs/flickr8k_soft --coco_dir=../shared/data/coco-mini-train
+  sat-grounding --export=exports/sat/1
+
+(`python scripts/grounding.py ...` is the same command.)
+
+Captions every photo of a COCO-format folder (annotations/instances_<name>.json and the
+photos in <name>/) with a trained workdir's best weights, a preset, or a SavedModel
+export (its `serving_default` signature, fed the photo files' bytes as a client would),
+and scores each generated word that names a category present in the photo
+(`sat_tf.evaluation.coco_grounding`): argmax hit, attention mass in the boxes, and the
+centre-cell, uniform-random and area-share baselines, overall and per category. Prints a
+table; --output writes it all (with every caption and scored word) as JSON.
+"""
+
+import json
+import os
+import time
+
+import tensorflow as tf
+from absl import flags
+
+from sat_tf import export_model, files
+from sat_tf.cli.flags_lib import define_model_source, define_override, load_model, override, run
+from sat_tf.data import image_io
+from sat_tf.evaluation import coco_grounding
+from sat_tf.model.show_attend_tell import feature_encoder
+from sat_tf.training import scoring
+
+FLAGS = flags.FlagValues()
+define_model_source(FLAGS)
+flags.DEFINE_string(
+    "export",
+    None,
+    "A SavedModel folder of export/export.py instead of --workdir / --preset.",
+    flag_values=FLAGS,
+)
+flags.DEFINE_string(
+    "coco_dir",
+    "../shared/data/coco-mini-train",
+    "COCO-format folder: annotations/instances_<name>.json and the photos in <name>/.",
+    flag_values=FLAGS,
+)
+define_override("beam_size", "Beam size (1 = greedy); an export decodes with its own", FLAGS)
+flags.DEFINE_integer(
+    "num_photos", 0, "Score only the first N photos of the file; 0: all.", flag_values=FLAGS
+)
+flags.DEFINE_integer("batch_size", 8, "Photos captioned at once.", flag_values=FLAGS)
+flags.DEFINE_string(
+    "output", None, "JSON file for the scores, captions and scored words.", flag_values=FLAGS
+)
+
+
+def _model_captioner(beam_size):
+    """(caption_batch, geometry, description) of the --workdir or --preset model."""
+    model, vocab, config = load_model(FLAGS)
+    crop = config.effective_crop_fraction
+    # A model trained on cached features runs the backbone that made them, as the export does.
+    encoder = feature_encoder(model, config) if model.encoder is None else None
+    caption = scoring.make_caption_fn(model, config, beam_size, encoder)
+
+    def caption_batch(photos):
+        images = [image_io.load_image_file(p.path, config.image_size, crop) for p in photos]
+        out = caption({"image": tf.stack(images)})
+        lengths = out.length.numpy()
+        return [
+            (vocab.decode(out.tokens[i][: lengths[i]].numpy()), out.attention[i].numpy())
+            for i in range(len(photos))
+        ]
+
+    geometry = coco_grounding.Geometry(config.image_size, crop, tuple(model.grid))
+    about = {"attention": config.attention, "beam_size": beam_size or config.beam_size}
+    return caption_batch, geometry, about
+
+
+def _export_captioner(path, beam_size):
+    """(caption_batch, geometry, description) of a SavedModel export's serving_default."""
+    info_path = os.path.join(path, export_model.EXPORT_INFO)
+    if not os.path.isfile(info_path):
+        raise ValueError(
+            f"--export={path} has no {export_model.EXPORT_INFO}: give an export folder"
+        )
+    with open(info_path, encoding="utf-8") as f:
+        info = json.load(f)
+    if beam_size is not None and beam_size != info["beam_size"]:
+        raise ValueError(
+            f"--export={path} decodes with beam size {info['beam_size']} fixed in its graph; "
+            f"leave out --beam_size={beam_size} or export again"
+        )
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+
+    def caption_batch(photos):
+        data = []
+        for photo in photos:
+            with open(photo.path, "rb") as f:
+                data.append(f.read())
+        out = serve(image_bytes=tf.constant(data))
+        texts = out["caption"].numpy()
+        return [
+            (t.decode("utf-8").split(), a)
+            for t, a in zip(texts, out["attention"].numpy(), strict=True)
+        ]
+
+    geometry = coco_grounding.Geometry(
+        info["image_size"], info["crop_fraction"], tuple(info["grid"])
+    )
+    about = {"attention": info["config"]["attention"], "beam_size": info["beam_size"]}
+    return caption_batch, geometry, about
+
+
+def _main(argv):
+    if len(argv) > 1:
+        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    beam_size = override(FLAGS, "beam_size")
+    given = [name for name in ("workdir", "preset", "export") if FLAGS[name].value]
+    if len(given) != 1:
+        raise ValueError(
+            "give exactly one of --workdir, --preset and --export"
+            + (f" (got {', '.join('--' + g for g in given)})" if given else "")
+        )
+    if FLAGS.num_photos < 0 or FLAGS.batch_size < 1:
+        raise ValueError("--num_photos must be >= 0 and --batch_size >= 1")
+    photos = coco_grounding.load_coco_dir(FLAGS.coco_dir)
+    if FLAGS.num_photos:
+        photos = photos[: FLAGS.num_photos]
+    if FLAGS.export:
+        caption_batch, geometry, about = _export_captioner(FLAGS.export, beam_size)
+    else:
+        caption_batch, geometry, about = _model_captioner(beam_size)
+    start = time.time()
+    result, captions = coco_grounding.measure(photos, caption_batch, geometry, FLAGS.batch_size)
+    seconds = time.time() - start
+    source = {name: FLAGS[name].value for name in given}
+    print(
+        f"{source} ({about['attention']} attention, beam {about['beam_size']}, grid "
+        f"{geometry.grid[0]}x{geometry.grid[1]}, crop fraction {geometry.crop_fraction}) on "
+        f"{FLAGS.coco_dir}: {seconds:.1f} s"
+    )
+    print(coco_grounding.format_table(result))
+    if FLAGS.output:
+        files.write_json(
+            FLAGS.output,
+            {
+                "source": source,
+                **about,
+                "coco_dir": FLAGS.coco_dir,
+                "geometry": {
+                    "image_size": geometry.image_size,
+                    "crop_fraction": geometry.crop_fraction,
+                    "grid": list(geometry.grid),
+                },
+                "seconds": round(seconds, 1),
+                **result,
+                "captions": captions,
+            },
+            indent=1,
+        )
+        print(f"wrote {FLAGS.output}")
+
+
+def main(argv=None):
+    """The console command; `argv` (program name first) defaults to `sys.argv`.
+
+    Returns:
+      the exit status.
+    """
+    return run(_main, FLAGS, argv, __doc__)

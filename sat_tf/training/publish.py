@@ -1,0 +1,119 @@
+"""Publishing a trained model as a preset: made from a workdir, evaluated as users will
+load it, and packed into an archive for download (the format is `sat_tf/preset.py`)."""
+
+import dataclasses
+import gzip
+import json
+import os
+import tarfile
+import tempfile
+
+from sat_tf import files, machine, preset
+from sat_tf.training import scoring
+from sat_tf.training import workdir as workdir_lib
+
+
+def make(
+    workdir: str,
+    output_root: str,
+    name: str,
+    *,
+    train_command: str,
+    make_command: str,
+    data_dir: str | None = None,
+    description: str = "",
+    split: str = "test",
+    overwrite: bool = False,
+) -> dict:
+    """Makes the preset `<output_root>/<name>` from a trained workdir.
+
+    The preset is written to a temporary folder beside its place, loaded back from
+    there (float16 weights, as users load it), evaluated on `split` greedily and with
+    beam 3 from the image files (`scoring.evaluate_images`), and renamed into place
+    once complete: the stored scores are those of the shipped weights.
+
+    Args:
+      workdir: a trained workdir (`workdir.load_trained`).
+      output_root: the folder of presets (`preset.PRESETS_DIR` for a shipped preset).
+      name: the preset's name (its folder).
+      train_command: the command that trained the workdir, stored in the metadata.
+      make_command: the command that makes this preset, stored in the metadata.
+      data_dir: the dataset folder to evaluate on; None for the training run's.
+      description: one line saying what the preset is.
+      split: the split whose scores are stored.
+      overwrite: replace an earlier preset of that name.
+
+    Returns:
+      the metadata written.
+
+    Raises:
+      ValueError: for a bad name, a preset that exists (without `overwrite`) or would
+        exceed `MAX_BYTES`, or an unreadable workdir or dataset.
+    """
+    target = os.path.join(os.path.abspath(output_root), name)
+    if os.path.exists(target):
+        if not overwrite:
+            raise ValueError(f"{target} exists; pass --overwrite to replace it")
+        if not os.path.isfile(os.path.join(target, preset.METADATA_FILE)):
+            raise ValueError(f"{target} exists and is not a preset; refusing to replace it")
+    model, vocab, config = workdir_lib.load_trained(workdir)
+    best = {}
+    best_path = os.path.join(workdir, workdir_lib.BEST_INFO)
+    if os.path.exists(best_path):
+        with open(best_path, encoding="utf-8") as f:
+            best = json.load(f)
+    with files.staged_dir(target) as tmp:
+        preset.save(
+            model,
+            vocab,
+            config,
+            tmp,
+            name=name,
+            description=description,
+            trained_with=train_command,
+            made_with=make_command,
+            trained_model={"best_epoch": best.get("epoch"), "val_bleu4": best.get("val_bleu4")},
+        )
+        size = sum(os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp))
+        if size > preset.MAX_BYTES:
+            raise ValueError(
+                f"the preset would take {size / 1e6:.1f} MB, more than the "
+                f"{preset.MAX_BYTES / 1e6:.0f} MB a preset may take"
+            )
+        shipped, shipped_vocab, shipped_config = preset.load(tmp)
+        evaluated = dataclasses.replace(shipped_config, data_dir=data_dir or config.data_dir)
+        scores = {"split": split, "dataset": config.dataset, "inputs": "image files"}
+        with tempfile.TemporaryDirectory() as outputs:
+            for beam in preset.BEAM_SIZES:
+                scores[f"beam_{beam}"] = scoring.evaluate_images(
+                    shipped, shipped_vocab, evaluated, outputs, split, beam
+                )
+        metadata = preset.read_metadata(tmp)
+        metadata.update(scores=scores, measured_on=machine.describe())
+        preset.write_metadata(tmp, metadata)
+    return metadata
+
+
+def pack(directory: str, path: str) -> str:
+    """Writes a checked preset folder as a .tar.gz archive for `preset.download`.
+
+    The archive holds one folder named after the preset, with every file's time, owner
+    and mode fixed, so the same preset always packs to the same bytes.
+
+    Returns:
+      the archive's sha256 (hex), for the URL's `#sha256=` fragment.
+    """
+    metadata = preset.verify(directory)
+    with files.atomic_path(path) as tmp:
+        with (
+            open(tmp, "wb") as raw,
+            gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as compressed,
+            tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as tar,
+        ):
+            for name in [preset.METADATA_FILE, *sorted(metadata["files"])]:
+                source = os.path.join(directory, name)
+                entry = tarfile.TarInfo(f"{metadata['name']}/{name}")
+                entry.size, entry.mode = os.path.getsize(source), 0o644
+                with open(source, "rb") as f:
+                    tar.addfile(entry, f)
+    return preset.sha256_of(path)

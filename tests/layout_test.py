@@ -1,0 +1,225 @@
+"""The direction of imports between the folders of sat_tf/, read from the source with `ast`.
+
+Data flows one way: `data/` (readers, vocabulary, pixels, tf.data, the feature cache's
+format) imports neither the model nor anything above it; `model/` imports neither
+training nor the export; the export module does not import training; and no two parts
+of the package (a subpackage, or a module at the top) import each other, directly or
+around a loop. Imports inside functions count as much as those at the top.
+
+One loop is allowed, and named in `ALLOWED_LOOPS`: `ShowAttendTell.from_preset` (the
+class method a user expects, keras-hub's shape) imports `sat_tf.preset` when called,
+while the preset format builds the model it loads.
+"""
+
+import ast
+import os
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXPORT = "export_model"
+# part -> the parts it may not import.
+FORBIDDEN = {
+    "data": ("model", "training", "evaluation", EXPORT),
+    "model": ("training", EXPORT),
+    EXPORT: ("training",),
+}
+# Loops between parts that are allowed: (the sorted parts) -> the import that closes the
+# loop (only that import may).
+ALLOWED_LOOPS = {("model", "preset"): "sat_tf/model/show_attend_tell.py imports sat_tf.preset"}
+
+
+def _module_name(package_root, path):
+    relative = os.path.relpath(path, os.path.dirname(package_root))[: -len(".py")]
+    parts = relative.split(os.sep)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _is_module(package_root, dotted):
+    """Whether `sat_tf.a.b` names a module or package file under `package_root`."""
+    path = os.path.join(os.path.dirname(package_root), *dotted.split("."))
+    return os.path.isfile(path + ".py") or os.path.isdir(path)
+
+
+def _imports(package_root, path):
+    """The sat_tf modules a file imports, anywhere in it: {dotted name: line}."""
+    name = _module_name(package_root, path)
+    is_package = path.endswith("__init__.py")
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".")[: len(name.split(".")) - node.level + is_package]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = []
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                targets.append(candidate if _is_module(package_root, candidate) else base)
+        else:
+            continue
+        for target in targets:
+            if target == "sat_tf" or target.startswith("sat_tf."):
+                found.setdefault(target, node.lineno)
+    return found
+
+
+def part_of(dotted):
+    """`sat_tf.data.vocab` -> "data", `sat_tf.preset` -> "preset", `sat_tf` -> "sat_tf"."""
+    pieces = dotted.split(".")
+    return pieces[1] if len(pieces) > 1 else "sat_tf"
+
+
+def import_graph(package_root):
+    """{(file path relative to the package's parent, line): (importing part, imported
+    module)} for every import of a sat_tf module by a file of `package_root`."""
+    edges = {}
+    for folder, _, names in os.walk(package_root):
+        for file_name in sorted(names):
+            if not file_name.endswith(".py"):
+                continue
+            path = os.path.join(folder, file_name)
+            source = part_of(_module_name(package_root, path))
+            where = os.path.relpath(path, os.path.dirname(package_root))
+            for target, line in _imports(package_root, path).items():
+                edges[(where, line, target)] = source
+    return edges
+
+
+def _cycles(parts_graph):
+    """Loops among parts: each strongly connected component of more than one part."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(parts_graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(parts_graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def violations(package_root):
+    """Every import against `FORBIDDEN`, and every loop between parts, as lines."""
+    problems, parts_graph, witness = [], {}, {}
+    for (where, line, target), source in sorted(import_graph(package_root).items()):
+        imported = part_of(target)
+        if imported in FORBIDDEN.get(source, ()):
+            problems.append(f"{where}:{line} imports {target}: {source} may not import {imported}")
+        if imported != source:
+            parts_graph.setdefault(source, set()).add(imported)
+            witness.setdefault((source, imported), f"{where}:{line} imports {target}")
+    for component in _cycles(parts_graph):
+        links = [witness[(a, b)] for a in component for b in component if (a, b) in witness]
+        allowed = ALLOWED_LOOPS.get(tuple(sorted(component)))
+        if allowed and any(
+            link.split(":")[0] + " " + link.split(" ", 1)[1] == allowed for link in links
+        ):
+            continue
+        problems.append(f"parts {', '.join(component)} import each other: " + "; ".join(links))
+    return problems
+
+
+def test_the_package_imports_one_way():
+    package = os.path.join(ROOT, "sat_tf")
+    assert violations(package) == []
+
+
+def test_the_graph_sees_the_imports_that_exist():
+    graph = import_graph(os.path.join(ROOT, "sat_tf"))
+    parts = {(source, part_of(target)) for (_, _, target), source in graph.items()}
+    # training/ is where data and model meet; the model reads the vocabulary's ids.
+    assert {("training", "model"), ("training", "data"), ("model", "data")} <= parts
+    assert ("training", EXPORT) not in parts
+
+
+def _tree(tmp_path, files):
+    root = tmp_path / "sat_tf"
+    for name in ("", "data", "model", "training", "evaluation"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        (root / name / "__init__.py").write_text("")
+    for name, text in files.items():
+        (root / name).write_text(textwrap.dedent(text))
+    return str(root)
+
+
+def test_a_planted_data_to_model_import_is_found(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "model/encoder.py": "import os\n",
+            "data/cache.py": """\
+                import os
+
+
+                def extract():
+                    from sat_tf.model.encoder import ImageEncoder
+                    return ImageEncoder
+                """,
+        },
+    )
+    assert violations(root) == [
+        "sat_tf/data/cache.py:5 imports sat_tf.model.encoder: data may not import model"
+    ]
+
+
+@pytest.mark.parametrize(
+    "statement, target",
+    [
+        ("from sat_tf import training", "sat_tf.training"),
+        ("from sat_tf.training import loop", "sat_tf.training.loop"),
+        ("import sat_tf.training.loop", "sat_tf.training.loop"),
+        ("from ..training import loop", "sat_tf.training.loop"),
+        ("from ..training.loop import run", "sat_tf.training.loop"),
+    ],
+)
+def test_every_spelling_of_an_import_is_found(tmp_path, statement, target):
+    root = _tree(tmp_path, {"training/loop.py": "", "model/step.py": f"{statement}\n"})
+    assert violations(root) == [
+        f"sat_tf/model/step.py:1 imports {target}: model may not import training"
+    ]
+
+
+def test_a_planted_loop_is_found(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "training/loop.py": f"from sat_tf import {EXPORT}\n",
+            f"{EXPORT}.py": "from sat_tf.training import loop\n",
+            "evaluation/score.py": "from sat_tf.data import vocab\n",
+            "data/vocab.py": "from sat_tf.evaluation import score\n",
+        },
+    )
+    assert violations(root) == [
+        "sat_tf/data/vocab.py:1 imports sat_tf.evaluation.score: data may not import evaluation",
+        f"sat_tf/{EXPORT}.py:1 imports sat_tf.training.loop: {EXPORT} may not import training",
+        "parts data, evaluation import each other: sat_tf/data/vocab.py:1 imports "
+        "sat_tf.evaluation.score; sat_tf/evaluation/score.py:1 imports sat_tf.data.vocab",
+        f"parts {EXPORT}, training import each other: sat_tf/{EXPORT}.py:1 imports "
+        f"sat_tf.training.loop; sat_tf/training/loop.py:1 imports sat_tf.{EXPORT}",
+    ]
