@@ -545,6 +545,28 @@ class MakePresetTest(tf.test.TestCase):
         with self.assertRaisesRegex(ValueError, r"other exists and is not a preset"):
             publish.make(workdir, presets, "other", overwrite=True, **commands)
 
+    def test_rescore_measures_the_stored_scores_again(self):
+        root = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+        presets = os.path.join(root, "presets")
+        commands = dict(train_command="python scripts/train.py x", make_command="python m.py y")
+        made = publish.make(tiny_workdir(root), presets, "tiny", **commands)
+        folder = os.path.join(presets, "tiny")
+        stale = json.loads(json.dumps(made))
+        for beam in preset.BEAM_SIZES:
+            stale["scores"][f"beam_{beam}"]["BLEU-4"] = -1.0
+        preset.write_metadata(folder, stale)
+        weights = files.sha256_of(os.path.join(folder, preset.WEIGHTS_FILE))
+        again = publish.rescore(folder, command="sat-make-preset --rescore=tiny")
+        self.assertEqual(again["rescored_with"], "sat-make-preset --rescore=tiny")
+        for beam in preset.BEAM_SIZES:
+            key = f"beam_{beam}"
+            self.assertEqual(
+                preset.score_differences(made["scores"][key], again["scores"][key]), []
+            )
+        self.assertEqual(preset.verify(folder), again)
+        self.assertEqual(files.sha256_of(os.path.join(folder, preset.WEIGHTS_FILE)), weights)
+
 
 class ModelSourceFlagsTest(parameterized.TestCase):
     @parameterized.named_parameters(

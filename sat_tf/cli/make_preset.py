@@ -17,6 +17,12 @@ Rebuilding the shipped preset, when a better model is trained: train it (the
 this script with the new workdir, the same --name and --overwrite, and commit the
 folder. `--archive=out.tar.gz` also packs the preset for download
 (`--preset=https://host/out.tar.gz#sha256=<the printed sha256>`).
+
+  python scripts/make_preset.py --rescore=sat_tf/presets/flickr8k_lite0_soft \
+      --data_dir=../shared/data/flickr8k
+
+measures a preset's stored scores again with today's code (after a change to decoding,
+say), its weights untouched.
 """
 
 import json
@@ -44,8 +50,13 @@ for _name, _default, _help in (
 ):
     flags.DEFINE_string(_name, _default, _help, flag_values=FLAGS)
 flags.DEFINE_bool("overwrite", False, "Replace an earlier preset of that name.", flag_values=FLAGS)
-for _name in ("workdir", "name", "train_command"):
-    flags.mark_flag_as_required(_name, flag_values=FLAGS)
+flags.DEFINE_string(
+    "rescore",
+    None,
+    "A preset folder whose stored scores to measure again (instead of making a preset).",
+    flag_values=FLAGS,
+)
+REQUIRED = ("workdir", "name", "train_command")
 
 
 def _command(argv):
@@ -58,6 +69,14 @@ def _command(argv):
 def _main(argv, command):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if FLAGS.rescore:
+        metadata = publish.rescore(FLAGS.rescore, data_dir=FLAGS.data_dir, command=command)
+        scores = metadata["scores"]
+        print(json.dumps({k: scores[k] for k in scores if "beam" in k}, indent=2))
+        return
+    missing = [f"--{name}" for name in REQUIRED if not FLAGS[name].value]
+    if missing:
+        raise ValueError(f"give {', '.join(missing)} (or --rescore=<preset folder>)")
     metadata = publish.make(
         FLAGS.workdir,
         FLAGS.output_root,

@@ -80,17 +80,48 @@ def make(
                 f"the preset would take {size / 1e6:.1f} MB, more than the "
                 f"{preset.MAX_BYTES / 1e6:.0f} MB a preset may take"
             )
-        shipped, shipped_vocab, shipped_config = preset.load(tmp)
-        evaluated = dataclasses.replace(shipped_config, data_dir=data_dir or config.data_dir)
-        scores = {"split": split, "dataset": config.dataset, "inputs": "image files"}
-        with tempfile.TemporaryDirectory() as outputs:
-            for beam in preset.BEAM_SIZES:
-                scores[f"beam_{beam}"] = scoring.evaluate_images(
-                    shipped, shipped_vocab, evaluated, outputs, split, beam
-                )
-        metadata = preset.read_metadata(tmp)
-        metadata.update(scores=scores, measured_on=machine.describe())
-        preset.write_metadata(tmp, metadata)
+        metadata = _store_scores(tmp, data_dir or config.data_dir, split)
+    return metadata
+
+
+def rescore(
+    directory: str, *, data_dir: str | None = None, split: str = "test", command=""
+) -> dict:
+    """Measures a preset's stored scores again with today's code (its weights, vocabulary
+    and config unchanged), as `make` measures them, and rewrites its metadata.json.
+
+    Args:
+      directory: the preset's folder.
+      data_dir: the dataset folder to evaluate on; None for the one its config names.
+      split: the split whose scores are stored.
+      command: the command that rescored it, stored as `rescored_with`.
+
+    Returns:
+      the metadata written.
+    """
+    preset.verify(directory)
+    metadata = _store_scores(directory, data_dir, split)
+    if command:
+        metadata["rescored_with"] = command
+        preset.write_metadata(directory, metadata)
+    return metadata
+
+
+def _store_scores(directory, data_dir, split):
+    """Loads the preset at `directory` as users load it, scores it on `split` of
+    `data_dir` (None: its config's) greedily and with beam 3 from the image files, and
+    stores the scores and the machine in its metadata."""
+    shipped, shipped_vocab, shipped_config = preset.load(directory)
+    evaluated = dataclasses.replace(shipped_config, data_dir=data_dir or shipped_config.data_dir)
+    scores = {"split": split, "dataset": shipped_config.dataset, "inputs": "image files"}
+    with tempfile.TemporaryDirectory() as outputs:
+        for beam in preset.BEAM_SIZES:
+            scores[f"beam_{beam}"] = scoring.evaluate_images(
+                shipped, shipped_vocab, evaluated, outputs, split, beam
+            )
+    metadata = preset.read_metadata(directory)
+    metadata.update(scores=scores, measured_on=machine.describe())
+    preset.write_metadata(directory, metadata)
     return metadata
 
 
