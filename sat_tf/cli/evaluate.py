@@ -22,7 +22,7 @@ from absl import flags
 from sat_tf import files, preset
 from sat_tf.cli.flags_lib import define_model_source, define_override, model_source, override, run
 from sat_tf.evaluation import metrics
-from sat_tf.training import prepare, scoring
+from sat_tf.training import prepare, publish, scoring
 from sat_tf.training import workdir as workdir_lib
 
 FLAGS = flags.FlagValues()
@@ -67,7 +67,7 @@ def _main(argv):
         config = _with_data_dir(config)
         output_dir = FLAGS.output_dir or os.path.join("runs", "presets", metadata["name"])
         scores = scoring.evaluate_images(model, vocab, config, output_dir, FLAGS.split, beam_size)
-        stored = preset.stored_scores(metadata, beam_size or config.beam_size, FLAGS.split)
+        stored = publish.stored_scores(metadata, beam_size or config.beam_size, FLAGS.split)
     beam = beam_size or config.beam_size
     name = f"this model ({config.attention} attention, {config.attention_score}, beam {beam})"
     table = metrics.format_table1(scores, config.dataset, name)
@@ -76,7 +76,7 @@ def _main(argv):
     print(json.dumps(scores, indent=2, sort_keys=True))
     print(table)
     if stored is not None:
-        differences = preset.score_differences(stored, scores)
+        differences = publish.score_differences(stored, scores)
         print(
             f"the preset's metadata.json stores the scores of {FLAGS.split}, beam {beam}: "
             + ("these are equal" if not differences else "they differ: " + "; ".join(differences))

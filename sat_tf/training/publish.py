@@ -148,3 +148,21 @@ def pack(directory: str, path: str) -> str:
                 with open(source, "rb") as f:
                     tar.addfile(entry, f)
     return preset.sha256_of(path)
+
+
+def stored_scores(metadata: dict, beam_size: int, split: str = "test") -> dict | None:
+    """The scores a preset's metadata records for a split and beam size (None if none)."""
+    scores = metadata.get("scores") or {}
+    if scores.get("split") != split:
+        return None
+    return scores.get(f"beam_{beam_size}")
+
+
+def score_differences(stored: dict, measured: dict, tolerance: float = 1e-9) -> list[str]:
+    """The metrics whose measured value differs from the stored one, as "name: a vs b"."""
+    return [
+        f"{key}: {measured.get(key)!r} measured, {value!r} stored"
+        for key, value in sorted(stored.items())
+        if isinstance(value, float)
+        and not (isinstance(measured.get(key), float) and abs(measured[key] - value) <= tolerance)
+    ]
