@@ -358,7 +358,7 @@ def op_profile(fn, calls=3, top=PROFILE_OPS):
         space = xplane_pb2.XSpace()
         with open(paths[0], "rb") as f:
             space.ParseFromString(f.read())
-    by_type, by_node = {}, {}
+    by_type, by_node, by_region = {}, {}, {}
     for plane in space.planes:
         for line in plane.lines:
             if not line.name.startswith("tf_Compute"):
@@ -371,6 +371,8 @@ def op_profile(fn, calls=3, top=PROFILE_OPS):
                 seconds = event.duration_ps / 1e12 / calls
                 by_type[op] = by_type.get(op, 0.0) + seconds
                 by_node[name] = by_node.get(name, 0.0) + seconds
+                region = _region(node)
+                by_region[region] = by_region.get(region, 0.0) + seconds
     total = sum(by_type.values())
 
     def table(counts):
@@ -383,9 +385,23 @@ def op_profile(fn, calls=3, top=PROFILE_OPS):
     return {
         "op_seconds_per_call": total,
         "calls": calls,
+        "by_region": table(by_region),
         "by_op_type": table(by_type),
         "by_node": table(by_node),
     }
+
+
+def _region(node):
+    """Which part of a train step an op belongs to, from its node name: the forward time
+    loop, the backward time loop (the hand-written one's or autodiff's), the gradients
+    outside the loops, the optimizer, or the rest (products over all steps, the loss)."""
+    if node.startswith(("adam/", "Adam/", "SGD/", "rmsprop/")) or "/adam/" in node:
+        return "optimizer"
+    in_loop = "while/body" in node or "while_grad" in node
+    backward = node.startswith("while/") or "gradient" in node or "_grad" in node
+    if in_loop:
+        return "backward loop" if backward else "forward loop"
+    return "gradients outside the loops" if backward else "forward outside the loops"
 
 
 def case_train_step(p, attention, score, jit, policy="float32", schedule="fused", profile=False):
