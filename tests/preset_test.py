@@ -567,6 +567,23 @@ class MakePresetTest(tf.test.TestCase):
         self.assertEqual(preset.verify(folder), again)
         self.assertEqual(files.sha256_of(os.path.join(folder, preset.WEIGHTS_FILE)), weights)
 
+    def test_grounding_scores_are_stored_in_the_metadata(self):
+        root = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+        presets = os.path.join(root, "presets")
+        commands = dict(train_command="python scripts/train.py x", make_command="python m.py y")
+        publish.make(tiny_workdir(root), presets, "tiny", **commands)
+        folder = os.path.join(presets, "tiny")
+        report = {"hit": 0.6, "centre": 0.5, "random": 0.3, "mass": 0.45, "area_share": 0.3}
+        report.update(words=48, photos=80, per_category={"person": {}})
+        stored = publish.store_grounding(folder, report, {"coco_dir": "mini", "beam_size": 3})
+        want = {k: report[k] for k in publish.GROUNDING_KEYS}
+        self.assertEqual(stored["grounding"], {**want, "coco_dir": "mini", "beam_size": 3})
+        self.assertEqual(preset.verify(folder)["grounding"], stored["grounding"])
+        del report["mass"]
+        with self.assertRaisesRegex(ValueError, r"missing \['mass'\]"):
+            publish.store_grounding(folder, report, {})
+
 
 class ModelSourceFlagsTest(parameterized.TestCase):
     @parameterized.named_parameters(

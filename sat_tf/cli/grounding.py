@@ -15,6 +15,7 @@ centre-cell, uniform-random and area-share baselines, overall and per category. 
 table; --output writes it all (with every caption and scored word) as JSON.
 """
 
+import datetime
 import json
 import os
 import time
@@ -22,12 +23,12 @@ import time
 import tensorflow as tf
 from absl import flags
 
-from sat_tf import export_model, files
+from sat_tf import export_model, files, preset
 from sat_tf.cli.flags_lib import define_model_source, define_override, load_model, override, run
 from sat_tf.data import image_io
 from sat_tf.evaluation import coco_grounding
 from sat_tf.model.show_attend_tell import feature_encoder
-from sat_tf.training import scoring
+from sat_tf.training import publish, scoring
 
 FLAGS = flags.FlagValues()
 define_model_source(FLAGS)
@@ -50,6 +51,12 @@ flags.DEFINE_integer(
 flags.DEFINE_integer("batch_size", 8, "Photos captioned at once.", flag_values=FLAGS)
 flags.DEFINE_string(
     "output", None, "JSON file for the scores, captions and scored words.", flag_values=FLAGS
+)
+flags.DEFINE_bool(
+    "store_in_preset",
+    False,
+    'With --preset: record the overall scores in the preset\'s metadata.json ("grounding").',
+    flag_values=FLAGS,
 )
 
 
@@ -120,6 +127,8 @@ def _main(argv):
             "give exactly one of --workdir, --preset and --export"
             + (f" (got {', '.join('--' + g for g in given)})" if given else "")
         )
+    if FLAGS.store_in_preset and not FLAGS.preset:
+        raise ValueError("--store_in_preset needs --preset")
     if FLAGS.num_photos < 0 or FLAGS.batch_size < 1:
         raise ValueError("--num_photos must be >= 0 and --batch_size >= 1")
     photos = coco_grounding.load_coco_dir(FLAGS.coco_dir)
@@ -158,6 +167,15 @@ def _main(argv):
             indent=1,
         )
         print(f"wrote {FLAGS.output}")
+    if FLAGS.store_in_preset:
+        folder = preset.resolve(FLAGS.preset)
+        about_run = {
+            "coco_dir": os.path.basename(os.path.normpath(FLAGS.coco_dir)),
+            "beam_size": about["beam_size"],
+            "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        publish.store_grounding(folder, result, about_run)
+        print(f"stored the grounding scores in {os.path.join(folder, preset.METADATA_FILE)}")
 
 
 def main(argv=None):

@@ -166,3 +166,20 @@ def score_differences(stored: dict, measured: dict, tolerance: float = 1e-9) -> 
         if isinstance(value, float)
         and not (isinstance(measured.get(key), float) and abs(measured[key] - value) <= tolerance)
     ]
+
+
+# What a preset's metadata keeps of a grounding report (`coco_grounding.measure`).
+GROUNDING_KEYS = ("hit", "centre", "random", "mass", "area_share", "words", "photos")
+
+
+def store_grounding(directory: str, report: dict, about: dict) -> dict:
+    """Records a grounding report's overall scores in a preset's metadata.json, under
+    "grounding", with what they were measured on (`about`: the COCO folder, beam size,
+    photos scored), and returns the metadata written."""
+    metadata = preset.read_metadata(directory)
+    missing = [k for k in GROUNDING_KEYS if k not in report]
+    if missing:
+        raise ValueError(f"a grounding report has {', '.join(GROUNDING_KEYS)}; missing {missing}")
+    metadata["grounding"] = {**{k: report[k] for k in GROUNDING_KEYS}, **about}
+    preset.write_metadata(directory, metadata)
+    return metadata
