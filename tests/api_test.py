@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import pathlib
+import re
 import shutil
 import tempfile
 
@@ -25,12 +26,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLICKR8K = os.environ.get("SAT_TF_FLICKR8K", os.path.join(ROOT, "..", "shared", "data", "flickr8k"))
 PRESET = "flickr8k_lite0_soft"
 
-# README's first lines after `pip install -e .[weights]`, run as they are written.
-README_LINES = """\
-from sat_tf import Captioner
-c = Captioner.from_preset("flickr8k_lite0_soft")
-print(c.caption("photo.jpg")[0].text)
-"""
+
+def readme_lines():
+    """README's three Python lines (the first python block), as they are written, and
+    the preset they name."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    (name,) = re.findall(r'from_preset\("([^"]+)"\)', block)
+    return block, name
 
 
 def flickr8k_photos(count):
@@ -82,10 +86,12 @@ class CaptionerTest(tf.test.TestCase):
                 shutil.copy(photos[0], "photo.jpg")
             else:
                 Image.open(self.pngs[0]).convert("RGB").save("photo.jpg", quality=95)
+            lines, name = readme_lines()
+            self.assertLen(lines.strip().splitlines(), 3)
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):
-                exec(README_LINES, {})
-            model, vocab, config = preset.load(PRESET)
+                exec(lines, {})
+            model, vocab, config = preset.load(name)
             want = pipeline_words(model, vocab, config, ["photo.jpg"], config.beam_size)[0]
         finally:
             os.chdir(cwd)

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import runpy
+import shlex
 import shutil
 import tempfile
 from unittest import mock
@@ -164,14 +165,19 @@ class CaptionCommandTest(tf.test.TestCase):
         self.assertStartsWith(stdout, f"{self.good[0]}: {want.text}\n")
 
     def test_readme_command(self):
-        # sat-caption photo.jpg --preset=flickr8k_lite0_soft, from the photo's folder.
+        # README's first sat-caption command, as written, from the photo's folder.
+        with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+            command = next(line for line in f if line.startswith("sat-caption photo.jpg"))
+        args = shlex.split(command)
+        self.assertEqual(args[:2], ["sat-caption", "photo.jpg"])
+        (name,) = [a.split("=", 1)[1] for a in args if a.startswith("--preset=")]
         shutil.copy(self.good[0], os.path.join(self.dir, "photo.jpg"))
-        code, stdout, _ = run_main(
-            caption_cli.main, "sat-caption", "photo.jpg", f"--preset={PRESET}", cwd=self.dir
-        )
-        self.assertEqual(code, 0)
-        (want,) = self.captioner.caption(os.path.join(self.dir, "photo.jpg"))
+        code, stdout, stderr = run_main(caption_cli.main, *args, cwd=self.dir)
+        self.assertEqual(code, 0, stderr)
+        (want,) = sat_tf.Captioner.from_preset(name).caption(os.path.join(self.dir, "photo.jpg"))
         self.assertEqual(stdout.splitlines()[0], f"photo.jpg: {want.text}")
+        if any(a.startswith("--visualize=") for a in args):
+            self.assertNotEmpty(os.listdir(os.path.join(self.dir, "pictures")))
 
     def test_no_arguments_and_bad_flags_exit_1(self):
         code, _, stderr = run_main(caption_cli.main, "sat-caption", f"--preset={PRESET}")
