@@ -86,7 +86,7 @@ def _callbacks(config, workdir, data, val, grid, done):
 def _train_jit(config):
     """Whether XLA compiles the train step: only with `--jit_compile` and a GPU. On every
     CPU measured, XLA made both kinds of step slower (bench/run.py's `_jit` cases,
-    BUILD_NOTES "XLA"), so there the flag compiles captioning only."""
+    BUILD_NOTES "Training speed"), so there the flag compiles captioning only."""
     if not config.jit_compile:
         return False
     if tf.config.list_physical_devices("GPU"):
