@@ -1,11 +1,17 @@
 """What several test modules share: tiny images and models, the tiny training settings,
-the layer round-trip check, official COCO caption files and TFDS `coco_captions`
-served through `tfds.testing.mock_data`."""
+one tiny training run per test process, the layer round-trip check, official COCO
+caption files and TFDS `coco_captions` served through `tfds.testing.mock_data`."""
 
+import atexit
+import contextlib
+import dataclasses
 import functools
 import io
 import json
 import os
+import re
+import shutil
+import tempfile
 
 import keras
 import numpy as np
@@ -43,6 +49,65 @@ TINY = dict(
     max_decode_length=10,
     epochs=1,
 )
+
+
+# The shared run of `trained_run`: hard attention, so that its pictures outline a cell.
+TRAINED = {**TINY, "attention": "hard"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedRun:
+    """A finished `sat-train` run on a tiny shapes set; its files are read-only to tests
+    (copy `workdir` before changing anything in it)."""
+
+    root: str
+    workdir: str
+    data_dir: str
+    config: Config
+    scores: dict
+    stdout: str
+
+
+def run_main(main, *argv, cwd=None):
+    """(exit status, stdout, stderr) of a console command's `main(argv)` run in this
+    process; stderr holds what it printed and what it logged through absl."""
+    from absl import logging
+
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.get_absl_handler().python_handler
+    stream = handler.stream
+    previous = os.getcwd()
+    try:
+        if cwd:
+            os.chdir(cwd)
+        handler.stream = err
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(argv))
+    finally:
+        handler.stream = stream
+        os.chdir(previous)
+    return code, out.getvalue(), err.getvalue()
+
+
+@functools.cache
+def trained_run() -> TrainedRun:
+    """`sat-train` with the TRAINED settings, run in this process once: the trained
+    workdir that tests which only read one share (the training itself is tested in
+    train_lib_test's resume and callbacks_test's early stopping)."""
+    from sat_tf.cli import train as train_cli
+
+    root = tempfile.mkdtemp(prefix="trained_run_")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    workdir, data_dir = os.path.join(root, "run"), os.path.join(root, "data")
+    flags = [f"--{k}={v}" for k, v in TRAINED.items()]
+    code, stdout, stderr = run_main(
+        train_cli.main, "sat-train", f"--workdir={workdir}", f"--data_dir={data_dir}", *flags
+    )
+    if code != 0:
+        raise AssertionError(f"sat-train exited with {code}:\n{stderr[-3000:]}")
+    scores = json.loads(re.search(r"^\{$.*^\}$", stdout, re.M | re.S)[0])
+    config = Config(data_dir=data_dir, **TRAINED)
+    return TrainedRun(root, workdir, data_dir, config, scores, stdout)
 
 
 WORDS = [*vocab_lib.SPECIALS, "a", "big", "small", "red", "blue", "circle", "square", "top"]

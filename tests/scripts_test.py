@@ -1,19 +1,18 @@
-"""Tests for the scripts: flags_lib.py in process; train.py, caption.py and evaluate.py as
-a user runs them."""
+"""Tests for the scripts: flags_lib.py; train.py, caption.py and evaluate.py as a user runs
+them, through their commands' `main(argv)` in this process."""
 
+import importlib
 import json
 import math
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 
 import numpy as np
 from absl import flags
 from absl.testing import absltest, parameterized
-from fixtures import TINY
+from fixtures import run_main, trained_run
 from nltk.translate.bleu_score import brevity_penalty, closest_ref_length
 from PIL import Image
 from pycocoevalcap.bleu.bleu import Bleu
@@ -24,37 +23,20 @@ from sat_tf.config import Config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# TensorFlow's own start-up lines (C++ log format and the absl pre-init warning).
-_TF_NOISE = re.compile(
-    r"^([IWEF]\d{4} |WARNING: All log messages before absl::InitializeLog|"
-    r"To enable the following instructions|This TensorFlow binary is optimized)"
-)
-
 
 def _run_scripts(runs, cwd):
-    """Runs `{key: (script, args)}` from scripts/ in parallel subprocesses.
+    """Runs `{key: (script, args)}` of scripts/ in this process, one after another, as
+    their commands' `main(argv)` (the scripts are shims of them: cli_test).
 
     Returns:
-      {key: (exit code, stdout, stderr lines without TensorFlow's start-up noise)}.
+      {key: (exit code, stdout, stderr lines)}.
     """
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    procs = {
-        key: subprocess.Popen(
-            [sys.executable, os.path.join(ROOT, "scripts", script), *args],
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for key, (script, args) in runs.items()
-    }
     results = {}
-    for key, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=900)
-        lines = [line for line in stderr.splitlines() if line.strip()]
-        lines = [line for line in lines if not _TF_NOISE.match(line)]
-        results[key] = (proc.returncode, stdout, lines)
+    for key, (script, args) in runs.items():
+        name = os.path.splitext(script)[0]
+        main = importlib.import_module(f"sat_tf.cli.{name}").main
+        code, stdout, stderr = run_main(main, f"sat-{name}", *args, cwd=cwd)
+        results[key] = (code, stdout, [line for line in stderr.splitlines() if line.strip()])
     return results
 
 
@@ -192,7 +174,7 @@ class FlagsLibTest(parameterized.TestCase):
 
 
 class TrainScriptTest(parameterized.TestCase):
-    """Runs scripts/train.py in subprocesses (all at once: each imports TensorFlow)."""
+    """Runs scripts/train.py's command on bad flags, and for --helpfull."""
 
     @classmethod
     def setUpClass(cls):
@@ -279,7 +261,8 @@ def _panel_cells(picture, panels):
 
 
 class CaptionEvaluateScriptTest(parameterized.TestCase):
-    """Runs caption.py and evaluate.py on one tiny workdir trained by train.py.
+    """Runs caption.py and evaluate.py on a copy of the tiny workdir trained by train.py
+    (fixtures.trained_run).
 
     The model has hard attention, so the pictures must outline where it looked.
     """
@@ -290,17 +273,13 @@ class CaptionEvaluateScriptTest(parameterized.TestCase):
     def setUpClass(cls):
         super().setUpClass()
         cls.dir = tempfile.mkdtemp()
+        cls.addClassCleanup(shutil.rmtree, cls.dir, ignore_errors=True)
+        run = trained_run()
+        if (run.config.attention, run.config.max_decode_length) != ("hard", cls.MAX_LENGTH):
+            raise AssertionError(f"the shared run is not hard attention to 10 words: {run.config}")
         cls.workdir = os.path.join(cls.dir, "run")
-        data_dir = os.path.join(cls.dir, "data")
-        tiny = {**TINY, "steps_per_epoch": 2, "max_decode_length": cls.MAX_LENGTH}
-        tiny["attention"] = "hard"
-        args = [f"--workdir={cls.workdir}", f"--data_dir={data_dir}"]
-        args += [f"--{k}={v}" for k, v in tiny.items()]
-        code, cls.train_stdout, lines = _run_scripts({"train": ("train.py", args)}, cls.dir)[
-            "train"
-        ]
-        if code != 0:
-            raise AssertionError(f"train.py failed with {code}: " + "\n".join(lines[-20:]))
+        shutil.copytree(run.workdir, cls.workdir)
+        cls.train_stdout, data_dir = run.stdout, run.data_dir
         # train.py scored the test split too; evaluate.py must write these files itself.
         for name in ("captions_test.json", "metrics_test.json", "table_test.md"):
             if os.path.exists(os.path.join(cls.workdir, name)):

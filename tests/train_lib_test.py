@@ -1,5 +1,6 @@
 """train_and_evaluate on a tiny shapes set, resume after a kill, divergence, optimizers."""
 
+import dataclasses
 import errno
 import json
 import os
@@ -13,7 +14,7 @@ from unittest import mock
 import keras
 import numpy as np
 import tensorflow as tf
-from fixtures import TINY
+from fixtures import TINY, trained_run
 
 from sat_tf.config import Config
 from sat_tf.training import prepare, scoring, train_lib
@@ -23,13 +24,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class TrainAndEvaluateTest(tf.test.TestCase):
+    """The shared run of `sat-train` (fixtures.trained_run): its scores, files and model."""
+
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.root = tempfile.mkdtemp()
-        cls.workdir = os.path.join(cls.root, "run")
-        cls.config = Config(data_dir=os.path.join(cls.root, "data"), **TINY)
-        cls.scores = train_lib.train_and_evaluate(cls.config, cls.workdir)
+        run = trained_run()
+        cls.workdir, cls.config, cls.scores = run.workdir, run.config, run.scores
 
     def test_prints_the_test_metrics(self):
         for key in (
@@ -64,12 +65,12 @@ class TrainAndEvaluateTest(tf.test.TestCase):
         self.assertEqual(" ".join(result["words"]), first["caption"])
 
     def test_another_model_in_the_same_workdir_is_refused(self):
-        other = Config(data_dir=self.config.data_dir, **{**TINY, "hidden_dim": 32})
+        other = dataclasses.replace(self.config, hidden_dim=32)
         with self.assertRaisesRegex(ValueError, "--hidden_dim: workdir has 16, this run 32"):
             train_lib.train_and_evaluate(other, self.workdir)
 
     def test_weights_of_another_vocabulary_are_refused(self):
-        copy = os.path.join(self.root, "copy")
+        copy = os.path.join(self.get_temp_dir(), "copy")
         shutil.copytree(self.workdir, copy)
         with open(os.path.join(copy, "vocab.txt"), encoding="utf-8") as f:
             words = f.read().split("\n")
