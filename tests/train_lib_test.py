@@ -5,17 +5,16 @@ import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
-import tempfile
-import time
 from unittest import mock
 
 import keras
-import numpy as np
 import tensorflow as tf
-from fixtures import TINY, trained_run
+from fixtures import TINY, run_main, trained_run
 
+from sat_tf.cli import train as train_cli
 from sat_tf.config import Config
 from sat_tf.training import prepare, scoring, train_lib
 from sat_tf.training import workdir as workdir_lib
@@ -109,24 +108,57 @@ class UnwritableWorkdirTest(tf.test.TestCase):
                 train_lib.train_and_evaluate(config, os.path.join(root, "run"))
 
 
-def _train_command(workdir, data_dir, epochs, steps, attention="soft"):
-    flags = {**TINY, "epochs": epochs, "steps_per_epoch": steps, "attention": attention}
-    if attention == "hard":
-        flags["hard_warmup_steps"] = 10  # sampling starts within the first epoch
+# The child process of ResumeTest: `python tests/train_lib_test.py kill EPOCH:STEP
+# --flags...` runs sat-train with --flags and SIGKILLs itself after step STEP of epoch
+# EPOCH (both counted from 1), or, with STEP 0, at the end of epoch EPOCH after its
+# evaluation and best checkpoint, just before BackupAndRestore writes its backup.
+KILLED_RUN = "kill"
+RESUME_EPOCHS, RESUME_STEPS = 3, 8
+
+
+def _train_flags(workdir, data_dir):
+    flags = {
+        **TINY,
+        "attention": "hard",
+        "epochs": RESUME_EPOCHS,
+        "steps_per_epoch": RESUME_STEPS,
+        "hard_warmup_steps": 3,  # sampling starts within the first epoch
+        "eval_images": 2,
+        "num_test": 0,  # no test-split scores: the weights are what is compared
+    }
     return [
-        sys.executable,
-        os.path.join(ROOT, "scripts", "train.py"),
         f"--workdir={workdir}",
         f"--data_dir={data_dir}",
         *(f"--{k}={v}" for k, v in flags.items()),
     ]
 
 
-def _backup_epoch(workdir):
-    try:
-        return workdir_lib.backed_up_epoch(workdir)
-    except ValueError:  # caught while Keras writes it
-        return 0
+def _train_and_kill(kill_at, flags):
+    """The child's side of KILLED_RUN."""
+    epoch, step = (int(x) for x in kill_at.split(":"))
+
+    class Kill(keras.callbacks.Callback):
+        def on_epoch_begin(self, index, logs=None):
+            self.epoch = index + 1
+
+        def on_train_batch_end(self, batch, logs=None):
+            if (self.epoch, batch + 1) == (epoch, step):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        def on_epoch_end(self, index, logs=None):
+            if (index + 1, 0) == (epoch, step):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    real = train_lib._callbacks
+
+    def callbacks(*args, **kwargs):
+        found, stopper = real(*args, **kwargs)
+        if not isinstance(found[-1], keras.callbacks.BackupAndRestore):
+            raise AssertionError(f"the backup is not the last callback: {found}")
+        return [*found[:-1], Kill(), found[-1]], stopper
+
+    train_lib._callbacks = callbacks
+    return train_cli.main(["sat-train", *flags])
 
 
 def _final_state(workdir):
@@ -142,49 +174,47 @@ def _final_state(workdir):
 
 
 class ResumeTest(tf.test.TestCase):
-    """SIGKILL a hard-attention training run at random moments; the same command resumes
-    it and ends with the weights of an uninterrupted run."""
+    """A hard-attention run of sat-train killed (SIGKILL, in a child process) at chosen
+    steps; the same command resumes it and ends with the weights of an uninterrupted run.
+
+    Kills: mid-way through epoch 1 (after sampling started, before any backup), then at
+    the end of epoch 2 after its evaluation and best checkpoint, before its backup (the
+    resumed run redoes epoch 2). The uninterrupted and the resumed runs run in this
+    process."""
 
     def test_killed_run_ends_as_an_uninterrupted_run(self):
-        root = tempfile.mkdtemp()
+        root = self.get_temp_dir()
         data_dir = os.path.join(root, "data")
-        epochs, steps = 3, 25
+        epochs, steps = RESUME_EPOCHS, RESUME_STEPS
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
 
-        def command(name):
-            return _train_command(os.path.join(root, name), data_dir, epochs, steps, "hard")
-
-        start = time.time()
-        whole = subprocess.run(command("whole"), env=env, capture_output=True, text=True)
-        self.assertEqual(whole.returncode, 0, whole.stderr[-3000:])
-        run_seconds = time.time() - start
+        code, _, stderr = run_main(
+            train_cli.main, "sat-train", *_train_flags(f"{root}/whole", data_dir)
+        )
+        self.assertEqual(code, 0, stderr[-3000:])
 
         workdir = os.path.join(root, "killed")
-        rng = np.random.default_rng()
-        kills = []
-        # First kill: at a random moment of the first half of the run (possibly before
-        # any backup); second: at a random moment after the first epoch's backup.
-        for after_epoch in (0, 1):
-            process = subprocess.Popen(
-                command("killed"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        flags = _train_flags(workdir, data_dir)
+        for kill_at, backed_up in (("1:5", 0), ("2:0", 1)):
+            killed = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), KILLED_RUN, kill_at, *flags],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
             )
-            deadline = time.time() + 600
-            while _backup_epoch(workdir) < after_epoch and time.time() < deadline:
-                self.assertIsNone(process.poll(), "the run ended before it could be killed")
-                time.sleep(0.05)
-            time.sleep(rng.uniform(0.0, run_seconds / (2 * epochs)))
-            process.kill()
-            process.wait()
-            kills.append(_backup_epoch(workdir))
-        self.assertLess(kills[-1], epochs, "the kill did not land mid-run")
+            self.assertEqual(killed.returncode, -signal.SIGKILL, killed.stderr[-3000:])
+            self.assertEqual(workdir_lib.backed_up_epoch(workdir), backed_up, kill_at)
+        history = workdir_lib.read_history(os.path.join(workdir, workdir_lib.HISTORY_FILE))
+        self.assertEqual([h["epoch"] for h in history], [1, 2])
 
-        resumed = subprocess.run(command("killed"), env=env, capture_output=True, text=True)
-        self.assertEqual(resumed.returncode, 0, resumed.stderr[-3000:])
+        code, stdout, stderr = run_main(train_cli.main, "sat-train", *flags)
+        self.assertEqual(code, 0, stderr[-3000:])
         # Keras prints "Epoch k/3" for each epoch it trains: the resumed run starts after
         # the backed-up epoch instead of at 1.
-        trained = sorted({int(e) for e in _epochs_printed(resumed.stdout)})
-        self.assertEqual(trained, list(range(kills[-1] + 1, epochs + 1)))
+        trained = sorted({int(e) for e in _epochs_printed(stdout)})
+        self.assertEqual(trained, [2, 3])
 
         # Step counter, optimizer moments, REINFORCE baselines, random-number states and
         # the data order all continued: the weights equal the uninterrupted run's.
@@ -197,7 +227,10 @@ class ResumeTest(tf.test.TestCase):
         seen = [v for p, v in got if p.endswith("reinforce_baseline_seen")]
         self.assertGreater(seen[0].sum(), 0)
         for (path, value), (_, want) in zip(got, expected, strict=True):
-            self.assertAllClose(value, want, atol=1e-5, rtol=1e-4, msg=f"{path} {kills}")
+            self.assertAllClose(value, want, atol=1e-5, rtol=1e-4, msg=path)
+        history = workdir_lib.read_history(os.path.join(workdir, workdir_lib.HISTORY_FILE))
+        whole = workdir_lib.read_history(os.path.join(root, "whole", workdir_lib.HISTORY_FILE))
+        self.assertEqual(history, whole)
 
 
 def _epochs_printed(text):
@@ -247,3 +280,9 @@ class TrainJitTest(tf.test.TestCase):
                 )
         with mock.patch.object(tf.config, "list_physical_devices", return_value=gpus):
             self.assertFalse(train_lib._train_jit(Config(jit_compile=False)))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == KILLED_RUN:
+        sys.exit(_train_and_kill(sys.argv[2], sys.argv[3:]))
+    tf.test.main()
