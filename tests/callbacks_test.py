@@ -77,7 +77,10 @@ class EarlyStoppingTest(tf.test.TestCase):
         root = self.get_temp_dir()
         config = Config(
             data_dir=os.path.join(root, "data"),
-            **{**TINY, "epochs": 5, "early_stopping_patience": 1},
+            # One step an epoch, two validation images and no test split: the scores
+            # are the mock's, and what is checked is which epochs were trained.
+            **{**TINY, "epochs": 5, "early_stopping_patience": 1, "steps_per_epoch": 1}
+            | {"eval_images": 2, "num_test": 0},
         )
         workdir = os.path.join(root, "run")
         real = scoring.score_captions
