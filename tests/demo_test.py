@@ -25,7 +25,7 @@ import pytest
 import requests
 import tensorflow as tf
 from absl.testing import absltest, parameterized
-from fixtures import encode, scenes, tiny_model
+from fixtures import encode, run_main, scenes, tiny_model
 from PIL import Image
 
 from sat_tf.data import image_io
@@ -36,6 +36,7 @@ from sat_tf.training import workdir as workdir_lib
 pytest.importorskip("flask")
 
 from sat_tf import demo  # noqa: E402
+from sat_tf.cli import demo as demo_cli  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLICKR8K = os.path.join(os.path.dirname(REPO), "shared", "data", "flickr8k")
@@ -343,30 +344,18 @@ class ScriptTest(tf.test.TestCase):
 
     def test_flag_errors_are_one_line(self):
         workdir, export_dirs = exports()
-        script = os.path.join(REPO, "scripts", "demo.py")
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
         cases = {
             "both": ([f"--workdir={workdir}", f"--export={export_dirs[0]}"], "not both"),
             "three": ([f"--export={','.join(export_dirs)}", f"--export={export_dirs[0]}"], "got 3"),
             "preset_and_export": (["--preset=x", f"--export={export_dirs[0]}"], "not both"),
             "unknown_preset": (["--preset=no_such_preset"], "no_such_preset"),
         }
-        procs = {
-            key: subprocess.Popen(
-                [sys.executable, script, *args],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for key, (args, _) in cases.items()
-        }
-        for key, proc in procs.items():
-            _, stderr = proc.communicate(timeout=300)
-            self.assertEqual(proc.returncode, 1, stderr)
+        for key, (args, message) in cases.items():
+            code, _, stderr = run_main(demo_cli.main, "sat-demo", *args)
+            self.assertEqual(code, 1, stderr)
             errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
             self.assertLen(errors, 1, stderr)
-            self.assertIn(cases[key][1], errors[0])
+            self.assertIn(message, errors[0], key)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,10 @@ import pytest
 import tensorflow as tf
 from absl import flags
 from absl.testing import parameterized
-from fixtures import MAX_LENGTH, WORDS, scenes, tiny_model
+from fixtures import MAX_LENGTH, WORDS, run_main, scenes, tiny_model
 
 from sat_tf import download, files, preset
+from sat_tf.cli import caption as caption_cli
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import java_tools
@@ -651,8 +652,9 @@ class PresetScriptsTest(tf.test.TestCase):
         Image.fromarray(scenes(0, 1)[0]).save(cls.photo)
 
     def test_caption_with_a_preset(self):
-        runs = {"caption": ["scripts/caption.py", self.photo, f"--preset={self.directory}"]}
-        code, stdout, stderr = run_scripts(runs, self.root)["caption"]
+        code, stdout, stderr = run_main(
+            caption_cli.main, "sat-caption", self.photo, f"--preset={self.directory}", cwd=self.root
+        )
         self.assertEqual(code, 0, stderr[-2000:])
         n = int(self.want.length[0])
         words = " ".join(self.vocab.decode(self.want.tokens[0][:n]))
