@@ -1,9 +1,10 @@
 """Training under `tf.distribute` and mixed precision (docs/design.md §5.5).
 
-Logical devices, `TF_CONFIG` and the global dtype policy must be set before TensorFlow
-starts, so every case runs this file as a script in a fresh process
-(`python tests/distribute_test.py mirrored|worker|mixed`), which prints one JSON line;
-the tests compare those numbers.
+Logical devices and `TF_CONFIG` must be set before TensorFlow starts, so those cases run
+this file as a script in a fresh process (`python tests/distribute_test.py
+mirrored|worker`), which prints one JSON line; the tests compare those numbers. The
+mixed-precision case runs in the test process, under the global dtype policy it sets
+and then puts back.
 
 - mirrored: one SGD step (learning rate 1, so the weight change is the gradient) under a
   `MirroredStrategy` over two logical CPUs against one device on the same global batch.
@@ -352,7 +353,11 @@ class MixedPrecisionTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.results = _run_child("mixed")
+        previous = keras.mixed_precision.global_policy()
+        try:
+            cls.results = run_mixed()
+        finally:
+            keras.mixed_precision.set_global_policy(previous)
 
     def test_train_step_in_mixed_bfloat16(self):
         for attention, result in self.results.items():
@@ -372,7 +377,7 @@ class MixedPrecisionTest(tf.test.TestCase):
                 self.assertLess(result["decoded_alpha_sum_error"], 1e-5)
 
 
-CHILDREN = {"mirrored": run_mirrored, "worker": run_worker, "mixed": run_mixed}
+CHILDREN = {"mirrored": run_mirrored, "worker": run_worker}
 
 if __name__ == "__main__":
     if len(sys.argv) == 2 and sys.argv[1] in CHILDREN:
