@@ -174,9 +174,9 @@ class CaptionerTest(tf.test.TestCase):
 
     def test_batches_equal_one_image_at_a_time(self):
         photos = (flickr8k_photos(3) or []) + self.pngs
+        captioner = sat_tf.Captioner(*preset.load(PRESET), batch_size=2)
         for beam in (1, 3):
             together = self.captioner.caption(photos, beam_size=beam)
-            captioner = sat_tf.Captioner(*preset.load(PRESET), batch_size=2)
             in_twos = captioner.caption(photos, beam_size=beam)
             for i, path in enumerate(photos):
                 (alone,) = self.captioner.caption(path, beam_size=beam)

@@ -108,11 +108,49 @@ class UnwritableWorkdirTest(tf.test.TestCase):
                 train_lib.train_and_evaluate(config, os.path.join(root, "run"))
 
 
-# The child process of ResumeTest: `python tests/train_lib_test.py kill EPOCH:STEP
-# --flags...` runs sat-train with --flags and SIGKILLs itself after step STEP of epoch
-# EPOCH (both counted from 1), or, with STEP 0, at the end of epoch EPOCH after its
-# evaluation and best checkpoint, just before BackupAndRestore writes its backup.
-KILLED_RUN = "kill"
+# The child process of ResumeTest (`python -c KILLED_RUN EPOCH:STEP --flags...`): runs
+# sat-train with --flags and SIGKILLs itself after step STEP of epoch EPOCH (both counted
+# from 1), or, with STEP 0, at the end of epoch EPOCH after its evaluation and best
+# checkpoint, just before BackupAndRestore writes its backup.
+KILLED_RUN = """
+import os
+import signal
+import sys
+
+import keras
+
+from sat_tf.cli import train as train_cli
+from sat_tf.training import train_lib
+
+epoch, step = (int(x) for x in sys.argv[1].split(":"))
+
+
+class Kill(keras.callbacks.Callback):
+    def on_epoch_begin(self, index, logs=None):
+        self.epoch = index + 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self.epoch, batch + 1) == (epoch, step):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_epoch_end(self, index, logs=None):
+        if (index + 1, 0) == (epoch, step):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+real = train_lib._callbacks
+
+
+def callbacks(*args, **kwargs):
+    found, stopper = real(*args, **kwargs)
+    if not isinstance(found[-1], keras.callbacks.BackupAndRestore):
+        raise AssertionError(f"the backup is not the last callback: {found}")
+    return [*found[:-1], Kill(), found[-1]], stopper
+
+
+train_lib._callbacks = callbacks
+sys.exit(train_cli.main(["sat-train", *sys.argv[2:]]))
+"""
 RESUME_EPOCHS, RESUME_STEPS = 3, 8
 
 
@@ -131,34 +169,6 @@ def _train_flags(workdir, data_dir):
         f"--data_dir={data_dir}",
         *(f"--{k}={v}" for k, v in flags.items()),
     ]
-
-
-def _train_and_kill(kill_at, flags):
-    """The child's side of KILLED_RUN."""
-    epoch, step = (int(x) for x in kill_at.split(":"))
-
-    class Kill(keras.callbacks.Callback):
-        def on_epoch_begin(self, index, logs=None):
-            self.epoch = index + 1
-
-        def on_train_batch_end(self, batch, logs=None):
-            if (self.epoch, batch + 1) == (epoch, step):
-                os.kill(os.getpid(), signal.SIGKILL)
-
-        def on_epoch_end(self, index, logs=None):
-            if (index + 1, 0) == (epoch, step):
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    real = train_lib._callbacks
-
-    def callbacks(*args, **kwargs):
-        found, stopper = real(*args, **kwargs)
-        if not isinstance(found[-1], keras.callbacks.BackupAndRestore):
-            raise AssertionError(f"the backup is not the last callback: {found}")
-        return [*found[:-1], Kill(), found[-1]], stopper
-
-    train_lib._callbacks = callbacks
-    return train_cli.main(["sat-train", *flags])
 
 
 def _final_state(workdir):
@@ -198,7 +208,7 @@ class ResumeTest(tf.test.TestCase):
         flags = _train_flags(workdir, data_dir)
         for kill_at, backed_up in (("1:5", 0), ("2:0", 1)):
             killed = subprocess.run(
-                [sys.executable, os.path.abspath(__file__), KILLED_RUN, kill_at, *flags],
+                [sys.executable, "-c", KILLED_RUN, kill_at, *flags],
                 env=env,
                 capture_output=True,
                 text=True,
@@ -283,6 +293,4 @@ class TrainJitTest(tf.test.TestCase):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == KILLED_RUN:
-        sys.exit(_train_and_kill(sys.argv[2], sys.argv[3:]))
     tf.test.main()
