@@ -714,12 +714,15 @@ from sat_tf.data import image_io
 from sat_tf.model.show_attend_tell import feature_encoder
 from sat_tf.training import scoring
 
-model, vocab, config = preset.load(sys.argv[1])
-image = image_io.load_image_file(sys.argv[2], config.image_size, config.effective_crop_fraction)
-encoder = feature_encoder(model, config) if model.encoder is None else None
-out = scoring.make_caption_fn(model, config, 1, encoder)({"image": image.numpy()[None]})
-words = vocab.decode(out.tokens[0][: int(out.length[0])].numpy())
-print(json.dumps(words))
+photo, names = sys.argv[1], sys.argv[2:]
+captions = {}
+for name in names:
+    model, vocab, config = preset.load(name)
+    image = image_io.load_image_file(photo, config.image_size, config.effective_crop_fraction)
+    encoder = feature_encoder(model, config) if model.encoder is None else None
+    out = scoring.make_caption_fn(model, config, 1, encoder)({"image": image.numpy()[None]})
+    captions[name] = vocab.decode(out.tokens[0][: int(out.length[0])].numpy())
+print(json.dumps(captions))
 """
 
 
@@ -768,17 +771,19 @@ class ShippedPresetTest(tf.test.TestCase):
         cwd = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, cwd, ignore_errors=True)
         env = {k: v for k, v in ENV.items() if not k.startswith("PYTHON")}
-        for name in preset.names():
-            done = subprocess.run(
-                [sys.executable, "-c", CAPTION_SCRIPT, name, self.photo],
-                cwd=cwd,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
-            self.assertEqual(done.returncode, 0, done.stderr[-3000:])
-            words = json.loads(done.stdout.strip().splitlines()[-1])
+        # One process captions with every preset: each loads from the installed package.
+        done = subprocess.run(
+            [sys.executable, "-c", CAPTION_SCRIPT, self.photo, *preset.names()],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        captions = json.loads(done.stdout.strip().splitlines()[-1])
+        self.assertCountEqual(captions, preset.names())
+        for name, words in captions.items():
             self.assertNotEmpty(words, name)
             vocab = vocab_lib.Vocab.load(os.path.join(preset.PRESETS_DIR, name, preset.VOCAB_FILE))
             self.assertContainsSubset(words, set(vocab.words) - set(vocab_lib.SPECIALS))
