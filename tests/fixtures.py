@@ -17,8 +17,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from absl import logging
 from PIL import Image
 
+from sat_tf.cli import train as train_cli
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model.show_attend_tell import build_model
@@ -71,8 +73,6 @@ class TrainedRun:
 def run_main(main, *argv, cwd=None):
     """(exit status, stdout, stderr) of a console command's `main(argv)` run in this
     process; stderr holds what it printed and what it logged through absl."""
-    from absl import logging
-
     out, err = io.StringIO(), io.StringIO()
     handler = logging.get_absl_handler().python_handler
     stream = handler.stream
@@ -94,8 +94,6 @@ def trained_run() -> TrainedRun:
     """`sat-train` with the TRAINED settings, run in this process once: the trained
     workdir that tests which only read one share (the training itself is tested in
     train_lib_test's resume and callbacks_test's early stopping)."""
-    from sat_tf.cli import train as train_cli
-
     root = tempfile.mkdtemp(prefix="trained_run_")
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     workdir, data_dir = os.path.join(root, "run"), os.path.join(root, "data")
