@@ -23,12 +23,10 @@ import time
 import tensorflow as tf
 from absl import flags
 
-from sat_tf import export_model, files, preset
+from sat_tf import api, export_model, files, preset
 from sat_tf.cli.flags_lib import define_model_source, define_override, load_model, override, run
-from sat_tf.data import image_io
 from sat_tf.evaluation import coco_grounding
-from sat_tf.model.show_attend_tell import feature_encoder
-from sat_tf.training import publish, scoring
+from sat_tf.training import publish
 
 FLAGS = flags.FlagValues()
 define_model_source(FLAGS)
@@ -61,23 +59,18 @@ flags.DEFINE_bool(
 
 
 def _model_captioner(beam_size):
-    """(caption_batch, geometry, description) of the --workdir or --preset model."""
-    model, vocab, config = load_model(FLAGS)
-    crop = config.effective_crop_fraction
-    # A model trained on cached features runs the backbone that made them, as the export does.
-    encoder = feature_encoder(model, config) if model.encoder is None else None
-    caption = scoring.make_caption_fn(model, config, beam_size, encoder)
+    """(caption_batch, geometry, description) of the --workdir or --preset model, which
+    captions the photo files as `sat_tf.Captioner` does."""
+    captioner = api.Captioner(*load_model(FLAGS), batch_size=FLAGS.batch_size)
 
     def caption_batch(photos):
-        images = [image_io.load_image_file(p.path, config.image_size, crop) for p in photos]
-        out = caption({"image": tf.stack(images)})
-        lengths = out.length.numpy()
-        return [
-            (vocab.decode(out.tokens[i][: lengths[i]].numpy()), out.attention[i].numpy())
-            for i in range(len(photos))
-        ]
+        captions = captioner.caption([p.path for p in photos], beam_size)
+        return [(c.words, c.attention) for c in captions]
 
-    geometry = coco_grounding.Geometry(config.image_size, crop, tuple(model.grid))
+    geometry = coco_grounding.Geometry(
+        captioner.image_size, captioner.crop_fraction, captioner.grid
+    )
+    config = captioner.config
     about = {"attention": config.attention, "beam_size": beam_size or config.beam_size}
     return caption_batch, geometry, about
 
