@@ -21,7 +21,7 @@ from absl import flags
 
 from sat_tf import files
 from sat_tf.cli.flags_lib import run
-from sat_tf.evaluation import metrics
+from sat_tf.evaluation import coco_grounding, metrics
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string(
@@ -35,8 +35,6 @@ flags.DEFINE_bool(
     "row name are seeds: mean ± standard deviation.",
     flag_values=FLAGS,
 )
-
-GROUNDING_KEYS = ("hit", "centre", "random", "mass", "area_share")
 
 
 def _read(path):
@@ -54,9 +52,11 @@ def _run_scores(paths):
     scores = dict(_read(first))
     for path in rest:
         report = _read(path)
-        if not all(k in report for k in GROUNDING_KEYS):
-            raise ValueError(f"{path} is not a grounding report (keys {', '.join(GROUNDING_KEYS)})")
-        scores.update({f"grounding {k}": report[k] for k in GROUNDING_KEYS})
+        if not all(k in report for k in coco_grounding.SCORES):
+            raise ValueError(
+                f"{path} is not a grounding report (keys {', '.join(coco_grounding.SCORES)})"
+            )
+        scores.update({f"grounding {k}": report[k] for k in coco_grounding.SCORES})
     return scores
 
 

@@ -9,6 +9,7 @@ import tarfile
 import tempfile
 
 from sat_tf import files, machine, preset
+from sat_tf.evaluation import coco_grounding
 from sat_tf.training import scoring
 from sat_tf.training import workdir as workdir_lib
 
@@ -169,7 +170,7 @@ def score_differences(stored: dict, measured: dict, tolerance: float = 1e-9) -> 
 
 
 # What a preset's metadata keeps of a grounding report (`coco_grounding.measure`).
-GROUNDING_KEYS = ("hit", "centre", "random", "mass", "area_share", "words", "photos")
+GROUNDING_KEYS = coco_grounding.SCORES + ("words", "photos")
 
 
 def store_grounding(directory: str, report: dict, about: dict) -> dict:
