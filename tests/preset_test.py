@@ -26,6 +26,7 @@ from fixtures import MAX_LENGTH, WORDS, run_main, scenes, tiny_model
 
 from sat_tf import download, files, preset
 from sat_tf.cli import caption as caption_cli
+from sat_tf.cli import flags_lib
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import java_tools
@@ -34,9 +35,6 @@ from sat_tf.training import publish, scoring
 from sat_tf.training import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-
-import flags_lib  # noqa: E402
 
 FLICKR8K = os.environ.get("SAT_TF_FLICKR8K", os.path.join(ROOT, "..", "shared", "data", "flickr8k"))
 FEATURE_SHAPE, FEATURE_GRID = (4, 6), (2, 2)
