@@ -14,6 +14,7 @@ hang.
 import math
 import os
 import re
+import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -295,11 +296,7 @@ def mean_and_sd(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (n - 1 in the denominator; 0 for one value)."""
     if not values:
         raise ValueError("no values")
-    mean = sum(values) / len(values)
-    if len(values) == 1:
-        return mean, 0.0
-    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return mean, math.sqrt(variance)
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def seed_table(models: Mapping[str, Sequence[Mapping]]) -> str:
