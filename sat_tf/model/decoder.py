@@ -224,13 +224,14 @@ class AttentionDecoder(keras.layers.Layer):
         word_gates = tf.transpose(self.lstm_embed(embedded), [1, 0, 2])  # (T, B, 4n)
         state = self.initial_state(features)
         if self.uses_recurrence() and not autodiff:
-            # One dtype for every input, also when only this layer has a mixed policy
-            # and its sublayers compute in float32.
-            read = [tf.cast(x, self.compute_dtype) for x in (word_gates, state["projected"])]
-            read += [state["features"], tf.cast(state["h"], read[0].dtype)]
+            # `_read` casts to the compute dtype: one dtype for every input, also when
+            # only this layer has a mixed policy and its sublayers compute in float32.
             hs, zs, alphas = recurrence.soft_attention_recurrence(
-                *read,
-                tf.cast(state["c"], read[0].dtype),
+                self._read(word_gates),
+                self._read(state["projected"]),
+                state["features"],  # cast by `initial_state`
+                self._read(state["h"]),
+                self._read(state["c"]),
                 tf.concat(self._hidden_kernels(), axis=1),
                 self._read(self.lstm_context.kernel),
                 self._gate_bias(),
