@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from absl.testing import absltest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,23 +44,17 @@ def _allocators(programs, env_overrides):
     return lines
 
 
+AFTER_KERAS = "import keras, tensorflow as tf\n" + REPORT
+TOO_LATE = "import tensorflow as tf\ntf.constant(1.0) + 1\n" + REPORT
+NO_ONEDNN = {"TF_ENABLE_ONEDNN_OPTS": "0"}
+ONEDNN = {"TF_ENABLE_ONEDNN_OPTS": "1"}
+
+
 class CpuAllocatorTest(absltest.TestCase):
     def test_import_selects_bfc_unless_told_or_too_late(self):
-        after_keras = "import keras, tensorflow as tf\n" + REPORT
-        too_late = "import tensorflow as tf\ntf.constant(1.0) + 1\n" + REPORT
-        no_onednn = {"TF_ENABLE_ONEDNN_OPTS": "0"}
-        onednn = {"TF_ENABLE_ONEDNN_OPTS": "1"}
         got = _allocators(
-            [REPORT, after_keras, REPORT, too_late, REPORT, REPORT, too_late],
-            [
-                no_onednn,
-                no_onednn,
-                {**no_onednn, "TF_CPU_ALLOCATOR_USE_BFC": "false"},
-                no_onednn,
-                onednn,
-                {**onednn, "TF_CPU_ALLOCATOR_USE_BFC": "false"},
-                onednn,
-            ],
+            [REPORT, AFTER_KERAS, REPORT, TOO_LATE],
+            [NO_ONEDNN, NO_ONEDNN, {**NO_ONEDNN, "TF_CPU_ALLOCATOR_USE_BFC": "false"}, NO_ONEDNN],
         )
         self.assertEqual(
             got,
@@ -68,6 +63,20 @@ class CpuAllocatorTest(absltest.TestCase):
                 "bfc",  # TensorFlow and Keras imported first, but no op run yet
                 "default",  # the user's own setting wins
                 "default",  # TensorFlow had already chosen, at its first op
+            ],
+        )
+
+    @pytest.mark.slow
+    def test_with_onednn_its_allocator_unless_bfc_is_requested_in_time(self):
+        # Slow: three more processes that import TensorFlow; the choice made on import is
+        # the same code path as without oneDNN, only the allocator reported differs.
+        got = _allocators(
+            [REPORT, REPORT, TOO_LATE],
+            [ONEDNN, {**ONEDNN, "TF_CPU_ALLOCATOR_USE_BFC": "false"}, ONEDNN],
+        )
+        self.assertEqual(
+            got,
+            [
                 "bfc",  # requested in time, oneDNN on: still the BFC allocator
                 "onednn",  # not requested, oneDNN on: oneDNN's allocator
                 "onednn",  # requested too late, oneDNN on

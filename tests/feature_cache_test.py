@@ -11,6 +11,7 @@ from unittest import mock
 
 import fixtures
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 from PIL import Image
@@ -350,15 +351,13 @@ def _bleu4_only(references, hypotheses, **_):
     return {"BLEU-4": metrics.bleu4(references, hypotheses)}
 
 
-class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
-    @parameterized.named_parameters(
-        ("flickr8k_karpathy", "flickr8k", "karpathy", {"train": 3, "val": 2, "test": 1}),
-        ("flickr8k_raw", "flickr8k", "raw", {"train": 3, "val": 2, "test": 1}),
-        ("coco_karpathy", "coco", "karpathy", {"train": 3, "val": 2, "test": 1}),
-        ("coco_official", "coco", "official", {"train": 4, "val": 1, "test": 1}),
-        ("coco_captions_tfds", "coco_captions_tfds", "tfds", {"train": 3, "val": 2, "test": 1}),
-    )
-    def test_read_vocab_extract_train_decode(self, dataset, layout, counts):
+class _EndToEnd:
+    """Each dataset layout read, its vocabulary built, its features extracted, a model
+    trained on them and its captions decoded. Two layouts run by default (EndToEndTest);
+    the other three share every step after reading, which datasets_test checks for them,
+    and run with the slow tests (EndToEndOtherLayoutsTest)."""
+
+    def _layout(self, dataset, layout, counts):
         root = self.get_temp_dir()
         data_dir = os.path.join(root, dataset)
         os.makedirs(data_dir)
@@ -447,6 +446,26 @@ class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllClose(alpha.sum(axis=1), np.ones(rows), atol=1e-5)
         with open(os.path.join(workdir, "captions_test.json")) as f:
             self.assertEqual(json.load(f)[0]["caption"], " ".join(words))
+
+
+class EndToEndTest(_EndToEnd, tf.test.TestCase, parameterized.TestCase):
+    @parameterized.named_parameters(
+        ("flickr8k_karpathy", "flickr8k", "karpathy", {"train": 3, "val": 2, "test": 1}),
+        ("coco_official", "coco", "official", {"train": 4, "val": 1, "test": 1}),
+    )
+    def test_read_vocab_extract_train_decode(self, dataset, layout, counts):
+        self._layout(dataset, layout, counts)
+
+
+@pytest.mark.slow
+class EndToEndOtherLayoutsTest(_EndToEnd, tf.test.TestCase, parameterized.TestCase):
+    @parameterized.named_parameters(
+        ("flickr8k_raw", "flickr8k", "raw", {"train": 3, "val": 2, "test": 1}),
+        ("coco_karpathy", "coco", "karpathy", {"train": 3, "val": 2, "test": 1}),
+        ("coco_captions_tfds", "coco_captions_tfds", "tfds", {"train": 3, "val": 2, "test": 1}),
+    )
+    def test_read_vocab_extract_train_decode(self, dataset, layout, counts):
+        self._layout(dataset, layout, counts)
 
 
 if __name__ == "__main__":

@@ -134,6 +134,7 @@ def test_failing_java_becomes_unavailable(monkeypatch, tmp_path):
     scores = metrics.coco_scores(REFS, HYPS)
     assert "exit code 3" in scores["unavailable"]["METEOR"]
     assert "jvm exploded" in scores["unavailable"]["METEOR"]
+    assert java_tools._meteor is None  # a failed process is not kept
     assert "exited with code 3" in scores["tokenizer"]
     assert scores["BLEU-4"] == pytest.approx(NO_BP[3] * BP, rel=1e-8)
 
@@ -144,6 +145,7 @@ def test_hanging_java_times_out(monkeypatch, tmp_path):
     scores = metrics.coco_scores(REFS, HYPS, java_timeout=1.0)
     assert time.monotonic() - start < 15
     assert "did not finish within 1 s" in scores["unavailable"]["METEOR"]
+    assert java_tools._meteor is None
     assert "did not finish within 1 s" in scores["tokenizer"]
 
 
@@ -184,6 +186,27 @@ def test_meteor_by_hand():
     assert scores["unavailable"] == {}
     assert scores["METEOR"] == pytest.approx(expected, abs=1e-9)
     assert scores["tokenizer"].startswith("PTBTokenizer")
+    # The same process answers the next call, and each EVAL scores only its own images:
+    # "2" alone: 4 matches of 4 equal content words in 2 chunks: Fmean 1, penalty
+    # 0.6 * (2 / 4)^0.2.
+    process = java_tools._meteor
+    alone = metrics.coco_scores({"2": refs["2"]}, {"2": hyps["2"]})
+    assert java_tools._meteor is process and process.proc.poll() is None
+    assert alone["METEOR"] == pytest.approx(1 - 0.6 * 0.5**0.2, abs=1e-9)
+    assert metrics.coco_scores(refs, hyps)["METEOR"] == pytest.approx(expected, abs=1e-9)
+
+
+@needs_java
+def test_meteor_process_is_closed_when_idle(monkeypatch):
+    monkeypatch.setattr(java_tools, "METEOR_IDLE_SECONDS", 0.5)
+    java_tools._close_meteor()
+    metrics.coco_scores(REFS, HYPS)
+    process = java_tools._meteor
+    assert process is not None
+    deadline = time.monotonic() + 10
+    while java_tools._meteor is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert java_tools._meteor is None and process.proc.poll() is not None
 
 
 @needs_java

@@ -7,6 +7,7 @@ with their failures caught: a missing `java`, a missing jar, a crash or a timeou
 captions are tokenized by `simple_ptb_tokenize`, a Python version of the PTB rules.
 """
 
+import atexit
 import json
 import os
 import re
@@ -172,67 +173,122 @@ def _clean_meteor(text: str) -> str:
     return text.replace("|||", "").replace("  ", " ")
 
 
+# METEOR's JVM takes seconds to start and load its paraphrase table (1.1 GB resident),
+# while scoring a split takes a fraction of a second: one process answers the calls that
+# come within this many seconds of each other (evaluations in a row, a test session) and
+# is closed after that, so a training run does not hold it between its epochs.
+METEOR_IDLE_SECONDS = 60.0
+
+_meteor_lock = threading.Lock()
+_meteor = None  # the running _MeteorProcess, if any
+
+
+class _MeteorProcess:
+    """A METEOR 1.5 `-stdio` process, its stderr file and its idle timer."""
+
+    def __init__(self, key: tuple[str, str, str]):
+        java, jar_dir, jar = key
+        self.key = key
+        self.stderr = tempfile.TemporaryFile()
+        cmd = [java, "-jar", "-Xmx2G", jar, "-", "-", "-stdio", "-l", "en", "-norm"]
+        try:
+            self.proc = subprocess.Popen(
+                cmd, cwd=jar_dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr
+            )
+        except OSError as e:
+            self.stderr.close()
+            raise Unavailable(f"could not start java for METEOR: {e}") from e
+        self.idle_timer = None
+
+    def ask(self, line: str, answers: int = 1) -> list[str]:
+        self.proc.stdin.write((line + "\n").encode("utf-8"))
+        self.proc.stdin.flush()
+        out = [self.proc.stdout.readline().decode("utf-8").strip() for _ in range(answers)]
+        if not all(out):
+            raise Unavailable("METEOR stopped answering")
+        return out
+
+    def stderr_tail(self) -> str:
+        self.stderr.seek(0)
+        return _tail(self.stderr.read())
+
+    def close(self):
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+        self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self.stderr):
+            stream.close()
+
+
+def _close_meteor(only=None):
+    """Stop the kept METEOR process (only if it is `only`, when given)."""
+    global _meteor
+    with _meteor_lock:
+        if _meteor is not None and (only is None or _meteor is only):
+            _meteor.close()
+            _meteor = None
+
+
+atexit.register(_close_meteor)
+
+
 def meteor(java: str, gts: dict, res: dict, timeout: float) -> float:
     """METEOR 1.5 through coco-caption's jar and `-stdio` protocol, with a deadline.
 
     As `pycocoevalcap.meteor.Meteor`: one `SCORE ||| refs ||| hyp` line per image, whose
-    answers form the `EVAL` line; the last answer is the corpus score. A watchdog kills
-    Java at the deadline, so a dead or stuck process ends in `Unavailable`, not a hang.
+    answers form the `EVAL` line; the last answer is the corpus score. The process is kept
+    for the next call for METEOR_IDLE_SECONDS (each `EVAL` line scores only its own
+    statistics). A watchdog kills Java at the deadline, so a dead or stuck process ends in
+    `Unavailable`, not a hang; a failed process is not used again.
     """
+    global _meteor
     jar_dir = os.path.dirname(os.path.abspath(_meteor_module.__file__))
     jar = _meteor_module.METEOR_JAR
     if not os.path.isfile(os.path.join(jar_dir, jar)):
         raise Unavailable(f"the METEOR jar {jar} is missing in {jar_dir}")
-    cmd = [java, "-jar", "-Xmx2G", jar, "-", "-", "-stdio", "-l", "en", "-norm"]
-    timed_out = threading.Event()
-    with tempfile.TemporaryFile() as stderr:
-        try:
-            proc = subprocess.Popen(
-                cmd,
-                cwd=jar_dir,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-            )
-        except OSError as e:
-            raise Unavailable(f"could not start java for METEOR: {e}") from e
+    with _meteor_lock:
+        if _meteor is not None and (
+            _meteor.key != (java, jar_dir, jar) or _meteor.proc.poll() is not None
+        ):
+            _meteor.close()
+            _meteor = None
+        if _meteor is None:
+            _meteor = _MeteorProcess((java, jar_dir, jar))
+        process = _meteor
+        if process.idle_timer is not None:
+            process.idle_timer.cancel()
+        timed_out = threading.Event()
 
         def kill():
             timed_out.set()
-            proc.kill()
+            process.proc.kill()
 
         watchdog = threading.Timer(timeout, kill)
         watchdog.daemon = True
         watchdog.start()
-
-        def ask(line: str, answers: int = 1) -> list[str]:
-            proc.stdin.write((line + "\n").encode("utf-8"))
-            proc.stdin.flush()
-            out = [proc.stdout.readline().decode("utf-8").strip() for _ in range(answers)]
-            if not all(out):
-                raise Unavailable("METEOR stopped answering")
-            return out
-
         try:
             stats = []
             for image_id, hyp in res.items():
                 refs = " ||| ".join(_clean_meteor(r) for r in gts[image_id])
-                stats += ask(f"SCORE ||| {refs} ||| {_clean_meteor(hyp[0])}")
-            answers = ask("EVAL ||| " + " ||| ".join(stats), len(stats) + 1)
-            return float(answers[-1])
+                stats += process.ask(f"SCORE ||| {refs} ||| {_clean_meteor(hyp[0])}")
+            answers = process.ask("EVAL ||| " + " ||| ".join(stats), len(stats) + 1)
+            score = float(answers[-1])
         except (OSError, ValueError, Unavailable) as e:
-            proc.kill()
-            proc.wait()
+            watchdog.cancel()
+            process.proc.kill()
+            process.proc.wait()
+            code, tail = process.proc.returncode, process.stderr_tail()
+            process.close()
+            _meteor = None
             if timed_out.is_set():
                 raise Unavailable(f"METEOR did not finish within {timeout:g} s") from e
-            stderr.seek(0)
-            raise Unavailable(
-                f"METEOR failed ({e}); java exit code {proc.returncode}: {_tail(stderr.read())}"
-            ) from e
-        finally:
-            watchdog.cancel()
-            proc.kill()
-            proc.wait()
+            raise Unavailable(f"METEOR failed ({e}); java exit code {code}: {tail}") from e
+        watchdog.cancel()
+        process.idle_timer = threading.Timer(METEOR_IDLE_SECONDS, _close_meteor, (process,))
+        process.idle_timer.daemon = True
+        process.idle_timer.start()
+        return score
 
 
 def spice(java: str, gts: dict, res: dict, timeout: float) -> float:
