@@ -196,16 +196,29 @@ def test_meteor_by_hand():
     assert metrics.coco_scores(refs, hyps)["METEOR"] == pytest.approx(expected, abs=1e-9)
 
 
-@needs_java
-def test_meteor_process_is_closed_when_idle(monkeypatch):
+def test_meteor_process_is_closed_when_idle(monkeypatch, tmp_path):
+    # A stand-in for METEOR's -stdio protocol: 3 statistics per SCORE line, then one
+    # answer per statistics set and one for the corpus per EVAL line.
+    _fake_java(
+        monkeypatch,
+        tmp_path,
+        """while read -r line; do
+  case "$line" in
+    SCORE*) echo "1 1 1" ;;
+    EVAL*) n=$(echo "$line" | grep -o '|||' | wc -l)
+           i=0; while [ "$i" -le "$n" ]; do echo 0.5; i=$((i + 1)); done ;;
+  esac
+done""",
+    )
     monkeypatch.setattr(java_tools, "METEOR_IDLE_SECONDS", 0.5)
-    java_tools._close_meteor()
-    metrics.coco_scores(REFS, HYPS)
+    java = shutil.which("java")
+    assert java_tools.meteor(java, {"1": ["a"]}, {"1": ["a"]}, 10) == 0.5
     process = java_tools._meteor
-    assert process is not None
+    assert java_tools.meteor(java, {"1": ["a"], "2": ["b"]}, {"1": ["a"], "2": ["c"]}, 10) == 0.5
+    assert java_tools._meteor is process
     deadline = time.monotonic() + 10
     while java_tools._meteor is not None and time.monotonic() < deadline:
-        time.sleep(0.1)
+        time.sleep(0.05)
     assert java_tools._meteor is None and process.proc.poll() is not None
 
 

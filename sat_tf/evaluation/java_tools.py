@@ -218,7 +218,10 @@ class _MeteorProcess:
         self.proc.kill()
         self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout, self.stderr):
-            stream.close()
+            try:
+                stream.close()
+            except OSError:  # stdin's buffer, flushed into a pipe nobody reads
+                pass
 
 
 def _close_meteor(only=None):
