@@ -51,6 +51,7 @@ setup(
         "demo": ["flask>=3.1,<4"],
         "test": [
             "pytest>=8",
+            "pytest-xdist>=3.5",
             "nltk>=3.8,<4",
             "hypothesis>=6.100",
             "ruff>=0.6",

@@ -223,3 +223,23 @@ def test_a_planted_loop_is_found(tmp_path):
         f"parts {EXPORT}, training import each other: sat_tf/{EXPORT}.py:1 imports "
         f"sat_tf.training.loop; sat_tf/training/loop.py:1 imports sat_tf.{EXPORT}",
     ]
+
+
+def test_classes_grouped_with_the_shared_run_are_the_ones_that_read_it():
+    # conftest.SHARED_RUN_CLASSES sends these to one pytest-xdist worker; a class that
+    # starts reading fixtures.trained_run, or stops, must be named there or removed.
+    from conftest import SHARED_RUN_CLASSES
+
+    readers = set()
+    for name in sorted(os.listdir(os.path.join(ROOT, "tests"))):
+        if not name.endswith("_test.py"):
+            continue
+        with open(os.path.join(ROOT, "tests", name), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and any(
+                isinstance(n, ast.Call) and getattr(n.func, "id", None) == "trained_run"
+                for n in ast.walk(node)
+            ):
+                readers.add(f"tests/{name}::{node.name}")
+    assert readers == set(SHARED_RUN_CLASSES)
