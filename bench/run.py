@@ -123,12 +123,13 @@ TRAIN_SHAPES = {
     },
 }
 # name: (attention, score, jit_compile, Keras dtype policy, schedule). The schedule
-# "autodiff" runs soft attention through the decoder's autodiff loop instead of the
-# fused recurrence: the baseline each fused case's speed-up is measured against.
+# "autodiff" runs the decoder's autodiff loop instead of the fused recurrence (soft, and
+# hard since stop 29): the baseline each fused case's speed-up is measured against.
 TRAIN_CASES = {
     "soft_additive": ("soft", "additive", False, "float32", "fused"),
     "soft_additive_autodiff": ("soft", "additive", False, "float32", "autodiff"),
     "hard_additive": ("hard", "additive", False, "float32", "fused"),
+    "hard_additive_autodiff": ("hard", "additive", False, "float32", "autodiff"),
     "soft_dot": ("soft", "dot", False, "float32", "fused"),
     "soft_additive_jit": ("soft", "additive", True, "float32", "fused"),
     "hard_additive_jit": ("hard", "additive", True, "float32", "fused"),
@@ -139,6 +140,7 @@ TRAIN_CASES = {
 # case: the cases its speed-up is measured over (differing in one setting).
 SPEEDUP_BASELINES = {
     "soft_additive": ("soft_additive_autodiff",),
+    "hard_additive": ("hard_additive_autodiff",),
     "soft_additive_jit": ("soft_additive",),
     "hard_additive_jit": ("hard_additive",),
     "soft_additive_bf16": ("soft_additive", "soft_additive_bf16_autodiff"),
@@ -453,14 +455,17 @@ def case_train_step(p, attention, score, jit, policy="float32", schedule="fused"
     return report
 
 
-def train_step_cases(p):
-    """Every case of TRAIN_CASES at every size of TRAIN_SHAPES, each case of
-    SPEEDUP_BASELINES with its speed-up over its baselines, measured in the same run."""
+def train_step_cases(p, names=tuple(TRAIN_CASES)):
+    """The cases `names` of TRAIN_CASES at every size of TRAIN_SHAPES, each case of
+    SPEEDUP_BASELINES with its speed-up over those of its baselines that ran, measured
+    in the same run."""
     results = {}
     for shape_name, sizes in TRAIN_SHAPES.items():
         shape_p = {**p, **sizes} if p is FULL else p
         cases = results[shape_name] = {"sizes": {k: shape_p[k] for k in DECODER_SIZES}}
         for name, settings in TRAIN_CASES.items():
+            if name not in names:
+                continue
             cases[name] = guarded(
                 lambda sp=shape_p, s=settings, n=name: case_train_step(
                     sp, *s, profile=n in PROFILED
@@ -468,6 +473,8 @@ def train_step_cases(p):
             )
         for name, baselines in SPEEDUP_BASELINES.items():
             for base in baselines:
+                if name not in cases or base not in cases:
+                    continue
                 mine = cases[name].get("seconds_per_step", {}).get("median")
                 then = cases[base].get("seconds_per_step", {}).get("median")
                 if mine and then:
@@ -993,7 +1000,7 @@ def case_float16(p, source, data_dir, limit):
     return result
 
 
-def run(quick, only=CASES, preset_name=None, data_dir=FLICKR8K, limit=0):
+def run(quick, only=CASES, preset_name=None, data_dir=FLICKR8K, limit=0, train_cases=None):
     p = QUICK if quick else FULL
     start = time.perf_counter()
     report = {
@@ -1005,6 +1012,7 @@ def run(quick, only=CASES, preset_name=None, data_dir=FLICKR8K, limit=0):
                 zip(("attention", "score", "jit_compile", "policy", "schedule"), s, strict=True)
             )
             for name, s in TRAIN_CASES.items()
+            if train_cases is None or name in train_cases
         },
         "cases": {},
     }
@@ -1014,7 +1022,7 @@ def run(quick, only=CASES, preset_name=None, data_dir=FLICKR8K, limit=0):
         cases["matmul"] = guarded(lambda: case_matmul(p))
     train = {}
     if "train_step" in only:
-        train = cases["train_step"] = train_step_cases(p)
+        train = cases["train_step"] = train_step_cases(p, train_cases or tuple(TRAIN_CASES))
         cases["peak_rss_mb_after_train_step"] = peak_rss_mb()
     bandwidth = None
     if "memory_bandwidth" in only:
@@ -1059,12 +1067,21 @@ def main(argv=None):
     parser.add_argument(
         "--images", type=int, default=0, help="test photos of the preset cases; 0 = all"
     )
+    parser.add_argument(
+        "--train_cases",
+        default="",
+        help=f"comma-separated train_step cases of {', '.join(TRAIN_CASES)}; '' = all",
+    )
     args = parser.parse_args(argv)
     only = [c.strip() for c in args.only.split(",") if c.strip()]
     unknown = sorted(set(only) - set(CASES))
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(CASES)}")
-    report = run(args.quick, only, args.preset, args.data_dir, args.images)
+    train_cases = [c.strip() for c in args.train_cases.split(",") if c.strip()] or None
+    unknown = sorted(set(train_cases or ()) - set(TRAIN_CASES))
+    if unknown:
+        parser.error(f"unknown train case(s) {', '.join(unknown)}; cases: {', '.join(TRAIN_CASES)}")
+    report = run(args.quick, only, args.preset, args.data_dir, args.images, train_cases)
     json.dump(report, sys.stdout, indent=2, default=float)
     sys.stdout.write("\n")
 

@@ -1,5 +1,6 @@
-"""Tests for sat_tf.model.recurrence: the hand-written backward pass of the soft-attention
-recurrence against autodiff of the decoder's loop, and against finite differences."""
+"""Tests for sat_tf.model.recurrence: the hand-written backward pass of the attention
+recurrence (soft, and hard with its samples) against autodiff of the decoder's loop, and
+against finite differences."""
 
 import keras
 import numpy as np
@@ -15,17 +16,18 @@ VOCAB, EMBED, HIDDEN, ATTENTION, FEATURES = 11, 5, 8, 4, 6
 SCORES = ("additive", "dot")
 
 
-def _decoder(score, seed=0, dtype=None):
-    """A built soft-attention decoder with random weights (biases too); `dtype` a Keras
-    dtype policy name (None: float32)."""
+def _decoder(score, seed=0, dtype=None, attention="soft", hard_gate=True):
+    """A built decoder with random weights (biases too); `dtype` a Keras dtype policy
+    name (None: float32)."""
     decoder = AttentionDecoder(
         VOCAB,
         embed_dim=EMBED,
         hidden_dim=HIDDEN,
         attention_dim=ATTENTION,
-        attention="soft",
+        attention=attention,
         attention_score=score,
         dropout=0.0,
+        hard_gate=hard_gate,
         dtype=dtype,
     )
     decoder.build((None, LOCATIONS, FEATURES))
@@ -125,7 +127,7 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
 
         @tf.function
         def flat(*args):
-            outputs = recurrence.soft_attention_recurrence(*args)
+            outputs = recurrence.attention_recurrence(*args)
             return tf.concat([tf.reshape(x, [-1]) for x in outputs], 0)
 
         theoretical, numerical = tf.test.compute_gradient(flat, inputs, delta=1e-6)
@@ -135,6 +137,8 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_bfloat16_runs_the_recurrence_and_float16_the_autodiff_loop(self):
         self.assertTrue(_decoder("additive").uses_recurrence())
+        self.assertTrue(_decoder("additive", attention="hard").uses_recurrence())
+        self.assertFalse(_decoder("additive", attention="hard", hard_gate=False).uses_recurrence())
         self.assertTrue(AttentionDecoder(VOCAB, dtype="mixed_bfloat16").uses_recurrence())
         self.assertFalse(AttentionDecoder(VOCAB, dtype="mixed_float16").uses_recurrence())
 
@@ -169,6 +173,63 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
             loop_error = np.abs(loop.numpy().astype(np.float64) - want).max() / scale
             self.assertLessEqual(fused_error, 2 * loop_error + 2 * 2.0**-8, name)
             self.assertLess(fused_error, 0.1, name)
+
+
+class HardAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
+    """Hard attention through the recurrence against the decoder's autodiff loop, with the
+    same Gumbel noise and the same captions taking the expected context."""
+
+    def _run(self, decoder, features, captions, autodiff, noise, expected, function):
+        def run(features, captions):
+            with tf.GradientTape() as tape:
+                tape.watch(features)
+                outputs = decoder(
+                    features, captions, gumbel_noise=noise, use_expected=expected, autodiff=autodiff
+                )
+                # Every output the hard objective reads: the words (through the logits),
+                # log alpha at the samples (REINFORCE) and alpha's entropy.
+                loss = _loss(outputs, use_alpha=False)
+                loss += tf.reduce_sum(outputs["log_p_s"] * tf.range(1.0, STEPS + 1.0))
+                loss -= 0.3 * tf.reduce_sum(outputs["entropy"])
+            grads = tape.gradient(loss, [features] + decoder.trainable_variables)
+            return outputs, [tf.convert_to_tensor(g) for g in grads]
+
+        return (tf.function(run) if function else run)(features, captions)
+
+    @parameterized.product(score=SCORES, function=(False, True), mix=("some", "none", "all"))
+    def test_outputs_and_gradients_match_autodiff_loop(self, score, function, mix):
+        features, captions = _inputs(seed=5)
+        decoder = _decoder(score, seed=5, attention="hard")
+        rng = np.random.default_rng(5)
+        noise = tf.constant(rng.gumbel(size=(BATCH, STEPS, LOCATIONS)), tf.float32)
+        expected = tf.constant(
+            {"some": [True, False, True], "none": [False] * 3, "all": [True] * 3}[mix]
+        )
+        old = self._run(decoder, features, captions, True, noise, expected, function)
+        new = self._run(decoder, features, captions, False, noise, expected, function)
+        for key in ("logits", "alpha", "log_p_s", "entropy"):
+            self.assertAllClose(new[0][key], old[0][key], atol=2e-5, rtol=1e-5, msg=key)
+        names = ["features"] + [v.path for v in decoder.trainable_variables]
+        for name, expected_grad, actual in zip(names, old[1], new[1], strict=True):
+            scale = max(1.0, float(np.abs(expected_grad).max()))
+            self.assertAllClose(actual, expected_grad, atol=1e-5 * scale, rtol=0.0, msg=name)
+
+    def test_samples_follow_the_noise_and_argmax_without_it(self):
+        features, captions = _inputs(seed=6)
+        decoder = _decoder("additive", seed=6, attention="hard")
+        # Noise that dwarfs the scores picks its own argmax: the attended locations are
+        # known, and so is log alpha there.
+        rng = np.random.default_rng(6)
+        where = rng.integers(0, LOCATIONS, size=(BATCH, STEPS))
+        noise = tf.constant(1e4 * np.eye(LOCATIONS)[where], tf.float32)
+        outputs = decoder(features, captions, gumbel_noise=noise)
+        alpha = outputs["alpha"].numpy()
+        chosen = np.take_along_axis(alpha, where[..., None], axis=2)[..., 0]
+        self.assertAllClose(outputs["log_p_s"], np.log(chosen), rtol=1e-5)
+        greedy = decoder(features, captions)
+        self.assertAllClose(greedy["log_p_s"], np.log(greedy["alpha"].numpy().max(-1)), rtol=1e-5)
+        reference = decoder(features, captions, autodiff=True)
+        self.assertAllClose(greedy["logits"], reference["logits"], atol=1e-6, rtol=0.0)
 
 
 if __name__ == "__main__":

@@ -213,8 +213,8 @@ class AttentionDecoder(keras.layers.Layer):
             the sampled locations; without it the decoder attends at `argmax alpha`.
           use_expected: hard attention only: (B,) bool, sequences that use the expected
             context instead of a sample (paper §4.1).
-          autodiff: run soft attention through the autodiff loop instead of the fused
-            recurrence: the reference its hand-written backward pass is checked against.
+          autodiff: run the autodiff loop instead of the fused recurrence: the
+            reference its hand-written backward pass is checked against.
 
         Returns:
           dict with logits (B, T, V), alpha (B, T, L), and for hard attention
@@ -224,9 +224,12 @@ class AttentionDecoder(keras.layers.Layer):
         word_gates = tf.transpose(self.lstm_embed(embedded), [1, 0, 2])  # (T, B, 4n)
         state = self.initial_state(features)
         if self.uses_recurrence() and not autodiff:
+            hard = self.attention == "hard"
+            if gumbel_noise is not None:
+                gumbel_noise = tf.transpose(tf.cast(gumbel_noise, tf.float32), [1, 0, 2])
             # `_read` casts to the compute dtype: one dtype for every input, also when
             # only this layer has a mixed policy and its sublayers compute in float32.
-            hs, zs, alphas = recurrence.soft_attention_recurrence(
+            hs, zs, alphas, *wheres = recurrence.attention_recurrence(
                 self._read(word_gates),
                 self._read(state["projected"]),
                 state["features"],  # cast by `initial_state`
@@ -236,8 +239,20 @@ class AttentionDecoder(keras.layers.Layer):
                 self._read(self.lstm_context.kernel),
                 self._gate_bias(),
                 *[self._read(k) for k in self.f_att.step_kernels()],
+                hard=hard,
+                gumbel_noise=gumbel_noise,
+                use_expected=use_expected,
             )
-            return self._outputs(embedded, hs, zs, alphas, training)
+            outputs = self._outputs(embedded, hs, zs, alphas, training)
+            if hard:
+                # log alpha at the attended locations and the entropy of alpha, from the
+                # alphas (their gradient reaches the scores through the recurrence's).
+                alpha = outputs["alpha"]  # (B, T, L)
+                where = tf.transpose(wheres[0])  # (B, T)
+                chosen = tf.gather(alpha, where, axis=2, batch_dims=2)
+                outputs["log_p_s"] = tf.math.log(chosen)
+                outputs["entropy"] = -tf.reduce_sum(tf.math.xlogy(alpha, alpha), axis=-1)
+            return outputs
         return self._autodiff_loop(
             embedded, word_gates, state, training, gumbel_noise, use_expected
         )
@@ -302,9 +317,11 @@ class AttentionDecoder(keras.layers.Layer):
         return outputs
 
     def uses_recurrence(self):
-        """Whether `call` runs `recurrence.soft_attention_recurrence`: soft attention in
-        float32 or bfloat16 (`mixed_bfloat16`). float16 keeps the autodiff loop."""
-        return self.attention == "soft" and self.compute_dtype in ("float32", "bfloat16")
+        """Whether `call` runs `recurrence.attention_recurrence`: soft attention, or hard
+        attention gated by beta (`hard_gate`), in float32 or bfloat16
+        (`mixed_bfloat16`). float16 and the ungated hard model keep the autodiff loop."""
+        attention = self.attention == "soft" or (self.attention == "hard" and self.hard_gate)
+        return attention and self.compute_dtype in ("float32", "bfloat16")
 
     def _outputs(self, embedded, hs, zs, alphas, training):
         """Logits and alpha from the time-major (T, B, .) states of the recurrence."""

@@ -1,7 +1,8 @@
-"""The teacher-forced soft-attention recurrence with a hand-written backward pass.
+"""The teacher-forced attention recurrence with a hand-written backward pass.
 
 The forward pass runs the decoder's step (`step.attention_step`, paper §3.1.2, soft
-attention §4.2) for every t, with P_t = h_{t-1} [U | S | w_beta] as one product.
+attention §4.2, hard attention §4.1) for every t, with P_t = h_{t-1} [U | S | w_beta] as
+one product.
 
 Autodiff of a `tf.while_loop` computes the gradients of the kernels the loop reads one
 step at a time: a product with inner dimension B per step, accumulated T times. Here a
@@ -12,7 +13,15 @@ attention inputs `W_a a` (dot score) and a, rank T in each image, are likewise o
 batched product over t each; those of the additive score's tanh layer are summed step
 by step.
 
-`AttentionDecoder.call` uses it for soft attention in float32 and under the
+Hard attention (gated by beta) runs the same recurrence with the sampled locations drawn
+in the loop from given Gumbel noise (or at argmax alpha): its context is
+`w_t . a` with `w_t = alpha_t` for the captions that take the expected context and the
+one-hot of s_t for the others, so a's gradient is again one batched product over t,
+`sum_t w_t^T dcontext_t`, and alpha's gradient through the context exists only for the
+expected-context captions (the sample is a discrete choice; the REINFORCE term reaches
+alpha through the `alphas` output).
+
+`AttentionDecoder.call` uses it for soft and gated hard attention in float32 and under the
 `mixed_bfloat16` policy, also under `jit_compile` and `tf.distribute`. In bfloat16 the
 attention weights stay float32 as in `step.attention_step` (the softmax and its
 gradient run in float32), and so do the sums over B T that give the gate bias's and
@@ -55,7 +64,7 @@ def alpha_dtype(dtype):
     return tf.float32 if dtype in (tf.bfloat16, tf.float16) else dtype
 
 
-def soft_attention_recurrence(
+def attention_recurrence(
     gates_x,
     projected,
     features,
@@ -65,8 +74,11 @@ def soft_attention_recurrence(
     context_kernel,
     beta_bias,
     score_kernel=None,
+    hard=False,
+    gumbel_noise=None,
+    use_expected=None,
 ):
-    """Runs the soft-attention LSTM over all T steps (paper §3.1.2, §4.2).
+    """Runs the attention LSTM over all T steps (paper §3.1.2, §4.1, §4.2).
 
     Every input is a tensor of one float dtype (read variables before the call);
     gradients with respect to all of them come from a hand-written backward pass, which
@@ -85,9 +97,14 @@ def soft_attention_recurrence(
       context_kernel: (D, 4n) Z.
       beta_bias: (1,) bias of the gating scalar beta.
       score_kernel: (A, 1) v of the additive score; None for the dot score.
+      hard: hard attention (gated by beta) instead of soft.
+      gumbel_noise: hard only: (T, B, L) float32 standard Gumbel noise that fixes the
+        sampled locations; None attends at `argmax alpha`.
+      use_expected: hard only: (B,) bool, captions that take the expected context.
 
     Returns:
-      hs (T, B, n), zs (T, B, D) the gated contexts, alphas (T, B, L).
+      hs (T, B, n), zs (T, B, D) the gated contexts, alphas (T, B, L), and for hard
+      attention wheres (T, B) int32, the attended locations.
     """
     alpha_type = alpha_dtype(gates_x.dtype)
     additive = score_kernel is not None
@@ -97,6 +114,22 @@ def soft_attention_recurrence(
     if additive:
         kernels += (score_kernel,)
     score_layer = attention_lib.AdditiveScore if additive else attention_lib.DotScore
+    if not hard and (gumbel_noise is not None or use_expected is not None):
+        raise ValueError("gumbel_noise and use_expected are for hard attention only")
+    # The share of each caption's context that is the expected one: 1 (soft), 0 (a
+    # sample), or use_expected.
+    if not hard:
+        expected = None
+    elif use_expected is None:
+        expected = tf.zeros([tf.shape(features)[0], 1], alpha_type)
+    else:
+        expected = tf.cast(use_expected, alpha_type)[:, None]
+
+    def attend_at(t):
+        if not hard:
+            return attention_lib.soft_attend
+        noise = None if gumbel_noise is None else gumbel_noise[t]
+        return attention_lib.hard_attend(noise, use_expected)
 
     @tf.custom_gradient
     def recurrence(gates_x, projected, features, h0, c0, *kernels):
@@ -117,9 +150,11 @@ def soft_attention_recurrence(
                 projected,
                 context_kernel,
                 score,
-                attention_lib.soft_attend,
+                attend_at(t),
             )
             saved = (out.h, out.z, out.alpha, out.c, out.gates, out.context, out.beta)
+            if hard:
+                saved += (out.where,)
             arrays = tuple(a.write(t, x) for a, x in zip(arrays, saved, strict=True))
             return (
                 t + 1,
@@ -129,10 +164,10 @@ def soft_attention_recurrence(
                 pres.write(t, out.score_hidden) if additive else pres,
             )
 
-        # Saved per step: h, z, alpha, c, gates, context, beta.
-        arrays = tuple(
-            tf.TensorArray(alpha_type if i == 2 else dtype, size=steps) for i in range(7)
-        )
+        # Saved per step: h, z, alpha, c, gates, context, beta (and where, if hard).
+        types = (dtype, dtype, alpha_type, dtype, dtype, dtype, dtype)
+        types += (tf.int32,) if hard else ()
+        arrays = tuple(tf.TensorArray(t, size=steps) for t in types)
         # The tanh layers of the additive score, (B, L, A) per step and by far the most
         # memory kept, stay unstacked: stacking would copy them.
         pres = tf.TensorArray(dtype, size=steps) if additive else ()
@@ -142,9 +177,9 @@ def soft_attention_recurrence(
             (0, h0, c0, arrays, pres),
             maximum_iterations=steps,
         )
-        hs, zs, alphas, cs, all_gates, contexts, betas = (a.stack() for a in arrays)
+        hs, zs, alphas, cs, all_gates, contexts, betas, *wheres = (a.stack() for a in arrays)
 
-        def grad(d_hs, d_zs, d_alphas):
+        def grad(d_hs, d_zs, d_alphas, *_):
             d_hs = _zeros_if_none(d_hs, hs)
             d_zs = _zeros_if_none(d_zs, zs)
             d_alphas = _zeros_if_none(d_alphas, alphas)
@@ -163,9 +198,10 @@ def soft_attention_recurrence(
                 d_beta = tf.reduce_sum(d_z * context, -1, keepdims=True)  # (B, 1)
                 d_beta_logit = tf.raw_ops.SigmoidGrad(y=beta, dy=d_beta)
                 d_context = d_z * beta
-                d_alpha = d_alphas[t] + tf.cast(
-                    tf.einsum("bld,bd->bl", features, d_context), alpha_type
-                )
+                d_alpha_context = tf.cast(tf.einsum("bld,bd->bl", features, d_context), alpha_type)
+                if hard:
+                    d_alpha_context *= expected
+                d_alpha = d_alphas[t] + d_alpha_context
                 d_scores = alpha * (d_alpha - tf.reduce_sum(alpha * d_alpha, -1, keepdims=True))
                 d_scores = tf.cast(d_scores, dtype)
                 if additive:
@@ -210,7 +246,11 @@ def soft_attention_recurrence(
             )
             d_beta_bias = tf.reduce_sum(tf.cast(d_p[:, :, -1], alpha_type))
             d_beta_bias = tf.cast(tf.reshape(d_beta_bias, [1]), dtype)
-            d_features = tf.einsum("tbl,tbd->bld", tf.cast(alphas, dtype), d_contexts)
+            weights = alphas
+            if hard:
+                sampled = tf.one_hot(wheres[0], tf.shape(alphas)[-1], dtype=alpha_type)
+                weights = expected * alphas + (1 - expected) * sampled
+            d_features = tf.einsum("tbl,tbd->bld", tf.cast(weights, dtype), d_contexts)
             d_kernels = [d_hidden_kernel, d_context_kernel, d_beta_bias]
             if additive:
                 d_kernels.append(tf.cast(d_score_kernel[:, None], dtype))
@@ -218,6 +258,6 @@ def soft_attention_recurrence(
                 d_projected = tf.einsum("tbl,tbu->blu", d_scores, h_prev)
             return [d_gates_x, d_projected, d_features, d_h0, d_c0, *d_kernels]
 
-        return (hs, zs, alphas), grad
+        return (hs, zs, alphas, *wheres), grad
 
     return recurrence(gates_x, projected, features, h0, c0, *kernels)
