@@ -202,6 +202,7 @@ class AttentionDecoder(keras.layers.Layer):
         gumbel_noise=None,
         use_expected=None,
         autodiff=False,
+        state=None,
     ):
         """Teacher-forced pass over whole captions.
 
@@ -215,6 +216,9 @@ class AttentionDecoder(keras.layers.Layer):
             context instead of a sample (paper §4.1).
           autodiff: run the autodiff loop instead of the fused recurrence: the
             reference its hand-written backward pass is checked against.
+          state: `initial_state(features)`, when the caller has it (hard attention's
+            training computes it once for the sampled pass and the argmax baseline's);
+            None computes it.
 
         Returns:
           dict with logits (B, T, V), alpha (B, T, L), and for hard attention
@@ -222,7 +226,8 @@ class AttentionDecoder(keras.layers.Layer):
         """
         embedded = self.embedding(captions)  # (B, T, m)
         word_gates = tf.transpose(self.lstm_embed(embedded), [1, 0, 2])  # (T, B, 4n)
-        state = self.initial_state(features)
+        if state is None:
+            state = self.initial_state(features)
         if self.uses_recurrence() and not autodiff:
             hard = self.attention == "hard"
             if gumbel_noise is not None:

@@ -121,15 +121,22 @@ def baseline_slots(words, mask=None):
     return tf.minimum(tf.cast(covered, tf.int32), BASELINE_SLOTS - 1)
 
 
-def argmax_reward(decoder, features, captions, mask, to_go):
+def argmax_reward(decoder, features, captions, mask, to_go, state=None):
     """The reward of each caption with every location at `argmax alpha`, without dropout
-    and without gradient: the "argmax" baseline."""
-    outputs = decoder(tf.stop_gradient(features), captions[:, :-1], training=False)
+    and without gradient: the "argmax" baseline. `state`: the sampled pass's initial
+    state (the same with or without dropout, which only the output layer has), reused
+    instead of computed again."""
+    if state is not None:
+        state = tf.nest.map_structure(tf.stop_gradient, state)
+    features = tf.stop_gradient(features)
+    outputs = decoder(features, captions[:, :-1], training=False, state=state)
     word_ll = losses.word_log_likelihood(outputs["logits"], captions[:, 1:], mask)
     return tf.stop_gradient(losses.reinforce_reward(word_ll, to_go))
 
 
-def hard_terms(settings, decoder, baselines, features, captions, mask, word_ll, outputs, sampled):
+def hard_terms(
+    settings, decoder, baselines, features, captions, mask, word_ll, outputs, sampled, state=None
+):
     """The hard-attention objective and what moves the moving averages.
 
     Args:
@@ -140,6 +147,8 @@ def hard_terms(settings, decoder, baselines, features, captions, mask, word_ll, 
       word_ll: (B, T) `log p(y_t | s, a)` under the sampled locations.
       outputs: the decoder's teacher-forced outputs (`log_p_s`, `entropy`).
       sampled: (B,) float32, 1.0 for captions that used a sample.
+      state: the decoder's `initial_state(features)` of the sampled pass, which the
+        argmax baseline reuses; None computes it again.
 
     Returns:
       dict of tensors: "objective" (B,), and for `update_baselines` "step_reward"
@@ -153,7 +162,7 @@ def hard_terms(settings, decoder, baselines, features, captions, mask, word_ll, 
         # Skipped when no caption sampled (the warm-up): nothing would use it.
         baseline = tf.cond(
             tf.reduce_any(sampled > 0),
-            lambda: argmax_reward(decoder, features, captions, mask, settings.to_go),
+            lambda: argmax_reward(decoder, features, captions, mask, settings.to_go, state),
             lambda: tf.zeros_like(reward),
         )
     else:

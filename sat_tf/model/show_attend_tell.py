@@ -133,12 +133,16 @@ class ShowAttendTell(ResumableModel):
         hard = self.attention == "hard" and training
         if hard and gumbel_noise is None:
             gumbel_noise, use_expected = self.hard_noise(features, tf.shape(targets)[1])
+        # Hard attention's argmax baseline decodes the same features again: both passes
+        # start from this state (no dropout before the output layer).
+        state = self.decoder.initial_state(features) if hard else None
         outputs = self.decoder(
             features,
             captions[:, :-1],
             training=training,
             gumbel_noise=gumbel_noise if hard else None,
             use_expected=use_expected if hard else None,
+            state=state,
         )
         word_ll = losses_lib.word_log_likelihood(outputs["logits"], targets, mask)
         log_likelihood = tf.reduce_sum(word_ll, axis=1)
@@ -157,6 +161,7 @@ class ShowAttendTell(ResumableModel):
                     word_ll,
                     outputs,
                     sampled,
+                    state,
                 )
             )
             terms["reward"] = log_likelihood
