@@ -288,12 +288,11 @@ def snapshot(folder):
     return files
 
 
-@pytest.mark.slow
 class ScriptTest(tf.test.TestCase):
-    """scripts/demo.py in a fresh process with its own HOME and TMPDIR (slow: a process
-    that imports TensorFlow; DemoTest runs the same server in this process)."""
-
+    @pytest.mark.slow
     def test_workdir_demo_writes_only_temporary_files(self):
+        # Slow: scripts/demo.py in a fresh process (TensorFlow imported again) with its
+        # own HOME and TMPDIR; DemoTest serves the same page in the test process.
         workdir, _ = exports()
         root = tempfile.mkdtemp(prefix="demo_script_")
         self.addCleanup(shutil.rmtree, root, ignore_errors=True)
