@@ -28,3 +28,28 @@ def pytest_xdist_make_scheduler(config, log):
             return "trained_run" if scope in SHARED_RUN_CLASSES else scope
 
     return Scheduling(config, log)
+
+
+# The classes that take longest (seconds on 2 cores), run first: pytest-xdist hands out
+# scopes in collection order, so with these at the end one worker would still be busy
+# with them long after the other has finished. Order within a class is kept; the rest of
+# the suite keeps its order after them. A stale entry only costs time.
+LONGEST_FIRST = (
+    "tests/train_lib_test.py::ResumeTest",  # two killed runs in child processes
+    "tests/demo_browser_test.py::BrowserTest",  # Chromium
+    *SHARED_RUN_CLASSES,  # the shared training run
+    "tests/export_test.py::ExportTest",  # an export, a fresh process loading it
+    "tests/api_test.py::CaptionerTest",  # the shipped preset on photos
+    "tests/distribute_test.py::MirroredTest",  # a child process with two CPU devices
+    "tests/demo_test.py::DemoTest",
+    "tests/allocator_test.py::CpuAllocatorTest",  # four processes importing TensorFlow
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {scope: i for i, scope in enumerate(LONGEST_FIRST)}
+
+    def key(item):
+        return rank.get(item.nodeid.rsplit("::", 1)[0], len(LONGEST_FIRST))
+
+    items.sort(key=key)

@@ -243,3 +243,13 @@ def test_classes_grouped_with_the_shared_run_are_the_ones_that_read_it():
             ):
                 readers.add(f"tests/{name}::{node.name}")
     assert readers == set(SHARED_RUN_CLASSES)
+
+
+def test_the_classes_run_first_exist():
+    from conftest import LONGEST_FIRST
+
+    for scope in LONGEST_FIRST:
+        path, name = scope.split("::")
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            classes = {n.name for n in ast.parse(f.read()).body if isinstance(n, ast.ClassDef)}
+        assert name in classes, scope
