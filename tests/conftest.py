@@ -7,13 +7,28 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-# The test classes that read fixtures.trained_run, the one training a test process does:
-# under `pytest -n N --dist loadscope` they go to the same worker, so the run is trained
-# once per session instead of once per worker that meets one of them.
-SHARED_RUN_CLASSES = (
-    "tests/scripts_test.py::CaptionEvaluateScriptTest",
-    "tests/train_lib_test.py::TrainAndEvaluateTest",
-)
+# Classes that share what a test process makes once (a `functools.cache` function of
+# theirs): under `pytest -n N --dist loadscope` each group goes to one worker, so it is
+# made once per session instead of once per worker that meets one of them. Group name:
+# (the function, the classes that call it); layout_test checks the lists.
+SCOPE_GROUPS = {
+    "trained_run": (
+        "trained_run",  # fixtures.trained_run: the shared training run
+        (
+            "tests/scripts_test.py::CaptionEvaluateScriptTest",
+            "tests/train_lib_test.py::TrainAndEvaluateTest",
+        ),
+    ),
+    "demo_exports": (
+        "exports",  # demo_test.exports: a tiny model exported greedy and beam 3
+        (
+            "tests/demo_browser_test.py::BrowserTest",
+            "tests/demo_test.py::DemoTest",
+            "tests/demo_test.py::ScriptTest",
+        ),
+    ),
+}
+_GROUP_OF = {scope: group for group, (_, scopes) in SCOPE_GROUPS.items() for scope in scopes}
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -25,7 +40,7 @@ def pytest_xdist_make_scheduler(config, log):
     class Scheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid):
             scope = super()._split_scope(nodeid)
-            return "trained_run" if scope in SHARED_RUN_CLASSES else scope
+            return _GROUP_OF.get(scope, scope)
 
     return Scheduling(config, log)
 
@@ -35,13 +50,12 @@ def pytest_xdist_make_scheduler(config, log):
 # with them long after the other has finished. Order within a class is kept; the rest of
 # the suite keeps its order after them. A stale entry only costs time.
 LONGEST_FIRST = (
-    "tests/train_lib_test.py::ResumeTest",  # two killed runs in child processes
-    "tests/demo_browser_test.py::BrowserTest",  # Chromium
-    *SHARED_RUN_CLASSES,  # the shared training run
+    "tests/train_lib_test.py::ResumeTest",  # a killed run in a child process, 3 in this one
+    *SCOPE_GROUPS["demo_exports"][1],  # two exports, Chromium
+    *SCOPE_GROUPS["trained_run"][1],  # the shared training run
     "tests/export_test.py::ExportTest",  # an export, a fresh process loading it
     "tests/api_test.py::CaptionerTest",  # the shipped preset on photos
     "tests/distribute_test.py::MirroredTest",  # a child process with two CPU devices
-    "tests/demo_test.py::DemoTest",
     "tests/allocator_test.py::CpuAllocatorTest",  # four processes importing TensorFlow
 )
 

@@ -225,12 +225,9 @@ def test_a_planted_loop_is_found(tmp_path):
     ]
 
 
-def test_classes_grouped_with_the_shared_run_are_the_ones_that_read_it():
-    # conftest.SHARED_RUN_CLASSES sends these to one pytest-xdist worker; a class that
-    # starts reading fixtures.trained_run, or stops, must be named there or removed.
-    from conftest import SHARED_RUN_CLASSES
-
-    readers = set()
+def _classes_calling(function):
+    """`tests/<file>::<class>` of every test class that calls `function` by name."""
+    callers = set()
     for name in sorted(os.listdir(os.path.join(ROOT, "tests"))):
         if not name.endswith("_test.py"):
             continue
@@ -238,11 +235,20 @@ def test_classes_grouped_with_the_shared_run_are_the_ones_that_read_it():
             tree = ast.parse(f.read())
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and any(
-                isinstance(n, ast.Call) and getattr(n.func, "id", None) == "trained_run"
+                isinstance(n, ast.Call) and getattr(n.func, "id", None) == function
                 for n in ast.walk(node)
             ):
-                readers.add(f"tests/{name}::{node.name}")
-    assert readers == set(SHARED_RUN_CLASSES)
+                callers.add(f"tests/{name}::{node.name}")
+    return callers
+
+
+def test_scope_groups_are_the_classes_that_share_their_function():
+    # conftest.SCOPE_GROUPS sends each group to one pytest-xdist worker; a class that
+    # starts calling the shared function, or stops, must be named there or removed.
+    from conftest import SCOPE_GROUPS
+
+    for group, (function, scopes) in SCOPE_GROUPS.items():
+        assert _classes_calling(function) == set(scopes), group
 
 
 def test_the_classes_run_first_exist():

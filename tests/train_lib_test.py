@@ -11,6 +11,7 @@ import sys
 from unittest import mock
 
 import keras
+import pytest
 import tensorflow as tf
 from fixtures import TINY, run_main, trained_run
 
@@ -187,12 +188,20 @@ class ResumeTest(tf.test.TestCase):
     """A hard-attention run of sat-train killed (SIGKILL, in a child process) at chosen
     steps; the same command resumes it and ends with the weights of an uninterrupted run.
 
-    Kills: mid-way through epoch 1 (after sampling started, before any backup), then at
-    the end of epoch 2 after its evaluation and best checkpoint, before its backup (the
-    resumed run redoes epoch 2). The uninterrupted and the resumed runs run in this
-    process."""
+    Kills: at the end of epoch 2 after its evaluation and best checkpoint, before its
+    backup (the resumed run redoes epoch 2); with the slow tests also, first, mid-way
+    through epoch 1 (after sampling started, before any backup). The uninterrupted and
+    the resumed runs run in this process."""
 
-    def test_killed_run_ends_as_an_uninterrupted_run(self):
+    def test_killed_after_validation_before_backup(self):
+        self._check_resume((("2:0", 1),))
+
+    @pytest.mark.slow
+    def test_killed_before_any_backup_then_after_validation(self):
+        # Slow: one more child process; the first kill leaves no backup to resume from.
+        self._check_resume((("1:5", 0), ("2:0", 1)))
+
+    def _check_resume(self, kills):
         root = self.get_temp_dir()
         data_dir = os.path.join(root, "data")
         epochs, steps = RESUME_EPOCHS, RESUME_STEPS
@@ -206,7 +215,7 @@ class ResumeTest(tf.test.TestCase):
 
         workdir = os.path.join(root, "killed")
         flags = _train_flags(workdir, data_dir)
-        for kill_at, backed_up in (("1:5", 0), ("2:0", 1)):
+        for kill_at, backed_up in kills:
             killed = subprocess.run(
                 [sys.executable, "-c", KILLED_RUN, kill_at, *flags],
                 env=env,
