@@ -176,6 +176,8 @@ class BrowserTest(absltest.TestCase):
             self.assertEqual(self.page.text("caption"), self.caption_of(f.read(), 3))
 
     def test_bad_files_get_one_line_and_the_page_goes_on(self):
+        # One bad file after another (each refusal replaces the last), then a photo: the
+        # page captions it and hides the message.
         for name, data, words in bad_uploads().values():
             path = os.path.join(self.root, name)
             with open(path, "wb") as f:
@@ -184,9 +186,9 @@ class BrowserTest(absltest.TestCase):
             message = self.page.text("message")
             self.assertNotIn("\n", message)
             self.assertIn(words if name != "large.bmp" else "large.bmp is 20.1 MB", message)
-            self.assertEqual(self.page.upload(self.photo), "done", name)
-            self.assertEqual(self.page.text("caption"), self.caption_of(self.photo_bytes))
-            self.assertFalse(self.driver.find_element(By.ID, "message").is_displayed())
+        self.assertEqual(self.page.upload(self.photo), "done")
+        self.assertEqual(self.page.text("caption"), self.caption_of(self.photo_bytes))
+        self.assertFalse(self.driver.find_element(By.ID, "message").is_displayed())
 
 
 def take_screenshot(export_dirs, photo_path, output, hover=1):
