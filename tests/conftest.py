@@ -7,6 +7,13 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
+from sat_tf.evaluation import java_tools  # noqa: E402  (after the environment above)
+
+# A test process scores splits minutes apart as often as seconds apart: it keeps METEOR's
+# Java process (1.1 GB) for the session instead of starting it again after each minute
+# idle, as a training run does between epochs.
+java_tools.METEOR_IDLE_SECONDS = 3600.0
+
 # Classes that share what a test process makes once (a `functools.cache` function of
 # theirs): under `pytest -n N --dist loadscope` each group goes to one worker, so it is
 # made once per session instead of once per worker that meets one of them. Group name:
@@ -56,7 +63,7 @@ LONGEST_FIRST = (
     "tests/export_test.py::ExportTest",  # an export, a fresh process loading it
     "tests/api_test.py::CaptionerTest",  # the shipped preset on photos
     "tests/distribute_test.py::MirroredTest",  # a child process with two CPU devices
-    "tests/allocator_test.py::CpuAllocatorTest",  # four processes importing TensorFlow
+    "tests/allocator_test.py::CpuAllocatorTest",  # processes importing TensorFlow
 )
 
 
