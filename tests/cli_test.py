@@ -218,6 +218,24 @@ class FlagfileTest(tf.test.TestCase):
             lite = [x.strip() for x in f if x.strip() and not x.startswith("#")]
         self.assertEqual(expanded, [*lite, "--encoder=efficientnet_lite0_head_dilated", "--seed=3"])
 
+    def test_every_shipped_flagfile_is_a_valid_config(self):
+        from absl import flags
+
+        configs = {}
+        for name in sorted(os.listdir(os.path.join(ROOT, "configs"))):
+            if name.endswith(".flags"):
+                values = flags.FlagValues()
+                flags_lib.define_config_flags(values)
+                values(["sat-train", *flags_lib.expand_flagfiles([f"--flagfile={name}"])])
+                configs[name] = flags_lib.config_from_flags(values)
+        self.assertIn("coco.flags", configs)
+        hard = configs["flickr8k_grid14_hard.flags"]
+        soft = configs["flickr8k_grid14.flags"]
+        self.assertEqual(
+            (hard.attention, hard.epochs, soft.attention, soft.epochs), ("hard", 10, "soft", 6)
+        )
+        self.assertEqual(hard.encoder, soft.encoder)
+
     def test_flagfile_without_absl_lookup_reads_the_same(self):
         # A flagfile given by its path: the lookup is not involved; absl alone agrees.
         path = os.path.join(self.dir, "run.flags")
