@@ -228,10 +228,11 @@ class AttentionDecoder(keras.layers.Layer):
         word_gates = tf.transpose(self.lstm_embed(embedded), [1, 0, 2])  # (T, B, 4n)
         if state is None:
             state = self.initial_state(features)
+        if gumbel_noise is not None:
+            # Time-major (T, B, L), as both schedules read it one step at a time.
+            gumbel_noise = tf.transpose(tf.cast(gumbel_noise, tf.float32), [1, 0, 2])
         if self.uses_recurrence() and not autodiff:
             hard = self.attention == "hard"
-            if gumbel_noise is not None:
-                gumbel_noise = tf.transpose(tf.cast(gumbel_noise, tf.float32), [1, 0, 2])
             # `_read` casts to the compute dtype: one dtype for every input, also when
             # only this layer has a mixed policy and its sublayers compute in float32.
             hs, zs, alphas, *wheres = recurrence.attention_recurrence(
@@ -263,7 +264,8 @@ class AttentionDecoder(keras.layers.Layer):
         )
 
     def _autodiff_loop(self, embedded, word_gates, state, training, gumbel_noise, use_expected):
-        """`call` through a `tf.while_loop` that autodiff differentiates."""
+        """`call` through a `tf.while_loop` that autodiff differentiates (`gumbel_noise`
+        time-major, (T, B, L))."""
         steps = tf.shape(word_gates)[0]
         features, projected = state["features"], state.get("projected")
         hard = self.attention == "hard"
@@ -272,8 +274,6 @@ class AttentionDecoder(keras.layers.Layer):
         gate_bias = self._gate_bias()
         context_kernel = self._read(self.lstm_context.kernel)
         score = self._score_fn()
-        if gumbel_noise is not None:
-            gumbel_noise = tf.transpose(tf.cast(gumbel_noise, tf.float32), [1, 0, 2])  # (T, B, L)
 
         def body(t, h, c, hs, zs, alphas, *hard_arrays):
             noise = gumbel_noise[t] if gumbel_noise is not None else None
