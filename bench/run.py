@@ -455,8 +455,8 @@ def case_train_step(p, attention, score, jit, policy="float32", schedule="fused"
     return report
 
 
-def train_step_cases(p, names=tuple(TRAIN_CASES)):
-    """The cases `names` of TRAIN_CASES at every size of TRAIN_SHAPES, each case of
+def train_step_cases(p, names=None):
+    """The cases `names` (None: all) of TRAIN_CASES at every size of TRAIN_SHAPES, each case of
     SPEEDUP_BASELINES with its speed-up over those of its baselines that ran, measured
     in the same run."""
     results = {}
@@ -464,7 +464,7 @@ def train_step_cases(p, names=tuple(TRAIN_CASES)):
         shape_p = {**p, **sizes} if p is FULL else p
         cases = results[shape_name] = {"sizes": {k: shape_p[k] for k in DECODER_SIZES}}
         for name, settings in TRAIN_CASES.items():
-            if name not in names:
+            if names is not None and name not in names:
                 continue
             cases[name] = guarded(
                 lambda sp=shape_p, s=settings, n=name: case_train_step(
@@ -1022,7 +1022,7 @@ def run(quick, only=CASES, preset_name=None, data_dir=FLICKR8K, limit=0, train_c
         cases["matmul"] = guarded(lambda: case_matmul(p))
     train = {}
     if "train_step" in only:
-        train = cases["train_step"] = train_step_cases(p, train_cases or tuple(TRAIN_CASES))
+        train = cases["train_step"] = train_step_cases(p, train_cases)
         cases["peak_rss_mb_after_train_step"] = peak_rss_mb()
     bandwidth = None
     if "memory_bandwidth" in only:
