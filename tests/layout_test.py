@@ -225,21 +225,28 @@ def test_a_planted_loop_is_found(tmp_path):
     ]
 
 
-def _classes_calling(function):
-    """`tests/<file>::<class>` of every test class that calls `function` by name."""
-    callers = set()
+def _test_classes():
+    """(`tests/<file>::<class>`, its `ast.ClassDef`) of every class in the test files."""
     for name in sorted(os.listdir(os.path.join(ROOT, "tests"))):
         if not name.endswith("_test.py"):
             continue
         with open(os.path.join(ROOT, "tests", name), encoding="utf-8") as f:
             tree = ast.parse(f.read())
         for node in tree.body:
-            if isinstance(node, ast.ClassDef) and any(
-                isinstance(n, ast.Call) and getattr(n.func, "id", None) == function
-                for n in ast.walk(node)
-            ):
-                callers.add(f"tests/{name}::{node.name}")
-    return callers
+            if isinstance(node, ast.ClassDef):
+                yield f"tests/{name}::{node.name}", node
+
+
+def _classes_calling(function):
+    """The test classes that call `function` by name."""
+    return {
+        scope
+        for scope, node in _test_classes()
+        if any(
+            isinstance(n, ast.Call) and getattr(n.func, "id", None) == function
+            for n in ast.walk(node)
+        )
+    }
 
 
 def test_scope_groups_are_the_classes_that_share_their_function():
@@ -254,8 +261,5 @@ def test_scope_groups_are_the_classes_that_share_their_function():
 def test_the_classes_run_first_exist():
     from conftest import LONGEST_FIRST
 
-    for scope in LONGEST_FIRST:
-        path, name = scope.split("::")
-        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
-            classes = {n.name for n in ast.parse(f.read()).body if isinstance(n, ast.ClassDef)}
-        assert name in classes, scope
+    missing = set(LONGEST_FIRST) - {scope for scope, _ in _test_classes()}
+    assert not missing, missing
