@@ -246,8 +246,8 @@ class Captioner:
 
     def attention_figure(self, caption: Caption, path: str | None = None) -> np.ndarray:
         """The picture of where the model looked for every word (paper Fig. 3): the image,
-        then a panel per word; for a hard-attention model each panel outlines the cell it
-        attended to (`sat_tf.evaluation.visualize.attention_figure`).
+        then a panel per word; for hard attention decoded at argmax α each panel outlines
+        the cell it read (`sat_tf.evaluation.visualize.attention_figure`).
 
         Args:
           caption: a `Caption` of this captioner.
@@ -258,7 +258,7 @@ class Captioner:
         """
         alphas = caption.attention.reshape(len(caption.attention), -1)  # (M, L)
         shown, points = visualize.caption_panels(
-            caption.words, alphas, self.config.attention == "hard"
+            caption.words, alphas, self.config.decodes_at_a_cell
         )
         return visualize.attention_figure(
             caption.image, shown, alphas, self.grid, hard_points=points, path=path

@@ -17,6 +17,7 @@ from sat_tf import files
 DATASETS = ("shapes", "flickr8k", "flickr30k", "coco", "coco_captions_tfds")
 ATTENTIONS = ("soft", "hard", "none")
 ATTENTION_SCORES = ("additive", "dot")
+HARD_DECODINGS = ("argmax", "expected")
 CHOICES = {
     "dataset": DATASETS,
     "attention": ATTENTIONS,
@@ -28,6 +29,7 @@ CHOICES = {
     "on_missing": ("error", "skip"),
     "reinforce_reward": ("sequence", "to_go"),
     "reinforce_baseline": ("moving_average", "argmax"),
+    "hard_decoding": HARD_DECODINGS,
 }
 
 # The settings that decide the model's weights: a workdir or a preset made with other
@@ -61,6 +63,7 @@ HARD_ONLY = (
     "hard_mix_prob",
     "hard_warmup_steps",
     "hard_gate",
+    "hard_decoding",
 )
 
 
@@ -79,6 +82,12 @@ class Config:
     num_val: int = _field(1000, "shapes: number of validation images.")
     num_test: int = _field(1000, "shapes: number of test images.")
     seed: int = _field(0, "Seed for data generation, shuffling, initialisation, sampling.")
+    init_from: str = _field(
+        "",
+        "A finished workdir whose best weights this run starts from instead of fresh ones "
+        "(its model settings but the attention must be this run's), e.g. hard attention from "
+        "a converged soft model; '' = fresh weights.",
+    )
 
     vocab_size: int = _field(10000, "Most frequent training words kept (paper 5.1).")
     max_caption_length: int = _field(40, "Longer training captions are cut to this many words.")
@@ -144,6 +153,12 @@ class Config:
         "(paper 4.2.1; the original code's `selector` gates both); false = the paper's "
         "hard model.",
     )
+    hard_decoding: str = _field(
+        "expected",
+        "Hard attention: the context when captioning: the annotation at argmax alpha "
+        "(argmax) or the expected one, sum_i alpha_i a_i (expected, the original code's "
+        "test-time default).",
+    )
 
     optimizer: str = _field("adam", "Optimizer: adam (Flickr30k, COCO) or rmsprop (Flickr8k).")
     learning_rate: float = _field(2e-3, "Peak learning rate.")
@@ -171,6 +186,11 @@ class Config:
 
     def __post_init__(self):
         self.validate()
+
+    @property
+    def decodes_at_a_cell(self) -> bool:
+        """Whether captioning reads one cell per word: hard attention at argmax alpha."""
+        return self.attention == "hard" and self.hard_decoding == "argmax"
 
     @property
     def effective_crop_fraction(self) -> float:
@@ -233,6 +253,8 @@ class Config:
         if isinstance(values, dict) and values.get("attention") == "hard":
             # Written before `hard_gate` existed: that hard attention had no gate.
             values.setdefault("hard_gate", False)
+            # Written before `hard_decoding` existed: that hard attention decoded at argmax.
+            values.setdefault("hard_decoding", "argmax")
         return cls.from_dict(values)
 
     def save(self, path: str) -> None:

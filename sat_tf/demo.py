@@ -127,8 +127,12 @@ class Captioner:
 
     @property
     def hard(self) -> bool:
-        """Whether the model uses hard attention (it then attends at the argmax cell)."""
-        return self.info.get("config", {}).get("attention") == "hard"
+        """Whether the model reads one cell per word: hard attention decoded at argmax α
+        (an export made before `hard_decoding` existed always was)."""
+        config = self.info.get("config", {})
+        return (
+            config.get("attention") == "hard" and config.get("hard_decoding", "argmax") == "argmax"
+        )
 
     def __call__(self, data: bytes, name: str) -> dict:
         """Captions one encoded image with `serving_default`.

@@ -208,6 +208,17 @@ class FileTest(parameterized.TestCase):
         Config(attention="hard").save(path)
         self.assertIs(Config.load(path).hard_gate, True)
 
+    def test_hard_config_without_decoding_key_decoded_at_argmax(self):
+        path = os.path.join(self.dir, "config.json")
+        for attention, decoding in (("hard", "argmax"), ("soft", "expected")):
+            values = dataclasses.asdict(Config(attention=attention))
+            del values["hard_decoding"]
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(values, f)
+            self.assertEqual(Config.load(path).hard_decoding, decoding)
+        Config(attention="hard").save(path)
+        self.assertEqual(Config.load(path).hard_decoding, "expected")
+
     def test_unknown_key_is_named(self):
         path = os.path.join(self.dir, "config.json")
         with open(path, "w", encoding="utf-8") as f:

@@ -21,8 +21,9 @@ def _inputs(seed=0):
     return features, captions
 
 
-def _decoder(attention, score, dropout=0.0, seed=0, hard_gate=False):
-    """A built decoder whose weights (biases too) are random, so none of them is 0."""
+def _decoder(attention, score, dropout=0.0, seed=0, hard_gate=False, hard_decoding="argmax"):
+    """A built decoder whose weights (biases too) are random, so none of them is 0.
+    Hard attention decodes at argmax unless told: `_numpy_decode` without noise does."""
     decoder = AttentionDecoder(
         VOCAB,
         embed_dim=EMBED,
@@ -32,6 +33,7 @@ def _decoder(attention, score, dropout=0.0, seed=0, hard_gate=False):
         attention_score=score,
         dropout=dropout,
         hard_gate=hard_gate,
+        hard_decoding=hard_decoding,
         name="decoder",
     )
     decoder.build((None, LOCATIONS, FEATURES))
@@ -176,6 +178,27 @@ class AttentionDecoderTest(tf.test.TestCase, parameterized.TestCase):
             log_probs, state, alpha = decoder.step(captions[:, t], state)
             self.assertAllClose(log_probs, _log_softmax(expected["logits"][:, t]), atol=1e-4)
             self.assertAllClose(alpha, expected["alpha"][:, t], atol=1e-5)
+
+    @parameterized.product(score=SCORES, hard_gate=(False, True))
+    def test_hard_step_decodes_with_the_expected_context(self, score, hard_gate):
+        # hard_decoding="expected" reads sum_i alpha_i a_i (gated when hard_gate) at every
+        # step: the training pass of a caption drawn to use the expected context.
+        features, captions = _inputs(seed=7)
+        decoder = _decoder("hard", score, seed=7, hard_gate=hard_gate, hard_decoding="expected")
+        every = np.ones(BATCH, dtype=bool)
+        expected = _numpy_decode(decoder, features, captions, use_expected=every)
+        at_argmax = _numpy_decode(decoder, features, captions)
+        state = decoder.initial_state(features)
+        for t in range(STEPS):
+            log_probs, state, alpha = decoder.step(captions[:, t], state)
+            self.assertAllClose(log_probs, _log_softmax(expected["logits"][:, t]), atol=1e-4)
+            self.assertAllClose(alpha, expected["alpha"][:, t], atol=1e-5)
+        # The two rules give other words here, so the check above tells them apart.
+        self.assertGreater(np.abs(expected["logits"] - at_argmax["logits"]).max(), 1e-2)
+
+    def test_unknown_hard_decoding_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "hard_decoding='sample' is not one of"):
+            AttentionDecoder(VOCAB, attention="hard", hard_decoding="sample")
 
     @parameterized.product(attention=ATTENTIONS, score=SCORES)
     def test_call_matches_step(self, attention, score):

@@ -53,8 +53,9 @@ TINY = dict(
 )
 
 
-# The shared run of `trained_run`: hard attention, so that its pictures outline a cell.
-TRAINED = {**TINY, "attention": "hard"}
+# The shared run of `trained_run`: hard attention decoded at argmax, so that its pictures
+# outline a cell.
+TRAINED = {**TINY, "attention": "hard", "hard_decoding": "argmax"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import tempfile
+import types
 
 import numpy as np
 from absl import flags
@@ -173,6 +174,39 @@ class FlagsLibTest(parameterized.TestCase):
         )
 
 
+class HardDecodingOverrideTest(absltest.TestCase):
+    """--hard_decoding of the scripts that load a model (`hard_decoding_override`)."""
+
+    def _values(self, *args):
+        values = flags.FlagValues()
+        flags_lib.define_model_source(values)
+        values(["prog", *args])
+        return values
+
+    def test_changes_a_hard_model_before_it_captions(self):
+        model = types.SimpleNamespace(decoder=types.SimpleNamespace(hard_decoding="expected"))
+        config = Config(attention="hard")
+        new, value = flags_lib.hard_decoding_override(
+            self._values("--hard_decoding=argmax"), model, config
+        )
+        self.assertEqual((new, value), (Config(attention="hard", hard_decoding="argmax"), "argmax"))
+        self.assertEqual(model.decoder.hard_decoding, "argmax")
+
+    def test_the_models_own_value_or_none_changes_nothing(self):
+        for args in ((), ("--hard_decoding=expected",)):
+            config = Config(attention="hard")
+            got = flags_lib.hard_decoding_override(self._values(*args), None, config)
+            self.assertEqual(got, (config, None))
+
+    def test_refused_for_soft_attention(self):
+        with self.assertRaisesRegex(
+            ValueError, r"^--hard_decoding=argmax is a setting of hard attention; this model has "
+        ):
+            flags_lib.hard_decoding_override(
+                self._values("--hard_decoding=argmax"), None, Config(attention="soft")
+            )
+
+
 class TrainScriptTest(parameterized.TestCase):
     """Runs scripts/train.py's command on bad flags, and for --helpfull."""
 
@@ -312,6 +346,7 @@ class CaptionEvaluateScriptTest(parameterized.TestCase):
             "missing": ("caption.py", [cls.bad["missing"], workdir]),
             "not_an_image": ("caption.py", [cls.bad["not_an_image"], workdir]),
             "evaluate": ("evaluate.py", [workdir]),
+            "evaluate_expected": ("evaluate.py", [workdir, "--hard_decoding=expected"]),
         }
         cls.results = _run_scripts(runs, cls.dir)
 
@@ -419,11 +454,27 @@ class CaptionEvaluateScriptTest(parameterized.TestCase):
         self.assertIn("| Model | BLEU-1 | BLEU-2 | BLEU-3 | BLEU-4 | METEOR |", table)
         rows = [line for line in table.splitlines() if line.startswith("| this model")]
         self.assertLen(rows, 2)
-        self.assertIn("hard attention, additive, beam 1", rows[0])
+        self.assertIn("hard attention, argmax context, additive, beam 1", rows[0])
         paper, coco = ([c.strip() for c in row.split("|")[2:6]] for row in rows)
         for k in range(4):
             self.assertEqual(paper[k], f"{100 * scores[f'paper BLEU-{k + 1} (no BP)']:.1f}")
             self.assertEqual(coco[k], f"{100 * scores[f'BLEU-{k + 1}']:.1f}")
+
+    def test_evaluate_with_the_other_hard_decoding_writes_its_own_files(self):
+        # The run decodes at argmax; --hard_decoding=expected names its results apart, so
+        # the run's own stay as evaluate.py wrote them.
+        self._ok("evaluate_expected")
+        own = self._read_json("metrics_test.json")
+        printed = json.loads(re.search(r"^\{$.*^\}$", self.train_stdout, re.M | re.S)[0])
+        self.assertEqual(own["BLEU-4"], printed["BLEU-4"])
+        scores = self._read_json("metrics_test_expected.json")
+        self.assertBetween(scores["BLEU-4"], 0.0, 1.0)
+        captions = self._read_json("captions_test_expected.json")
+        self.assertCountEqual([r["image_id"] for r in captions], list(self.references))
+        with open(os.path.join(self.workdir, "table_test_expected.md"), encoding="utf-8") as f:
+            self.assertIn(
+                "| this model (hard attention, expected context, additive, beam 1)", f.read()
+            )
 
     def test_evaluate_bleu4_recomputed_from_the_written_captions(self):
         # nltk's corpus_bleu and coco-caption's BLEU differ for an n-gram order without

@@ -28,7 +28,15 @@ def _batch(seed=0):
     }
 
 
-def _model(attention="soft", score="additive", dropout=0.0, seed=0, alpha_c=0.0, **reinforce):
+def _model(
+    attention="soft",
+    score="additive",
+    dropout=0.0,
+    seed=0,
+    alpha_c=0.0,
+    hard_decoding="expected",
+    **reinforce,
+):
     decoder = AttentionDecoder(
         VOCAB,
         embed_dim=WIDTH,
@@ -37,6 +45,7 @@ def _model(attention="soft", score="additive", dropout=0.0, seed=0, alpha_c=0.0,
         attention=attention,
         attention_score=score,
         dropout=dropout,
+        hard_decoding=hard_decoding,
         name="decoder",
     )
     model = ShowAttendTell(
@@ -427,17 +436,22 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
             beam = model.generate(batch, max_length=6, beam_size=3)
             self.assertAllGreaterEqual(beam.log_prob - greedy.log_prob, -1e-5)
 
-    @parameterized.parameters(*ATTENTIONS)
-    def test_beam_search_scores_match_teacher_forcing(self, attention):
+    @parameterized.parameters(
+        ("soft", "expected"), ("none", "expected"), ("hard", "argmax"), ("hard", "expected")
+    )
+    def test_beam_search_scores_match_teacher_forcing(self, attention, hard_decoding):
         batch = _batch(seed=5)
-        model = _model(attention)
+        model = _model(attention, hard_decoding=hard_decoding)
         rng = np.random.default_rng(5)
         for w in model.trainable_weights:
             w.assign(rng.normal(size=w.shape).astype(np.float32))
         result = model.generate(batch, max_length=5, beam_size=3)
         tokens = result.tokens.numpy()
         captions = np.concatenate([np.full((2, 1), START, np.int32), tokens], axis=1)
-        outputs = model({"features": batch["features"], "caption": captions})
+        # Teacher forcing reads what decoding read: hard attention's argmax cell, or the
+        # expected context, which a caption drawn to use it gets.
+        every = np.ones(2, bool) if (attention, hard_decoding) == ("hard", "expected") else None
+        outputs = model.decoder(batch["features"], captions[:, :-1], use_expected=every)
         log_likelihood = _numpy_log_likelihood(outputs["logits"].numpy(), captions)
         self.assertAllClose(result.log_prob, log_likelihood, atol=1e-4)
         emitted = (tokens != 0)[..., None]

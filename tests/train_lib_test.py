@@ -13,7 +13,7 @@ from unittest import mock
 import keras
 import pytest
 import tensorflow as tf
-from fixtures import TINY, run_main, trained_run
+from fixtures import TINY, TRAINED, run_main, trained_run
 
 from sat_tf.cli import train as train_cli
 from sat_tf.config import Config
@@ -31,6 +31,7 @@ class TrainAndEvaluateTest(tf.test.TestCase):
         super().setUpClass()
         run = trained_run()
         cls.workdir, cls.config, cls.scores = run.workdir, run.config, run.scores
+        cls.data_dir = run.data_dir
 
     def test_prints_the_test_metrics(self):
         for key in (
@@ -50,6 +51,29 @@ class TrainAndEvaluateTest(tf.test.TestCase):
             self.assertTrue(os.path.exists(os.path.join(self.workdir, name)), name)
         history = workdir_lib.read_history(os.path.join(self.workdir, "val_history.json"))
         self.assertEqual([h["epoch"] for h in history], [1])
+
+    def test_init_from_starts_from_another_workdirs_weights(self):
+        # One step at a learning rate too small to move them: the new run's trained
+        # weights are the shared run's, which fresh ones could not be. (Statistics that
+        # training updates whatever the rate, such as the baselines, move.)
+        workdir = os.path.join(self.get_temp_dir(), "continued")
+        flags = [f"--{k}={v}" for k, v in {**TRAINED, "steps_per_epoch": 1}.items()]
+        code, _, stderr = run_main(
+            train_cli.main,
+            "sat-train",
+            f"--workdir={workdir}",
+            f"--data_dir={self.data_dir}",
+            f"--init_from={self.workdir}",
+            "--learning_rate=1e-12",
+            *flags,
+        )
+        self.assertEqual(code, 0, stderr[-3000:])
+        self.assertIn(f"starting from the best weights of {self.workdir}", stderr)
+        continued, _, _ = workdir_lib.load_trained(workdir)
+        shared, _, _ = workdir_lib.load_trained(self.workdir)
+        pairs = zip(continued.trainable_weights, shared.trainable_weights, strict=True)
+        for got, want in pairs:
+            self.assertAllClose(got, want, atol=1e-6, rtol=0)
 
     def test_trained_steps_and_reload(self):
         model, vocab, config = workdir_lib.load_trained(self.workdir)

@@ -20,7 +20,14 @@ import os
 from absl import flags
 
 from sat_tf import files, preset
-from sat_tf.cli.flags_lib import define_model_source, define_override, model_source, override, run
+from sat_tf.cli.flags_lib import (
+    define_model_source,
+    define_override,
+    hard_decoding_override,
+    model_source,
+    override,
+    run,
+)
 from sat_tf.evaluation import metrics
 from sat_tf.training import prepare, publish, scoring
 from sat_tf.training import workdir as workdir_lib
@@ -56,22 +63,33 @@ def _main(argv):
     if kind == "workdir":
         model, vocab, config = workdir_lib.load_trained(source)
         config = _with_data_dir(config)
+        config, hard_decoding = hard_decoding_override(FLAGS, model, config)
         output_dir = FLAGS.output_dir or source
         scoring.check_output_dir(output_dir, config)
         os.makedirs(output_dir, exist_ok=True)
         data = prepare.prepare_data(config, source)
-        scores = scoring.evaluate(model, data, config, output_dir, FLAGS.split, beam_size)
+        scores = scoring.evaluate(
+            model, data, config, output_dir, FLAGS.split, beam_size, hard_decoding=hard_decoding
+        )
     else:
         model, vocab, config = preset.load(source)
         metadata = preset.read_metadata(preset.resolve(source))
         config = _with_data_dir(config)
+        config, hard_decoding = hard_decoding_override(FLAGS, model, config)
         output_dir = FLAGS.output_dir or os.path.join("runs", "presets", metadata["name"])
-        scores = scoring.evaluate_images(model, vocab, config, output_dir, FLAGS.split, beam_size)
-        stored = publish.stored_scores(metadata, beam_size or config.beam_size, FLAGS.split)
+        scores = scoring.evaluate_images(
+            model, vocab, config, output_dir, FLAGS.split, beam_size, hard_decoding
+        )
+        if hard_decoding is None:
+            stored = publish.stored_scores(metadata, beam_size or config.beam_size, FLAGS.split)
     beam = beam_size or config.beam_size
-    name = f"this model ({config.attention} attention, {config.attention_score}, beam {beam})"
+    decoding = f", {config.hard_decoding} context" if config.attention == "hard" else ""
+    name = (
+        f"this model ({config.attention} attention{decoding}, {config.attention_score}, "
+        f"beam {beam})"
+    )
     table = metrics.format_table1(scores, config.dataset, name)
-    table_name = scoring.result_name("table", FLAGS.split, config, beam_size, ".md")
+    table_name = scoring.result_name("table", FLAGS.split, config, beam_size, ".md", hard_decoding)
     files.write_text(os.path.join(output_dir, table_name), table)
     print(json.dumps(scores, indent=2, sort_keys=True))
     print(table)

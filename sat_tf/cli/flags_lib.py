@@ -11,12 +11,14 @@ read by absl; a name not found from the working directory is looked up in the pr
 flag in it stops the command with a one-line error naming the flag.
 """
 
+import dataclasses
 import os
 import sys
 
 from absl import app, flags
 
 from sat_tf import config as config_lib
+from sat_tf.config import HARD_DECODINGS
 
 # The repository root: configs/ holds the project's flagfiles (an editable install, or a
 # checkout run through scripts/).
@@ -125,7 +127,15 @@ def override(flag_values, name):
 
 def define_model_source(flag_values=flags.FLAGS):
     """The flags --workdir and --preset, of which a script that loads a trained model
-    takes exactly one (`load_model`)."""
+    takes exactly one (`load_model`), and --hard_decoding (`hard_decoding_override`)."""
+    flags.DEFINE_enum(
+        "hard_decoding",
+        None,
+        list(HARD_DECODINGS),
+        "Hard attention: the context when captioning (argmax or expected); left out: the "
+        "trained model's own --hard_decoding.",
+        flag_values=flag_values,
+    )
     flags.DEFINE_string(
         "workdir",
         None,
@@ -160,15 +170,41 @@ def model_source(flag_values):
     return ("workdir", workdir) if workdir else ("preset", source)
 
 
+def hard_decoding_override(flag_values, model, config):
+    """Applies --hard_decoding to a loaded model before it captions anything.
+
+    Returns:
+      (config with the value, the value) when it differs from the model's own; else
+      (config, None).
+
+    Raises:
+      ValueError: for --hard_decoding with a model without hard attention.
+    """
+    value = flag_values["hard_decoding"].value
+    if value is None or value == config.hard_decoding:
+        return config, None
+    if config.attention != "hard":
+        raise ValueError(
+            f"--hard_decoding={value} is a setting of hard attention; this model has "
+            f"{config.attention} attention: leave it out"
+        )
+    model.decoder.hard_decoding = value
+    return dataclasses.replace(config, hard_decoding=value), value
+
+
 def load_model(flag_values):
-    """(model, vocab, config) of the workdir or preset the flags name (`model_source`)."""
+    """(model, vocab, config) of the workdir or preset the flags name (`model_source`),
+    with --hard_decoding applied (`hard_decoding_override`)."""
     from sat_tf import preset
     from sat_tf.training import workdir as workdir_lib
 
     kind, source = model_source(flag_values)
     if kind == "workdir":
-        return workdir_lib.load_trained(source)
-    return preset.load(source)
+        model, vocab, config = workdir_lib.load_trained(source)
+    else:
+        model, vocab, config = preset.load(source)
+    config, _ = hard_decoding_override(flag_values, model, config)
+    return model, vocab, config
 
 
 def _error(e):

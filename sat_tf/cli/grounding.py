@@ -72,6 +72,8 @@ def _model_captioner(beam_size):
     )
     config = captioner.config
     about = {"attention": config.attention, "beam_size": beam_size or config.beam_size}
+    if config.attention == "hard":
+        about["hard_decoding"] = config.hard_decoding
     return caption_batch, geometry, about
 
 
@@ -128,6 +130,11 @@ def _main(argv):
     if FLAGS.num_photos:
         photos = photos[: FLAGS.num_photos]
     if FLAGS.export:
+        if FLAGS.hard_decoding:
+            raise ValueError(
+                f"--export={FLAGS.export} decodes as its graph was exported; leave out "
+                f"--hard_decoding={FLAGS.hard_decoding} or export again with it"
+            )
         caption_batch, geometry, about = _export_captioner(FLAGS.export, beam_size)
     else:
         caption_batch, geometry, about = _model_captioner(beam_size)

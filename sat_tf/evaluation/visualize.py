@@ -172,8 +172,8 @@ def caption_panels(
       words: the caption's words, without `<end>`.
       alphas: (T, L) the attention map of each emitted token; a caption cut at the
         length limit has no `<end>` and no map for it.
-      hard: the model uses hard attention, which attends at the argmax cell at
-        inference (paper §4.1).
+      hard: the model reads the argmax cell of each map (hard attention decoded at
+        argmax, paper §4.1).
 
     Returns:
       (the words and `<end>`, one per map; the argmax cell of each map, or None).

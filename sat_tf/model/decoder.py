@@ -3,7 +3,7 @@
 One step, given the previous word y_{t-1}, state (h_{t-1}, c_{t-1}) and annotations a:
   e_t = f_att(a, h_{t-1});  alpha_t = softmax(e_t)
   z_t = beta_t * sum_i alpha_ti a_i                      (soft, beta_t = sigmoid(f_beta(h)))
-  z_t = a_{s_t},  s_t ~ Multinoulli(alpha_t)              (hard; argmax at inference)
+  z_t = a_{s_t},  s_t ~ Multinoulli(alpha_t)              (hard; at inference `hard_decoding`)
   z_t = beta_t * a_{s_t}                                  (hard with `hard_gate`)
   z_t = mean_i a_i                                        (none: the no-attention ablation)
   i, f, o, g = split(W_e E y_{t-1} + U h_{t-1} + Z z_t + b)
@@ -23,7 +23,7 @@ ablation and float16 run the autodiff loop.
 import keras
 import tensorflow as tf
 
-from sat_tf.config import ATTENTIONS
+from sat_tf.config import ATTENTIONS, HARD_DECODINGS
 from sat_tf.model import attention as attention_lib
 from sat_tf.model import recurrence, step
 
@@ -43,6 +43,10 @@ class AttentionDecoder(keras.layers.Layer):
       hard_gate: hard attention only: scale the sampled annotation by the gate
         beta_t = sigmoid(f_beta(h_{t-1})) that soft attention has (paper §4.2.1), so the
         decoder can turn a glimpse down without moving where it looks.
+      hard_decoding: hard attention only: the context when captioning (`step`):
+        "argmax", the annotation at argmax_i alpha_ti, or "expected", sum_i alpha_ti a_i
+        (docs/design.md §1.4). Teacher forcing without noise (the argmax baseline,
+        validation loss) always attends at the argmax.
     """
 
     def __init__(
@@ -55,6 +59,7 @@ class AttentionDecoder(keras.layers.Layer):
         attention_score="additive",
         dropout=0.2,
         hard_gate=False,
+        hard_decoding="expected",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -70,6 +75,9 @@ class AttentionDecoder(keras.layers.Layer):
         self.attention_score = attention_score
         self.dropout = dropout
         self.hard_gate = bool(hard_gate) and attention == "hard"
+        if hard_decoding not in HARD_DECODINGS:
+            raise ValueError(f"hard_decoding={hard_decoding!r} is not one of {HARD_DECODINGS}")
+        self.hard_decoding = hard_decoding
 
         self.embedding = keras.layers.Embedding(vocab_size, embed_dim, name="embedding")
         self.init_h = keras.layers.Dense(hidden_dim, activation="tanh", name="init_h")
@@ -142,6 +150,11 @@ class AttentionDecoder(keras.layers.Layer):
             return attention_lib.hard_attend(gumbel_noise, use_expected)
         return attention_lib.soft_attend
 
+    def _decoding_attend_fn(self):
+        if self.attention == "hard" and self.hard_decoding == "argmax":
+            return attention_lib.hard_attend()
+        return attention_lib.soft_attend
+
     def initial_state(self, features):
         """State before the first word (paper eq. 5).
 
@@ -167,7 +180,7 @@ class AttentionDecoder(keras.layers.Layer):
 
         The projections of h_{t-1} run as one product per kernel: at batch 1 joining the
         kernels on every call would copy them, which costs as much as the products.
-        Hard attention attends at `argmax_i alpha_ti` (docs/design.md §1.4).
+        Hard attention attends as `hard_decoding` says (docs/design.md §1.4).
 
         Args:
           tokens: (B,) int32 previous words.
@@ -189,7 +202,7 @@ class AttentionDecoder(keras.layers.Layer):
             state.get("projected"),
             self._read(self.lstm_context.kernel),
             self._score_fn(),
-            self._attend_fn(),
+            self._decoding_attend_fn(),
         )
         log_probs = tf.nn.log_softmax(tf.cast(self._logits(embedded, out.h, out.z), tf.float32))
         return log_probs, {**state, "h": out.h, "c": out.c}, out.alpha
@@ -348,4 +361,5 @@ class AttentionDecoder(keras.layers.Layer):
             "attention_score": self.attention_score,
             "dropout": self.dropout,
             "hard_gate": self.hard_gate,
+            "hard_decoding": self.hard_decoding,
         }

@@ -304,6 +304,7 @@ DECODER_FIELDS = (
     "attention_score",
     "dropout",
     "hard_gate",
+    "hard_decoding",
 )
 
 

@@ -77,8 +77,9 @@ class EvaluationCallback(keras.callbacks.Callback):
         crop = self.config.effective_crop_fraction
         image = image_io.decode_image(data, self.config.image_size, crop)
         image = np.clip(image.numpy(), 0, 255).astype(np.uint8)
-        hard = self.config.attention == "hard"
-        words, points = visualize.caption_panels(res["words"], res["alpha"], hard)
+        words, points = visualize.caption_panels(
+            res["words"], res["alpha"], self.config.decodes_at_a_cell
+        )
         return visualize.attention_figure(image, words, res["alpha"], self.grid, hard_points=points)
 
 

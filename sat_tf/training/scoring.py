@@ -120,12 +120,19 @@ def score_captions(records, results, objects=None, grid=(14, 14), image_size=112
 
 
 def evaluate(
-    model, data: Data, config: Config, workdir: str, split="test", beam_size=None, encoder=None
+    model,
+    data: Data,
+    config: Config,
+    workdir: str,
+    split="test",
+    beam_size=None,
+    encoder=None,
+    hard_decoding=None,
 ):
     """Captions a split, scores it with every metric, and writes the results to workdir:
-    `captions_<split>.json` and `metrics_<split>.json`, with `_beam<k>` before the
-    extension when `beam_size` overrides the model's own (`encoder` as for
-    `caption_records`)."""
+    `captions_<split>.json` and `metrics_<split>.json`, named by `result_name` (`encoder`
+    as for `caption_records`; `hard_decoding` only names the files: the caller has set
+    it on the model)."""
     records = data.splits[split]
     if not records:
         raise ValueError(f"the {split} split of {config.dataset} is empty")
@@ -134,18 +141,23 @@ def evaluate(
     scores = score_captions(records, results, data.objects, grid, config.image_size, full=True)
     captions = {r.image_id: " ".join(res["words"]) for r, res in zip(records, results, strict=True)}
     write_json(
-        os.path.join(workdir, result_name("captions", split, config, beam_size, ".json")),
+        os.path.join(
+            workdir, result_name("captions", split, config, beam_size, ".json", hard_decoding)
+        ),
         metrics.to_coco_results(captions),
     )
-    write_json(os.path.join(workdir, result_name("metrics", split, config, beam_size)), scores)
+    metrics_name = result_name("metrics", split, config, beam_size, hard_decoding=hard_decoding)
+    write_json(os.path.join(workdir, metrics_name), scores)
     return scores
 
 
-def result_name(kind, split, config, beam_size=None, extension=".json"):
+def result_name(kind, split, config, beam_size=None, extension=".json", hard_decoding=None):
     """`<kind>_<split><extension>`, with `_beam<k>` before the extension when
-    `beam_size` overrides the model's own (`config.beam_size`)."""
+    `beam_size` overrides the model's own (`config.beam_size`), then `_<hard_decoding>`
+    when that overrides the trained model's."""
     beam = beam_size or config.beam_size
-    return f"{kind}_{split}{f'_beam{beam}' if beam != config.beam_size else ''}{extension}"
+    name = f"{kind}_{split}{f'_beam{beam}' if beam != config.beam_size else ''}"
+    return f"{name}{f'_{hard_decoding}' if hard_decoding else ''}{extension}"
 
 
 def check_output_dir(output_dir: str, config: Config) -> None:
@@ -161,7 +173,9 @@ def check_output_dir(output_dir: str, config: Config) -> None:
             )
 
 
-def evaluate_images(model, vocab, config: Config, output_dir: str, split="test", beam_size=None):
+def evaluate_images(
+    model, vocab, config: Config, output_dir: str, split="test", beam_size=None, hard_decoding=None
+):
     """`evaluate` from the split's image files, for a model without a workdir (a preset).
 
     No feature cache is read: a model trained on cached features gets the backbone that
@@ -174,6 +188,7 @@ def evaluate_images(model, vocab, config: Config, output_dir: str, split="test",
       output_dir: where the captions and the metrics go (file names as `evaluate`).
       split: "train", "val" or "test".
       beam_size: None for `config.beam_size`.
+      hard_decoding: as for `evaluate`.
 
     Returns:
       the scores (as `evaluate`).
@@ -187,4 +202,6 @@ def evaluate_images(model, vocab, config: Config, output_dir: str, split="test",
     os.makedirs(output_dir, exist_ok=True)
     data = prepare_data(config, output_dir, vocab=vocab)
     encoder = feature_encoder(model, config) if model.encoder is None else None
-    return evaluate(model, data, config, output_dir, split, beam_size, encoder=encoder)
+    return evaluate(
+        model, data, config, output_dir, split, beam_size, encoder, hard_decoding=hard_decoding
+    )

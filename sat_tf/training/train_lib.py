@@ -147,6 +147,9 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         model.compile(
             optimizer=_optimizer(config, config.epochs * steps), jit_compile=_train_jit(config)
         )
+        if config.init_from and not done:  # a resumed run restores its own backup
+            workdir_lib.load_initial_weights(model, config, data.vocab, config.init_from)
+            logging.info("starting from the best weights of %s", config.init_from)
     val = data.splits["val"][: config.eval_images or None]
     callbacks, stopper = _callbacks(config, workdir, data, val, model.grid, done)
     _warn_about_the_allocator()

@@ -60,6 +60,54 @@ def check_workdir(config: Config, workdir: str) -> None:
     config.save(path)
 
 
+def _weight_layout(config: Config) -> tuple[bool, bool]:
+    """(has a score, has the gate beta): what decides a decoder's layers besides the
+    MODEL_FIELDS. Soft attention and gated hard attention share theirs."""
+    gated = config.attention == "soft" or (config.attention == "hard" and config.hard_gate)
+    return config.attention != "none", gated
+
+
+def load_initial_weights(model, config: Config, vocab, source: str) -> None:
+    """Starts `model` from the best weights of the finished workdir `source`
+    (`--init_from`).
+
+    Raises:
+      ValueError: naming what `source` lacks or what differs: a model setting other
+        than the attention, the layers the attention has (a score, the gate), or the
+        vocabulary its weights were trained with.
+    """
+    paths = [os.path.join(source, name) for name in (CONFIG_FILE, BEST_INFO, BEST_WEIGHTS)]
+    for path in paths:
+        if not os.path.exists(path):
+            raise ValueError(
+                f"--init_from={source} is not a finished workdir: {os.path.basename(path)} "
+                "is missing"
+            )
+    saved = Config.load(paths[0])
+    diff = [
+        f"--{k}: {source} has {getattr(saved, k)!r}, this run {getattr(config, k)!r}"
+        for k in MODEL_FIELDS
+        if k != "attention" and getattr(saved, k) != getattr(config, k)
+    ]
+    if _weight_layout(saved) != _weight_layout(config):
+        diff.append(
+            f"--attention: {source} has {saved.attention} attention"
+            f"{', gated' if _weight_layout(saved)[1] else ''}, this run {config.attention}"
+            f"{', gated' if _weight_layout(config)[1] else ''}: their layers differ"
+        )
+    if diff:
+        raise ValueError(f"--init_from={source} holds another model:\n  " + "\n  ".join(diff))
+    with open(paths[1], encoding="utf-8") as f:
+        info = json.load(f)
+    if info.get("vocab_fingerprint") != vocab.fingerprint:
+        raise ValueError(
+            f"--init_from={source}: its weights were trained with another vocabulary "
+            f"({info.get('vocab_words')} words, fingerprint {info.get('vocab_fingerprint')}) "
+            f"than this run's ({len(vocab)} words, fingerprint {vocab.fingerprint})"
+        )
+    model.load_weights(paths[2])
+
+
 def save_weights_atomically(model, path):
     """`model.save_weights(path)` through a temporary file and a rename, so that a kill
     never leaves a half-written file under `path`."""
