@@ -51,6 +51,7 @@ FLICKR8K = os.environ.get("SAT_TF_FLICKR8K", os.path.join(ROOT, "..", "shared", 
 CASES = (
     "matmul",
     "train_step",
+    "annotation_pass",
     "memory_bandwidth",
     "decode",
     "extract",
@@ -331,6 +332,44 @@ def case_memory_bandwidth(p):
         "read_gbps": rate(read_s, size / 1e9),
         "read_write_gbps": rate(scale_s, 2 * size / 1e9),
     }
+
+
+def case_annotation_pass(p, train):
+    """The per-word pass over the annotations that the fused recurrence makes twice a word
+    (the context `sum_i alpha_i a_i` forward, `d alpha = a dz` backward), at each train
+    scale: milliseconds, GB/s of the float32 annotations read, and the same product with
+    the annotations stored as bfloat16 (the lever of halving the bytes read), as a
+    speed-up over float32 in this run. `share_of_train_step` is two passes a word over
+    the soft step's median time of this run's train_step case, where it ran."""
+    out = {}
+    for scale, shape in TRAIN_SHAPES.items():
+        q = {**p, **shape}
+        batch, cells, dim = q["batch"], q["grid"][0] * q["grid"][1], q["feature_dim"]
+        annotations = tf.random.normal([batch, cells, dim])
+        alpha = tf.nn.softmax(tf.random.normal([batch, 1, cells]))
+        stored = {"float32": annotations, "bfloat16": tf.cast(annotations, tf.bfloat16)}
+
+        def product(a, alpha=alpha):
+            return tf.function(lambda: tf.reduce_sum(tf.matmul(tf.cast(alpha, a.dtype), a)))
+
+        seconds = {
+            dtype: time_calls(blocking(product(a)), q["warmup"], q["repeats"], number=10)
+            for dtype, a in stored.items()
+        }
+        f32 = statistics.median(seconds["float32"])
+        row = {
+            "shape": [batch, cells, dim],
+            "float32_ms": stats([1e3 * x for x in seconds["float32"]]),
+            "float32_read_gbps": round(4 * batch * cells * dim / f32 / 1e9, 1),
+            "bfloat16_ms": stats([1e3 * x for x in seconds["bfloat16"]]),
+            "bfloat16_speedup": round(f32 / statistics.median(seconds["bfloat16"]), 3),
+        }
+        soft = train.get(scale, {}).get("soft_additive", {})
+        step = soft.get("seconds_per_step", {}).get("median")
+        if step:
+            row["share_of_train_step"] = round(2 * q["words"] * f32 / step, 3)
+        out[scale] = row
+    return out
 
 
 def op_profile(fn, calls=3, top=PROFILE_OPS):
@@ -1024,6 +1063,8 @@ def run(quick, only=CASES, preset_name=None, data_dir=FLICKR8K, limit=0, train_c
     if "train_step" in only:
         train = cases["train_step"] = train_step_cases(p, train_cases)
         cases["peak_rss_mb_after_train_step"] = peak_rss_mb()
+    if "annotation_pass" in only:
+        cases["annotation_pass"] = guarded(lambda: case_annotation_pass(p, train))
     bandwidth = None
     if "memory_bandwidth" in only:
         cases["memory_bandwidth"] = guarded(lambda: case_memory_bandwidth(p))
