@@ -21,6 +21,7 @@ from pycocoevalcap.bleu.bleu import Bleu
 from sat_tf import config as config_lib
 from sat_tf.cli import flags_lib
 from sat_tf.config import Config
+from sat_tf.training import scoring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -174,8 +175,9 @@ class FlagsLibTest(parameterized.TestCase):
         )
 
 
-class HardDecodingOverrideTest(absltest.TestCase):
-    """--hard_decoding of the scripts that load a model (`hard_decoding_override`)."""
+class DecodingOverridesTest(absltest.TestCase):
+    """--hard_decoding and --length_penalty of the scripts that load a model
+    (`decoding_overrides`)."""
 
     def _values(self, *args):
         values = flags.FlagValues()
@@ -186,25 +188,39 @@ class HardDecodingOverrideTest(absltest.TestCase):
     def test_changes_a_hard_model_before_it_captions(self):
         model = types.SimpleNamespace(decoder=types.SimpleNamespace(hard_decoding="expected"))
         config = Config(attention="hard")
-        new, value = flags_lib.hard_decoding_override(
-            self._values("--hard_decoding=argmax"), model, config
+        new, changed = flags_lib.decoding_overrides(
+            self._values("--hard_decoding=argmax", "--length_penalty=1"), model, config
         )
-        self.assertEqual((new, value), (Config(attention="hard", hard_decoding="argmax"), "argmax"))
+        self.assertEqual(new, Config(attention="hard", hard_decoding="argmax", length_penalty=1.0))
+        self.assertEqual(changed, {"hard_decoding": "argmax", "length_penalty": 1.0})
         self.assertEqual(model.decoder.hard_decoding, "argmax")
 
-    def test_the_models_own_value_or_none_changes_nothing(self):
-        for args in ((), ("--hard_decoding=expected",)):
+    def test_the_models_own_values_or_none_change_nothing(self):
+        for args in ((), ("--hard_decoding=expected", "--length_penalty=0")):
             config = Config(attention="hard")
-            got = flags_lib.hard_decoding_override(self._values(*args), None, config)
-            self.assertEqual(got, (config, None))
+            got = flags_lib.decoding_overrides(self._values(*args), None, config)
+            self.assertEqual(got, (config, {}))
 
-    def test_refused_for_soft_attention(self):
-        with self.assertRaisesRegex(
-            ValueError, r"^--hard_decoding=argmax is a setting of hard attention; this model has "
-        ):
-            flags_lib.hard_decoding_override(
-                self._values("--hard_decoding=argmax"), None, Config(attention="soft")
-            )
+    def test_bad_values_are_refused(self):
+        cases = [
+            (
+                ("--hard_decoding=argmax",),
+                r"^--hard_decoding=argmax is a setting of hard attention",
+            ),
+            (("--length_penalty=-0.5",), r"^--length_penalty=-0.5 must be >= 0"),
+        ]
+        for args, message in cases:
+            with self.assertRaisesRegex(ValueError, message):
+                flags_lib.decoding_overrides(self._values(*args), None, Config(attention="soft"))
+
+    def test_result_names(self):
+        config = Config(beam_size=3)
+        self.assertEqual(scoring.result_name("metrics", "test", config), "metrics_test.json")
+        overrides = {"length_penalty": 1.0, "hard_decoding": "argmax"}
+        self.assertEqual(
+            scoring.result_name("table", "val", config, 5, ".md", overrides),
+            "table_val_beam5_lp1_argmax.md",
+        )
 
 
 class TrainScriptTest(parameterized.TestCase):
@@ -346,7 +362,10 @@ class CaptionEvaluateScriptTest(parameterized.TestCase):
             "missing": ("caption.py", [cls.bad["missing"], workdir]),
             "not_an_image": ("caption.py", [cls.bad["not_an_image"], workdir]),
             "evaluate": ("evaluate.py", [workdir]),
-            "evaluate_expected": ("evaluate.py", [workdir, "--hard_decoding=expected"]),
+            "evaluate_expected": (
+                "evaluate.py",
+                [workdir, "--hard_decoding=expected", "--length_penalty=0.5"],
+            ),
         }
         cls.results = _run_scripts(runs, cls.dir)
 
@@ -460,20 +479,23 @@ class CaptionEvaluateScriptTest(parameterized.TestCase):
             self.assertEqual(paper[k], f"{100 * scores[f'paper BLEU-{k + 1} (no BP)']:.1f}")
             self.assertEqual(coco[k], f"{100 * scores[f'BLEU-{k + 1}']:.1f}")
 
-    def test_evaluate_with_the_other_hard_decoding_writes_its_own_files(self):
-        # The run decodes at argmax; --hard_decoding=expected names its results apart, so
-        # the run's own stay as evaluate.py wrote them.
+    def test_evaluate_with_other_decoding_settings_writes_its_own_files(self):
+        # The run decodes at argmax without a length penalty; the overrides name their
+        # results apart, so the run's own stay as evaluate.py wrote them.
         self._ok("evaluate_expected")
         own = self._read_json("metrics_test.json")
         printed = json.loads(re.search(r"^\{$.*^\}$", self.train_stdout, re.M | re.S)[0])
         self.assertEqual(own["BLEU-4"], printed["BLEU-4"])
-        scores = self._read_json("metrics_test_expected.json")
+        scores = self._read_json("metrics_test_lp0.5_expected.json")
         self.assertBetween(scores["BLEU-4"], 0.0, 1.0)
-        captions = self._read_json("captions_test_expected.json")
+        captions = self._read_json("captions_test_lp0.5_expected.json")
         self.assertCountEqual([r["image_id"] for r in captions], list(self.references))
-        with open(os.path.join(self.workdir, "table_test_expected.md"), encoding="utf-8") as f:
+        path = os.path.join(self.workdir, "table_test_lp0.5_expected.md")
+        with open(path, encoding="utf-8") as f:
             self.assertIn(
-                "| this model (hard attention, expected context, additive, beam 1)", f.read()
+                "| this model (hard attention, expected context, length penalty 0.5, additive, "
+                "beam 1)",
+                f.read(),
             )
 
     def test_evaluate_bleu4_recomputed_from_the_written_captions(self):

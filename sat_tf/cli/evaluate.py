@@ -6,8 +6,9 @@ metrics.
 
 Writes captions_<split>.json (COCO results format), metrics_<split>.json and
 table_<split>.md (laid out like the paper's Table 1) into the workdir, or into
---output_dir (for a preset by default runs/presets/<its name>); `_beam<k>` comes before
-the extension when --beam_size overrides the model's own. A workdir's model reads its
+--output_dir (for a preset by default runs/presets/<its name>); `_beam<k>`, `_lp<value>`
+and `_<hard decoding>` come before the extension when --beam_size, --length_penalty or
+--hard_decoding override the model's own. A workdir's model reads its
 feature cache, if it was trained on one; a preset is evaluated from the image files (its
 encoder runs on every photo, as in caption.py and the exports), and its scores are
 compared with those stored in its metadata.json.
@@ -21,9 +22,9 @@ from absl import flags
 
 from sat_tf import files, preset
 from sat_tf.cli.flags_lib import (
+    decoding_overrides,
     define_model_source,
     define_override,
-    hard_decoding_override,
     model_source,
     override,
     run,
@@ -63,33 +64,35 @@ def _main(argv):
     if kind == "workdir":
         model, vocab, config = workdir_lib.load_trained(source)
         config = _with_data_dir(config)
-        config, hard_decoding = hard_decoding_override(FLAGS, model, config)
+        config, overrides = decoding_overrides(FLAGS, model, config)
         output_dir = FLAGS.output_dir or source
         scoring.check_output_dir(output_dir, config)
         os.makedirs(output_dir, exist_ok=True)
         data = prepare.prepare_data(config, source)
         scores = scoring.evaluate(
-            model, data, config, output_dir, FLAGS.split, beam_size, hard_decoding=hard_decoding
+            model, data, config, output_dir, FLAGS.split, beam_size, overrides=overrides
         )
     else:
         model, vocab, config = preset.load(source)
         metadata = preset.read_metadata(preset.resolve(source))
         config = _with_data_dir(config)
-        config, hard_decoding = hard_decoding_override(FLAGS, model, config)
+        config, overrides = decoding_overrides(FLAGS, model, config)
         output_dir = FLAGS.output_dir or os.path.join("runs", "presets", metadata["name"])
         scores = scoring.evaluate_images(
-            model, vocab, config, output_dir, FLAGS.split, beam_size, hard_decoding
+            model, vocab, config, output_dir, FLAGS.split, beam_size, overrides
         )
-        if hard_decoding is None:
+        if not overrides:
             stored = publish.stored_scores(metadata, beam_size or config.beam_size, FLAGS.split)
     beam = beam_size or config.beam_size
     decoding = f", {config.hard_decoding} context" if config.attention == "hard" else ""
+    if config.length_penalty:
+        decoding += f", length penalty {config.length_penalty:g}"
     name = (
         f"this model ({config.attention} attention{decoding}, {config.attention_score}, "
         f"beam {beam})"
     )
     table = metrics.format_table1(scores, config.dataset, name)
-    table_name = scoring.result_name("table", FLAGS.split, config, beam_size, ".md", hard_decoding)
+    table_name = scoring.result_name("table", FLAGS.split, config, beam_size, ".md", overrides)
     files.write_text(os.path.join(output_dir, table_name), table)
     print(json.dumps(scores, indent=2, sort_keys=True))
     print(table)

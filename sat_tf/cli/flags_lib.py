@@ -127,13 +127,21 @@ def override(flag_values, name):
 
 def define_model_source(flag_values=flags.FLAGS):
     """The flags --workdir and --preset, of which a script that loads a trained model
-    takes exactly one (`load_model`), and --hard_decoding (`hard_decoding_override`)."""
+    takes exactly one (`load_model`), and the decoding settings it may override
+    (`decoding_overrides`)."""
     flags.DEFINE_enum(
         "hard_decoding",
         None,
         list(HARD_DECODINGS),
         "Hard attention: the context when captioning (argmax or expected); left out: the "
         "trained model's own --hard_decoding.",
+        flag_values=flag_values,
+    )
+    flags.DEFINE_float(
+        "length_penalty",
+        None,
+        "Beam length normalisation exponent (0 = off); left out: the trained model's own "
+        "--length_penalty.",
         flag_values=flag_values,
     )
     flags.DEFINE_string(
@@ -170,31 +178,39 @@ def model_source(flag_values):
     return ("workdir", workdir) if workdir else ("preset", source)
 
 
-def hard_decoding_override(flag_values, model, config):
-    """Applies --hard_decoding to a loaded model before it captions anything.
+def decoding_overrides(flag_values, model, config):
+    """Applies --hard_decoding and --length_penalty to a loaded model before it captions
+    anything.
 
     Returns:
-      (config with the value, the value) when it differs from the model's own; else
-      (config, None).
+      (config with the values, {name: value} of those that differ from the model's own).
 
     Raises:
-      ValueError: for --hard_decoding with a model without hard attention.
+      ValueError: for --hard_decoding with a model without hard attention, or a negative
+        --length_penalty.
     """
+    changed = {}
+    penalty = flag_values["length_penalty"].value
+    if penalty is not None:
+        if penalty < 0:
+            raise ValueError(f"--length_penalty={penalty} must be >= 0 (0 = off)")
+        if penalty != config.length_penalty:
+            changed["length_penalty"] = penalty
     value = flag_values["hard_decoding"].value
-    if value is None or value == config.hard_decoding:
-        return config, None
-    if config.attention != "hard":
-        raise ValueError(
-            f"--hard_decoding={value} is a setting of hard attention; this model has "
-            f"{config.attention} attention: leave it out"
-        )
-    model.decoder.hard_decoding = value
-    return dataclasses.replace(config, hard_decoding=value), value
+    if value is not None and value != config.hard_decoding:
+        if config.attention != "hard":
+            raise ValueError(
+                f"--hard_decoding={value} is a setting of hard attention; this model has "
+                f"{config.attention} attention: leave it out"
+            )
+        model.decoder.hard_decoding = value
+        changed["hard_decoding"] = value
+    return dataclasses.replace(config, **changed), changed
 
 
 def load_model(flag_values):
     """(model, vocab, config) of the workdir or preset the flags name (`model_source`),
-    with --hard_decoding applied (`hard_decoding_override`)."""
+    with --hard_decoding and --length_penalty applied (`decoding_overrides`)."""
     from sat_tf import preset
     from sat_tf.training import workdir as workdir_lib
 
@@ -203,7 +219,7 @@ def load_model(flag_values):
         model, vocab, config = workdir_lib.load_trained(source)
     else:
         model, vocab, config = preset.load(source)
-    config, _ = hard_decoding_override(flag_values, model, config)
+    config, _ = decoding_overrides(flag_values, model, config)
     return model, vocab, config
 
 

@@ -71,7 +71,11 @@ def _model_captioner(beam_size):
         captioner.image_size, captioner.crop_fraction, captioner.grid
     )
     config = captioner.config
-    about = {"attention": config.attention, "beam_size": beam_size or config.beam_size}
+    about = {
+        "attention": config.attention,
+        "beam_size": beam_size or config.beam_size,
+        "length_penalty": config.length_penalty,
+    }
     if config.attention == "hard":
         about["hard_decoding"] = config.hard_decoding
     return caption_batch, geometry, about
@@ -130,11 +134,12 @@ def _main(argv):
     if FLAGS.num_photos:
         photos = photos[: FLAGS.num_photos]
     if FLAGS.export:
-        if FLAGS.hard_decoding:
-            raise ValueError(
-                f"--export={FLAGS.export} decodes as its graph was exported; leave out "
-                f"--hard_decoding={FLAGS.hard_decoding} or export again with it"
-            )
+        for name in ("hard_decoding", "length_penalty"):
+            if FLAGS[name].value is not None:
+                raise ValueError(
+                    f"--export={FLAGS.export} decodes as its graph was exported; leave out "
+                    f"--{name}={FLAGS[name].value} or export again with it"
+                )
         caption_batch, geometry, about = _export_captioner(FLAGS.export, beam_size)
     else:
         caption_batch, geometry, about = _model_captioner(beam_size)

@@ -127,12 +127,12 @@ def evaluate(
     split="test",
     beam_size=None,
     encoder=None,
-    hard_decoding=None,
+    overrides=None,
 ):
     """Captions a split, scores it with every metric, and writes the results to workdir:
     `captions_<split>.json` and `metrics_<split>.json`, named by `result_name` (`encoder`
-    as for `caption_records`; `hard_decoding` only names the files: the caller has set
-    it on the model)."""
+    as for `caption_records`; `overrides`, the decoding settings given instead of the
+    trained model's (`flags_lib.decoding_overrides`), only name the files)."""
     records = data.splits[split]
     if not records:
         raise ValueError(f"the {split} split of {config.dataset} is empty")
@@ -142,22 +142,27 @@ def evaluate(
     captions = {r.image_id: " ".join(res["words"]) for r, res in zip(records, results, strict=True)}
     write_json(
         os.path.join(
-            workdir, result_name("captions", split, config, beam_size, ".json", hard_decoding)
+            workdir, result_name("captions", split, config, beam_size, ".json", overrides)
         ),
         metrics.to_coco_results(captions),
     )
-    metrics_name = result_name("metrics", split, config, beam_size, hard_decoding=hard_decoding)
+    metrics_name = result_name("metrics", split, config, beam_size, overrides=overrides)
     write_json(os.path.join(workdir, metrics_name), scores)
     return scores
 
 
-def result_name(kind, split, config, beam_size=None, extension=".json", hard_decoding=None):
-    """`<kind>_<split><extension>`, with `_beam<k>` before the extension when
-    `beam_size` overrides the model's own (`config.beam_size`), then `_<hard_decoding>`
-    when that overrides the trained model's."""
+def result_name(kind, split, config, beam_size=None, extension=".json", overrides=None):
+    """`<kind>_<split><extension>`, with before the extension `_beam<k>` when `beam_size`
+    overrides the model's own (`config.beam_size`), then `_lp<value>` and `_<value>` for
+    a length penalty and a hard decoding in `overrides` (`flags_lib.decoding_overrides`)."""
     beam = beam_size or config.beam_size
     name = f"{kind}_{split}{f'_beam{beam}' if beam != config.beam_size else ''}"
-    return f"{name}{f'_{hard_decoding}' if hard_decoding else ''}{extension}"
+    overrides = overrides or {}
+    if "length_penalty" in overrides:
+        name += f"_lp{overrides['length_penalty']:g}"
+    if "hard_decoding" in overrides:
+        name += f"_{overrides['hard_decoding']}"
+    return name + extension
 
 
 def check_output_dir(output_dir: str, config: Config) -> None:
@@ -174,7 +179,7 @@ def check_output_dir(output_dir: str, config: Config) -> None:
 
 
 def evaluate_images(
-    model, vocab, config: Config, output_dir: str, split="test", beam_size=None, hard_decoding=None
+    model, vocab, config: Config, output_dir: str, split="test", beam_size=None, overrides=None
 ):
     """`evaluate` from the split's image files, for a model without a workdir (a preset).
 
@@ -188,7 +193,7 @@ def evaluate_images(
       output_dir: where the captions and the metrics go (file names as `evaluate`).
       split: "train", "val" or "test".
       beam_size: None for `config.beam_size`.
-      hard_decoding: as for `evaluate`.
+      overrides: as for `evaluate`.
 
     Returns:
       the scores (as `evaluate`).
@@ -202,6 +207,4 @@ def evaluate_images(
     os.makedirs(output_dir, exist_ok=True)
     data = prepare_data(config, output_dir, vocab=vocab)
     encoder = feature_encoder(model, config) if model.encoder is None else None
-    return evaluate(
-        model, data, config, output_dir, split, beam_size, encoder, hard_decoding=hard_decoding
-    )
+    return evaluate(model, data, config, output_dir, split, beam_size, encoder, overrides=overrides)
