@@ -216,7 +216,8 @@ class FlagfileTest(tf.test.TestCase):
         expanded = flags_lib.expand_flagfiles(["--flagfile=flickr8k_grid14.flags", "--seed=3"])
         with open(os.path.join(ROOT, "configs", "flickr8k_lite.flags"), encoding="utf-8") as f:
             lite = [x.strip() for x in f if x.strip() and not x.startswith("#")]
-        self.assertEqual(expanded, [*lite, "--encoder=efficientnet_lite0_head_dilated", "--seed=3"])
+        own = ["--encoder=efficientnet_lite0_head_dilated", "--beam_size=5", "--length_penalty=1"]
+        self.assertEqual(expanded, [*lite, *own, "--seed=3"])
 
     def test_every_shipped_flagfile_is_a_valid_config(self):
         from absl import flags
