@@ -197,27 +197,21 @@ class FileTest(parameterized.TestCase):
             json.dump({"batch_size": 3}, f)
         self.assertEqual(Config.load(path), Config(batch_size=3))
 
-    def test_hard_config_without_gate_key_had_no_gate(self):
+    @parameterized.parameters(
+        # A hard-attention config written before the key existed had the old behaviour.
+        ("hard_gate", False, True),
+        ("hard_decoding", "argmax", "expected"),
+    )
+    def test_hard_config_without_a_later_key_keeps_the_old_behaviour(self, key, old, new):
         path = os.path.join(self.dir, "config.json")
-        for attention, gate in (("hard", False), ("soft", True)):
+        for attention, value in (("hard", old), ("soft", new)):
             values = dataclasses.asdict(Config(attention=attention))
-            del values["hard_gate"]
+            del values[key]
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(values, f)
-            self.assertIs(Config.load(path).hard_gate, gate)
+            self.assertEqual(getattr(Config.load(path), key), value)
         Config(attention="hard").save(path)
-        self.assertIs(Config.load(path).hard_gate, True)
-
-    def test_hard_config_without_decoding_key_decoded_at_argmax(self):
-        path = os.path.join(self.dir, "config.json")
-        for attention, decoding in (("hard", "argmax"), ("soft", "expected")):
-            values = dataclasses.asdict(Config(attention=attention))
-            del values["hard_decoding"]
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump(values, f)
-            self.assertEqual(Config.load(path).hard_decoding, decoding)
-        Config(attention="hard").save(path)
-        self.assertEqual(Config.load(path).hard_decoding, "expected")
+        self.assertEqual(getattr(Config.load(path), key), new)
 
     def test_unknown_key_is_named(self):
         path = os.path.join(self.dir, "config.json")

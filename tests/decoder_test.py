@@ -168,16 +168,21 @@ class AttentionDecoderTest(tf.test.TestCase, parameterized.TestCase):
             self.assertAllClose(outputs["log_p_s"], expected["log_p_s"], atol=1e-5)
             self.assertAllClose(outputs["entropy"], expected["entropy"], atol=1e-5)
 
-    @parameterized.product(attention=ATTENTIONS, score=SCORES)
-    def test_step_matches_numpy(self, attention, score):
-        features, captions = _inputs(seed=1)
-        decoder = _decoder(attention, score, seed=1)
-        expected = _numpy_decode(decoder, features, captions)
+    def _assert_steps_match(self, decoder, features, captions, expected):
+        """Decoding word by word with `step` gives `expected`'s words and maps."""
         state = decoder.initial_state(features)
         for t in range(STEPS):
             log_probs, state, alpha = decoder.step(captions[:, t], state)
             self.assertAllClose(log_probs, _log_softmax(expected["logits"][:, t]), atol=1e-4)
             self.assertAllClose(alpha, expected["alpha"][:, t], atol=1e-5)
+
+    @parameterized.product(attention=ATTENTIONS, score=SCORES)
+    def test_step_matches_numpy(self, attention, score):
+        features, captions = _inputs(seed=1)
+        decoder = _decoder(attention, score, seed=1)
+        self._assert_steps_match(
+            decoder, features, captions, _numpy_decode(decoder, features, captions)
+        )
 
     @parameterized.product(score=SCORES, hard_gate=(False, True))
     def test_hard_step_decodes_with_the_expected_context(self, score, hard_gate):
@@ -188,11 +193,7 @@ class AttentionDecoderTest(tf.test.TestCase, parameterized.TestCase):
         every = np.ones(BATCH, dtype=bool)
         expected = _numpy_decode(decoder, features, captions, use_expected=every)
         at_argmax = _numpy_decode(decoder, features, captions)
-        state = decoder.initial_state(features)
-        for t in range(STEPS):
-            log_probs, state, alpha = decoder.step(captions[:, t], state)
-            self.assertAllClose(log_probs, _log_softmax(expected["logits"][:, t]), atol=1e-4)
-            self.assertAllClose(alpha, expected["alpha"][:, t], atol=1e-5)
+        self._assert_steps_match(decoder, features, captions, expected)
         # The two rules give other words here, so the check above tells them apart.
         self.assertGreater(np.abs(expected["logits"] - at_argmax["logits"]).max(), 1e-2)
 

@@ -97,15 +97,26 @@ def load_initial_weights(model, config: Config, vocab, source: str) -> None:
         )
     if diff:
         raise ValueError(f"--init_from={source} holds another model:\n  " + "\n  ".join(diff))
-    with open(paths[1], encoding="utf-8") as f:
+    _check_weights_vocab(
+        paths[1],
+        vocab,
+        f"--init_from={source}: its weights were trained with another vocabulary than this run's",
+        "this run's",
+    )
+    model.load_weights(paths[2])
+
+
+def _check_weights_vocab(info_path, vocab, what, whose):
+    """Raises ValueError, beginning with `what`, when the `best.json` at `info_path` names
+    another vocabulary than `vocab` (`whose` vocabulary, in the message)."""
+    with open(info_path, encoding="utf-8") as f:
         info = json.load(f)
     if info.get("vocab_fingerprint") != vocab.fingerprint:
         raise ValueError(
-            f"--init_from={source}: its weights were trained with another vocabulary "
-            f"({info.get('vocab_words')} words, fingerprint {info.get('vocab_fingerprint')}) "
-            f"than this run's ({len(vocab)} words, fingerprint {vocab.fingerprint})"
+            f"{what}: the weights had {info.get('vocab_words')} words (fingerprint "
+            f"{info.get('vocab_fingerprint')}), {whose} has {len(vocab)} words (fingerprint "
+            f"{vocab.fingerprint})"
         )
-    model.load_weights(paths[2])
 
 
 def save_weights_atomically(model, path):
@@ -176,15 +187,12 @@ def load_trained(workdir: str):
         grid = tuple(stored["grid"]) if "grid" in stored else None
     info_path = os.path.join(workdir, BEST_INFO)
     if os.path.exists(info_path):
-        with open(info_path, encoding="utf-8") as f:
-            info = json.load(f)
-        if info.get("vocab_fingerprint") != vocab.fingerprint:
-            raise ValueError(
-                f"{VOCAB_FILE} of {workdir} is not the vocabulary its weights were trained "
-                f"with: the weights had {info.get('vocab_words')} words (fingerprint "
-                f"{info.get('vocab_fingerprint')}), {VOCAB_FILE} has {len(vocab)} words "
-                f"(fingerprint {vocab.fingerprint})"
-            )
+        _check_weights_vocab(
+            info_path,
+            vocab,
+            f"{VOCAB_FILE} of {workdir} is not the vocabulary its weights were trained with",
+            VOCAB_FILE,
+        )
     model = build_model(config, len(vocab), feature_shape, grid, load_encoder_weights=False)
     for path in (
         os.path.join(workdir, BEST_WEIGHTS),
