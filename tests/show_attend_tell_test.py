@@ -2,6 +2,7 @@
 shapes encoder."""
 
 import os
+from unittest import mock
 
 import fixtures
 import keras
@@ -35,6 +36,7 @@ def _model(
     seed=0,
     alpha_c=0.0,
     hard_decoding="expected",
+    hard_gate=False,
     **reinforce,
 ):
     decoder = AttentionDecoder(
@@ -46,6 +48,7 @@ def _model(
         attention_score=score,
         dropout=dropout,
         hard_decoding=hard_decoding,
+        hard_gate=hard_gate,
         name="decoder",
     )
     model = ShowAttendTell(
@@ -208,6 +211,39 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllClose(terms["loss"], -log_likelihood + 0.7 * penalty, atol=1e-5)
         self.assertAllClose(terms["objective"], terms["loss"])
         self.assertAllEqual(terms["words"], [4.0, 3.0])
+
+    @parameterized.parameters("argmax", "moving_average")
+    def test_hard_objective_gradients_match_the_autodiff_loop(self, baseline):
+        # The whole objective of gated hard attention (likelihood, REINFORCE with the
+        # baseline, entropy) through the fused recurrence against the autodiff loop: the
+        # recurrence is a schedule of the same step, so training follows the same path.
+        batch = _batch(seed=6)
+        model = _model(
+            "hard", seed=6, hard_gate=True, entropy_weight=0.01, reinforce_baseline=baseline
+        )
+        rng = np.random.default_rng(6)
+        for w in model.trainable_weights:
+            w.assign(rng.normal(size=w.shape).astype(np.float32))
+        noise = rng.gumbel(size=(2, 5, LOCATIONS)).astype(np.float32)
+        use_expected = tf.constant([False, True])
+
+        def objective_and_gradients():
+            with tf.GradientTape() as tape:
+                terms = model.loss_terms(
+                    batch, training=True, gumbel_noise=noise, use_expected=use_expected
+                )
+                objective = tf.reduce_sum(terms["objective"])
+            return objective, tape.gradient(objective, model.trainable_weights)
+
+        self.assertTrue(model.decoder.uses_recurrence())
+        fused, fused_grads = objective_and_gradients()
+        with mock.patch.object(AttentionDecoder, "uses_recurrence", return_value=False):
+            autodiff, autodiff_grads = objective_and_gradients()
+        self.assertAllClose(fused, autodiff, rtol=1e-5)
+        for got, want in zip(fused_grads, autodiff_grads, strict=True):
+            # The embedding's gradients are IndexedSlices.
+            got, want = tf.convert_to_tensor(got), tf.convert_to_tensor(want)
+            self.assertAllClose(got, want, rtol=1e-4, atol=1e-5)
 
     @parameterized.product(to_go=(True, False), baseline=("argmax", "moving_average"))
     def test_hard_loss_terms_use_the_given_samples(self, to_go, baseline):
