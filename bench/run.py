@@ -460,6 +460,8 @@ def case_train_step(p, attention, score, jit, policy="float32", schedule="fused"
         keras.mixed_precision.set_global_policy("float32")
     if schedule == "autodiff":
         model.decoder.uses_recurrence = lambda: False
+    else:
+        model.decoder.fused_hard = True  # hard attention's fused recurrence is opt-in
     step = blocking(tf.function(model.train_step, jit_compile=jit), train_batch(p))
     product, product_gflop = matmul_product(p)
     try:

@@ -30,6 +30,7 @@ def _decoder(score, seed=0, dtype=None, attention="soft", hard_gate=True):
         hard_gate=hard_gate,
         dtype=dtype,
     )
+    decoder.fused_hard = True  # this file tests the fused recurrence, hard attention's too
     decoder.build((None, LOCATIONS, FEATURES))
     rng = np.random.default_rng(seed)
     for w in decoder.weights:
@@ -137,6 +138,10 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_bfloat16_runs_the_recurrence_and_float16_the_autodiff_loop(self):
         self.assertTrue(_decoder("additive").uses_recurrence())
+        # Hard attention only where asked (`fused_hard`, set by `_decoder`), and gated.
+        self.assertFalse(
+            AttentionDecoder(VOCAB, attention="hard", hard_gate=True).uses_recurrence()
+        )
         self.assertTrue(_decoder("additive", attention="hard").uses_recurrence())
         self.assertFalse(_decoder("additive", attention="hard", hard_gate=False).uses_recurrence())
         self.assertTrue(AttentionDecoder(VOCAB, dtype="mixed_bfloat16").uses_recurrence())
@@ -203,6 +208,7 @@ class HardAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
     def test_outputs_and_gradients_match_autodiff_loop(self, score, function, mix):
         features, captions = _inputs(seed=5)
         decoder = _decoder(score, seed=5, attention="hard")
+        self.assertTrue(decoder.uses_recurrence())
         rng = np.random.default_rng(5)
         noise = tf.constant(rng.gumbel(size=(BATCH, STEPS, LOCATIONS)), tf.float32)
         expected = tf.constant(
