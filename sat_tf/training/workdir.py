@@ -89,11 +89,12 @@ def load_initial_weights(model, config: Config, vocab, source: str) -> None:
         for k in MODEL_FIELDS
         if k != "attention" and getattr(saved, k) != getattr(config, k)
     ]
-    if _weight_layout(saved) != _weight_layout(config):
+    saved_layout, layout = _weight_layout(saved), _weight_layout(config)
+    if saved_layout != layout:
         diff.append(
             f"--attention: {source} has {saved.attention} attention"
-            f"{', gated' if _weight_layout(saved)[1] else ''}, this run {config.attention}"
-            f"{', gated' if _weight_layout(config)[1] else ''}: their layers differ"
+            f"{', gated' if saved_layout[1] else ''}, this run {config.attention}"
+            f"{', gated' if layout[1] else ''}: their layers differ"
         )
     if diff:
         raise ValueError(f"--init_from={source} holds another model:\n  " + "\n  ".join(diff))
@@ -101,7 +102,7 @@ def load_initial_weights(model, config: Config, vocab, source: str) -> None:
         paths[1],
         vocab,
         f"--init_from={source}: its weights were trained with another vocabulary than this run's",
-        "this run's",
+        "this run's vocabulary",
     )
     model.load_weights(paths[2])
 
