@@ -211,22 +211,36 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllClose(terms["objective"], terms["loss"])
         self.assertAllEqual(terms["words"], [4.0, 3.0])
 
-    @parameterized.parameters("argmax", "moving_average")
-    def test_hard_objective_gradients_match_the_autodiff_loop(self, baseline):
+    @parameterized.product(
+        baseline=("argmax", "moving_average"), dropout=(0.0, 0.5), graph=(False, True)
+    )
+    def test_hard_objective_gradients_match_the_autodiff_loop(self, baseline, dropout, graph):
         # The whole objective of gated hard attention (likelihood, REINFORCE with the
         # baseline, entropy) through the fused recurrence (`fused_hard`) against the
-        # autodiff loop: the recurrence is a schedule of the same step.
+        # autodiff loop: the recurrence is a schedule of the same step. With dropout, both
+        # passes draw the same masks (the seed generators' states are restored before
+        # each); under tf.function each schedule has its own trace.
         batch = _batch(seed=6)
         model = _model(
-            "hard", seed=6, hard_gate=True, entropy_weight=0.01, reinforce_baseline=baseline
+            "hard",
+            seed=6,
+            dropout=dropout,
+            hard_gate=True,
+            entropy_weight=0.01,
+            reinforce_baseline=baseline,
         )
         rng = np.random.default_rng(6)
         for w in model.trainable_weights:
             w.assign(rng.normal(size=w.shape).astype(np.float32))
         noise = rng.gumbel(size=(2, 5, LOCATIONS)).astype(np.float32)
         use_expected = tf.constant([False, True])
+        seeds = [v for v in model.non_trainable_variables if "seed_generator_state" in v.path]
+        self.assertNotEmpty(seeds)
+        start = [v.numpy() for v in seeds]
 
         def objective_and_gradients():
+            for variable, value in zip(seeds, start, strict=True):
+                variable.assign(value)
             with tf.GradientTape() as tape:
                 terms = model.loss_terms(
                     batch, training=True, gumbel_noise=noise, use_expected=use_expected
@@ -234,16 +248,23 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
                 objective = tf.reduce_sum(terms["objective"])
             return objective, tape.gradient(objective, model.trainable_weights)
 
+        def run():
+            return (tf.function(objective_and_gradients) if graph else objective_and_gradients)()
+
         self.assertFalse(model.decoder.uses_recurrence())  # the loop unless asked
-        autodiff, autodiff_grads = objective_and_gradients()
+        autodiff, autodiff_grads = run()
         model.decoder.fused_hard = True
         self.assertTrue(model.decoder.uses_recurrence())
-        fused, fused_grads = objective_and_gradients()
+        fused, fused_grads = run()
         self.assertAllClose(fused, autodiff, rtol=1e-5)
         for got, want in zip(fused_grads, autodiff_grads, strict=True):
             # The embedding's gradients are IndexedSlices.
             got, want = tf.convert_to_tensor(got), tf.convert_to_tensor(want)
             self.assertAllClose(got, want, rtol=1e-4, atol=1e-5)
+        if dropout:
+            # The masks bite: without restoring the seeds the objective moves.
+            start = [v.numpy() for v in seeds]
+            self.assertNotAllClose(run()[0], fused, rtol=1e-3)
 
     @parameterized.product(to_go=(True, False), baseline=("argmax", "moving_average"))
     def test_hard_loss_terms_use_the_given_samples(self, to_go, baseline):
