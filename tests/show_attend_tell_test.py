@@ -262,7 +262,8 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
             got, want = tf.convert_to_tensor(got), tf.convert_to_tensor(want)
             self.assertAllClose(got, want, rtol=1e-4, atol=1e-5)
         if dropout:
-            # The masks bite: without restoring the seeds the objective moves.
+            # The masks bite: restored to the states the fused pass left (fresh masks,
+            # the same noise), the objective moves.
             start = [v.numpy() for v in seeds]
             self.assertNotAllClose(run()[0], fused, rtol=1e-3)
 
