@@ -293,7 +293,9 @@ class SeedTableTest(tf.test.TestCase):
             "soft="
             + write("s0.json", {"BLEU-4": 0.2, "METEOR": 0.2, "CIDEr": 0.5})
             + ","
-            + write("g0.json", {**grounding, "hit": 0.6}),
+            + write(
+                "g0.json", {**grounding, "hit": 0.6, "off_centre": {"hit": 0.25, "random": 0.1}}
+            ),
             "soft="
             + write("s1.json", {"BLEU-4": 0.3, "METEOR": 0.2, "CIDEr": 0.5})
             + ","
@@ -303,12 +305,14 @@ class SeedTableTest(tf.test.TestCase):
         code, out, err = run_main(table_cli.main, "sat-table", "--seeds", *runs)
         self.assertEqual(code, 0, err)
         # BLEU-4 sd: |0.2 - 0.3| / sqrt(2) = 0.0707; hit sd the same for 0.6 and 0.5 / 10.
+        # Only the first report splits off the off-centre words (a report written before
+        # the split has none): one run each in those two columns.
         self.assertIn(
             "| soft | 2 | 0.250 ± 0.071 | 0.200 ± 0.000 | 0.500 ± 0.000 | 0.550 ± 0.071 "
-            "| 0.400 ± 0.000 | 0.450 ± 0.000 |",
+            "| 0.400 ± 0.000 | 0.450 ± 0.000 | 0.250 (1) | 0.100 (1) |\n",
             out,
         )
-        self.assertIn("| none | 1 | 0.250 | 0.200 | 0.400 | n/a | n/a | n/a |", out)
+        self.assertIn("| none | 1 | 0.250 | 0.200 | 0.400 | n/a | n/a | n/a | n/a | n/a |\n", out)
 
     def test_a_second_file_that_is_not_a_grounding_report_is_refused(self):
         folder = self.get_temp_dir()

@@ -264,7 +264,14 @@ def test_coco_grounding_counts_and_categories(photos):
     assert result["per_category"]["cat"]["random"] == 0.5
     assert result["hit"] == 1.0
     assert result["random"] == pytest.approx((0.5 + 2 / 12 + 0.5) / 3)
-    assert "| **all** | 3 | 2 | 1.000 |" in cg.format_table(result)
+    # Off centre: the centre cells 5 and 6 hold person A (cell 5's centre, 37.5, 30) and
+    # the cat (cell 5 of photo 2, centre 75, 60), not the dog: only "dog" is off centre.
+    off = result["off_centre"]
+    assert (off["words"], off["photos"], off["hit"], off["centre"]) == (1, 1, 1.0, 0.0)
+    assert off["random"] == pytest.approx(2 / 12) and off["mass"] == pytest.approx(1.0)
+    table = cg.format_table(result)
+    assert "| **all** | 3 | 2 | 1.000 |" in table
+    assert "| *off centre* | 1 | 1 | 1.000 | 0.000 | 0.167 | 1.000 | 0.167 |" in table
 
 
 def test_crop_moves_the_cells(photos):
@@ -291,6 +298,7 @@ def test_no_scored_word_gives_no_rates(photos):
         cg.Geometry(40, 1.0, (3, 4)),
     )
     assert (result["words"], result["absent"], result["hit"], result["mass"]) == (0, 1, None, None)
+    assert (result["off_centre"]["words"], result["off_centre"]["hit"]) == (0, None)
     assert "| **all** | 0 | 0 | - | - | - | - | - |" in cg.format_table(result)
 
 

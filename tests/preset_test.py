@@ -579,6 +579,11 @@ class MakePresetTest(tf.test.TestCase):
         want = {k: report[k] for k in publish.GROUNDING_KEYS}
         self.assertEqual(stored["grounding"], {**want, "coco_dir": "mini", "beam_size": 3})
         self.assertEqual(preset.verify(folder)["grounding"], stored["grounding"])
+        # A report that splits off the off-centre words keeps that split too.
+        off_centre = {"words": 17, "photos": 12, "hit": 0.18, "centre": 0.0, "random": 0.1}
+        stored = publish.store_grounding(folder, {**report, "off_centre": off_centre}, {})
+        self.assertEqual(stored["grounding"], {**want, "off_centre": off_centre})
+        self.assertEqual(preset.verify(folder)["grounding"], stored["grounding"])
         del report["mass"]
         with self.assertRaisesRegex(ValueError, r"missing \['mass'\]"):
             publish.store_grounding(folder, report, {})

@@ -57,6 +57,8 @@ def _run_scores(paths):
                 f"{path} is not a grounding report (keys {', '.join(coco_grounding.SCORES)})"
             )
         scores.update({f"grounding {k}": report[k] for k in coco_grounding.SCORES})
+        off_centre = report.get("off_centre") or {}
+        scores.update({f"grounding off-centre {k}": off_centre.get(k) for k in ("hit", "random")})
     return scores
 
 

@@ -22,6 +22,11 @@ beside what the same words get from maps that do not look:
 - area_share: the share of the seen frame that the boxes cover, which is the mass a
   uniform map puts inside them.
 
+Photographers centre what they photograph, so the centre guess is hard to beat on words
+whose boxes hold the centre. The same scores are also reported over the off-centre
+words alone, those whose boxes hold no centre cell (the centre baseline scores 0 on
+them): there a hit is something the framing of the photo does not give away.
+
 The shapes set's metric (`grounding.pointing_accuracy`) asks the same question of
 synthetic images; here the boxes come from COCO-format `instances_*.json` files.
 """
@@ -558,9 +563,10 @@ def coco_grounding(
 
     Returns:
       {"photos": captioned photos, "words", "photos_scored", "absent", the `SCORES`
-      over all scored words (None when no word was scored), "per_category": {name:
-      {"words", "photos", SCORES...}} (most words first), "scored": one dict per scored
-      word}.
+      over all scored words (None when no word was scored), "off_centre": {"words",
+      "photos", SCORES...} over the words whose centre baseline is 0, "per_category":
+      {name: {"words", "photos", SCORES...}} (most words first), "scored": one dict per
+      scored word}.
 
     Raises:
       ValueError: if the lists differ in length or an alpha does not fit the grid.
@@ -617,6 +623,7 @@ def coco_grounding(
         "photos_scored": summary.pop("photos"),
         "absent": absent,
         **summary,
+        "off_centre": _summary([row for row in rows if row["centre"] == 0.0]),
         "per_category": per_category,
         "scored": rows,
     }
@@ -674,6 +681,8 @@ def format_table(result: dict, top: int = 12) -> str:
         "photos": result["photos_scored"],
     }
     lines.append(line("**all**", overall))
+    if "off_centre" in result:
+        lines.append(line("*off centre*", result["off_centre"]))
     for name, s in list(result["per_category"].items())[:top]:
         lines.append(line(name, s))
     hidden = len(result["per_category"]) - top

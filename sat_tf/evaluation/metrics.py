@@ -289,6 +289,8 @@ SEED_COLUMNS = (
     ("grounding hit", "hit"),
     ("grounding centre", "centre"),
     ("grounding mass", "mass"),
+    ("grounding off-centre hit", "off-centre hit"),
+    ("grounding off-centre random", "off-centre random"),
 )
 
 
@@ -303,9 +305,10 @@ def seed_table(models: Mapping[str, Sequence[Mapping]]) -> str:
     """A Markdown table of each model's runs over seeds: mean ± standard deviation.
 
     Columns coco-caption BLEU-4, METEOR and CIDEr, and grounding (hit, the centre cell's
-    hit on the same words, attention mass in the boxes) where the runs have it; values in
-    [0, 1] with three decimals, the sample standard deviation over the runs that have the
-    key, and the number of runs.
+    hit on the same words, attention mass in the boxes, and over the off-centre words the
+    hit and the random cell's) where the runs have it; values in [0, 1] with three
+    decimals, the sample standard deviation over the runs that have the key, and the
+    number of runs.
 
     Args:
       models: model name -> its runs' scores (metric name -> value), in row order.

@@ -176,11 +176,14 @@ GROUNDING_KEYS = coco_grounding.SCORES + ("words", "photos")
 def store_grounding(directory: str, report: dict, about: dict) -> dict:
     """Records a grounding report's overall scores in a preset's metadata.json, under
     "grounding", with what they were measured on (`about`: the COCO folder, beam size,
-    photos scored), and returns the metadata written."""
+    photos scored), the same scores over the off-centre words where the report has them,
+    and returns the metadata written."""
     metadata = preset.read_metadata(directory)
     missing = [k for k in GROUNDING_KEYS if k not in report]
     if missing:
         raise ValueError(f"a grounding report has {', '.join(GROUNDING_KEYS)}; missing {missing}")
     metadata["grounding"] = {**{k: report[k] for k in GROUNDING_KEYS}, **about}
+    if "off_centre" in report:
+        metadata["grounding"]["off_centre"] = dict(report["off_centre"])
     preset.write_metadata(directory, metadata)
     return metadata
