@@ -16,7 +16,7 @@ from sat_tf import files
 
 DATASETS = ("shapes", "flickr8k", "flickr30k", "coco", "coco_captions_tfds")
 ATTENTIONS = ("soft", "hard", "none")
-ATTENTION_SCORES = ("additive", "dot")
+ATTENTION_SCORES = ("additive", "dot", "scaled_dot")
 HARD_DECODINGS = ("argmax", "expected")
 CHOICES = {
     "dataset": DATASETS,
@@ -116,7 +116,10 @@ class Config:
     )
 
     attention: str = _field("soft", "Attention: soft (4.2), hard (4.1) or none (ablation).")
-    attention_score: str = _field("additive", "Score f_att: additive (Bahdanau) or dot.")
+    attention_score: str = _field(
+        "additive",
+        "Score f_att: additive (Bahdanau), dot (a^T W h) or scaled_dot (a^T W h / sqrt(n)).",
+    )
     embed_dim: int = _field(64, "Word embedding size m.")
     hidden_dim: int = _field(256, "LSTM size n.")
     attention_dim: int = _field(64, "Hidden size of the additive score.")

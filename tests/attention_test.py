@@ -23,21 +23,23 @@ def _make(score):
     if score == "additive":
         layer = attention.AdditiveScore(UNITS, name="f_att")
     else:
-        layer = attention.DotScore(HIDDEN, name="f_att")
+        layer = attention.SCORES[score](HIDDEN, name="f_att")
     features, h = _inputs()
     layer(features, h)
     return layer, features, h
 
 
 def _numpy_scores(layer, features, h):
-    """`v^T tanh(W_a a_i + U_a h)` or `a_i^T W_a h` from the layer's own weights."""
+    """`v^T tanh(W_a a_i + U_a h)`, `a_i^T W_a h` or that over sqrt(n), from the layer's
+    own weights."""
     if isinstance(layer, attention.AdditiveScore):
         w, b = layer.w_a.kernel.numpy(), layer.w_a.bias.numpy()
         u, v = layer.u_a.kernel.numpy(), layer.v.kernel.numpy()
         pre = np.tanh(features @ w + b + (h @ u)[:, None, :])
         return (pre @ v)[..., 0]
     w = layer.w_a.kernel.numpy()
-    return np.einsum("bld,du,bu->bl", features, w, h)
+    scale = 1 / np.sqrt(h.shape[-1]) if isinstance(layer, attention.ScaledDotScore) else 1.0
+    return scale * np.einsum("bld,du,bu->bl", features, w, h)
 
 
 def _copy_weights(source, target):
@@ -50,7 +52,7 @@ class ScoreTest(tf.test.TestCase, parameterized.TestCase):
         super().setUp()
         keras.utils.set_random_seed(0)
 
-    @parameterized.parameters("additive", "dot")
+    @parameterized.parameters("additive", "dot", "scaled_dot")
     def test_output_shape(self, score):
         layer, features, h = _make(score)
         self.assertEqual(layer(features, h).shape, (BATCH, LOCATIONS))
@@ -60,13 +62,14 @@ class ScoreTest(tf.test.TestCase, parameterized.TestCase):
         ("additive", 4, FEATURES * UNITS + UNITS + HIDDEN * UNITS + UNITS),
         # W_a: D*n, no bias.
         ("dot", 1, FEATURES * HIDDEN),
+        ("scaled_dot", 1, FEATURES * HIDDEN),
     )
     def test_weight_count(self, score, num_tensors, num_params):
         layer, _, _ = _make(score)
         self.assertLen(layer.trainable_weights, num_tensors)
         self.assertEqual(sum(int(np.prod(w.shape)) for w in layer.weights), num_params)
 
-    @parameterized.parameters("additive", "dot")
+    @parameterized.parameters("additive", "dot", "scaled_dot")
     def test_scores_match_numpy(self, score):
         layer, features, h = _make(score)
         # Nonzero biases so that a dropped bias would show.
@@ -75,20 +78,20 @@ class ScoreTest(tf.test.TestCase, parameterized.TestCase):
         expected = _numpy_scores(layer, features, h)
         self.assertAllClose(layer(features, h), expected, atol=1e-5)
 
-    @parameterized.parameters("additive", "dot")
+    @parameterized.parameters("additive", "dot", "scaled_dot")
     def test_project_then_score_equals_call(self, score):
         layer, features, h = _make(score)
         projected = layer.project(features)
         self.assertEqual(projected.shape, (BATCH, LOCATIONS, layer.units))
         self.assertAllClose(layer.score(projected, h), layer(features, h), atol=1e-6)
 
-    @parameterized.parameters("additive", "dot")
+    @parameterized.parameters("additive", "dot", "scaled_dot")
     def test_config_round_trip(self, score):
         layer, features, h = _make(score)
         self.assertEqual(layer.get_config()["units"], layer.units)
         fixtures.check_round_trip(self, layer, features, h)
 
-    @parameterized.parameters("additive", "dot")
+    @parameterized.parameters("additive", "dot", "scaled_dot")
     def test_keras_save_load(self, score):
         layer, features, h = _make(score)
         feature_input = keras.Input((LOCATIONS, FEATURES))
@@ -99,6 +102,13 @@ class ScoreTest(tf.test.TestCase, parameterized.TestCase):
         expected = _numpy_scores(layer, features, h)
         loaded = fixtures.check_saved_model_file(self, wrapper, [features, h], expected, 1e-5)
         self.assertIsInstance(loaded.get_layer("f_att"), type(layer))
+
+    def test_scaled_dot_is_dot_over_sqrt_units(self):
+        dot, features, h = _make("dot")
+        scaled, _, _ = _make("scaled_dot")
+        _copy_weights(dot, scaled)
+        # HIDDEN = 6: the scores differ by the factor 1 / sqrt(6) exactly.
+        self.assertAllClose(scaled(features, h), dot(features, h) / np.sqrt(6.0), atol=1e-6)
 
 
 class ContextTest(tf.test.TestCase):

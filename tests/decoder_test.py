@@ -11,7 +11,7 @@ from sat_tf.model.decoder import AttentionDecoder
 BATCH, STEPS, LOCATIONS = 2, 5, 4
 VOCAB, EMBED, HIDDEN, ATTENTION, FEATURES = 12, 6, 8, 5, 7
 ATTENTIONS = ("soft", "hard", "none")
-SCORES = ("additive", "dot")
+SCORES = ("additive", "dot", "scaled_dot")
 
 
 def _inputs(seed=0):
@@ -84,6 +84,8 @@ def _numpy_decode(decoder, features, captions, noise=None, use_expected=None):
                 e = (pre @ get(att.v))[..., 0]
             else:
                 e = np.einsum("bld,dn,bn->bl", features, get(att.w_a), h)
+                if decoder.attention_score == "scaled_dot":
+                    e /= np.sqrt(h.shape[-1])
             log_alpha = _log_softmax(e)
             alpha = np.exp(log_alpha)
             expected = np.einsum("bl,bld->bd", alpha, features)

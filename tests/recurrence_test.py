@@ -13,7 +13,7 @@ from sat_tf.model.decoder import AttentionDecoder
 # Uneven sizes, so that a transposed or misplaced axis cannot go unnoticed.
 BATCH, STEPS, LOCATIONS = 3, 5, 7
 VOCAB, EMBED, HIDDEN, ATTENTION, FEATURES = 11, 5, 8, 4, 6
-SCORES = ("additive", "dot")
+SCORES = ("additive", "dot", "scaled_dot")
 
 
 def _decoder(score, seed=0, dtype=None, attention="soft", hard_gate=True):

@@ -38,7 +38,7 @@ class AttentionDecoder(keras.layers.Layer):
       hidden_dim: LSTM size n.
       attention_dim: hidden size of the additive score.
       attention: "soft", "hard" or "none".
-      attention_score: "additive" or "dot".
+      attention_score: "additive", "dot" or "scaled_dot" (`attention.SCORES`).
       dropout: dropout rate before L_o.
       hard_gate: hard attention only: scale the sampled annotation by the gate
         beta_t = sigmoid(f_beta(h_{t-1})) that soft attention has (paper §4.2.1), so the
@@ -66,7 +66,9 @@ class AttentionDecoder(keras.layers.Layer):
         if attention not in ATTENTIONS:
             raise ValueError(f"attention={attention!r} is not one of {ATTENTIONS}")
         if attention_score not in attention_lib.SCORES:
-            raise ValueError(f"attention_score={attention_score!r} is not additive or dot")
+            raise ValueError(
+                f"attention_score={attention_score!r} is not one of {tuple(attention_lib.SCORES)}"
+            )
         self.vocab_size = vocab_size
         self.embed_dim = embed_dim
         self.hidden_dim = hidden_dim
