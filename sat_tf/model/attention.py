@@ -115,8 +115,9 @@ class ScaledDotScore(DotScore):
 
     The same weights and step as `DotScore`; `project` folds the scale into `a W_a`.
     Over 1280 ReLU6 channels of a frozen ImageNet network the unscaled score starts
-    with a spread of tens between the cells, so its softmax is nearly one-hot from the
-    first step; divided by sqrt(n) it starts about as spread as the additive score's.
+    with a standard deviation of about 9 over the cells, so its softmax is nearly
+    one-hot from the first step; divided by sqrt(n) it starts about as spread as the
+    additive score's.
 
     Args:
       units: size of the decoder state h that the score is taken against.
