@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
+from sat_tf import config
 from sat_tf.model import attention
 
 BATCH, LOCATIONS, FEATURES, HIDDEN, UNITS = 2, 4, 8, 6, 8
@@ -102,6 +103,10 @@ class ScoreTest(tf.test.TestCase, parameterized.TestCase):
         expected = _numpy_scores(layer, features, h)
         loaded = fixtures.check_saved_model_file(self, wrapper, [features, h], expected, 1e-5)
         self.assertIsInstance(loaded.get_layer("f_att"), type(layer))
+
+    def test_config_offers_every_score(self):
+        # `Config` lists the names without importing the model; the two lists must agree.
+        self.assertEqual(config.ATTENTION_SCORES, tuple(attention.SCORES))
 
     def test_scaled_dot_is_dot_over_sqrt_units(self):
         dot, features, h = _make("dot")
