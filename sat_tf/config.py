@@ -45,6 +45,7 @@ MODEL_FIELDS = (
     "embed_dim",
     "hidden_dim",
     "attention_dim",
+    "global_context",
 )
 
 # The centre crop the ImageNet backbones were trained with (paper 5.4: 224 of 256); the
@@ -119,6 +120,12 @@ class Config:
     attention_score: str = _field(
         "additive",
         "Score f_att: additive (Bahdanau), dot (a^T W h) or scaled_dot (a^T W h / sqrt(n)).",
+    )
+    global_context: bool = _field(
+        False,
+        "Soft or hard attention: also feed the mean annotation (the no-attention context) "
+        "to the LSTM and the output at every step, beside the attended one. Not in the "
+        "paper.",
     )
     embed_dim: int = _field(64, "Word embedding size m.")
     hidden_dim: int = _field(256, "LSTM size n.")
@@ -233,6 +240,11 @@ class Config:
                 raise ValueError(f"--{name}={getattr(self, name)} must lie in [0, 1]")
         if self.learning_rate <= 0:
             raise ValueError(f"--learning_rate={self.learning_rate} must be positive")
+        if self.global_context and self.attention == "none":
+            raise ValueError(
+                "--global_context contradicts --attention=none: it adds the mean annotation "
+                "beside an attended context, and none has no other context than that mean"
+            )
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

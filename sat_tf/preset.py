@@ -39,6 +39,9 @@ CHECKED_FIELDS = MODEL_FIELDS + (
     "max_decode_length",
     "length_penalty",
 )
+# Checked fields that came after the first presets, with the value a preset made before
+# them was trained with (its metadata.json does not name them).
+ADDED_FIELDS = {"global_context": False}
 BEAM_SIZES = (1, 3)
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -173,11 +176,11 @@ def _check(directory: str, where: str | None = None):
             f"with {metadata.get('vocab_words')} (fingerprint {metadata['vocab_fingerprint']})"
         )
     config = Config.load(os.path.join(directory, CONFIG_FILE))
+    recorded = {**ADDED_FIELDS, **metadata["config"]}
     diff = [
-        f"{k}={getattr(config, k)!r} in {CONFIG_FILE}, {metadata['config'].get(k)!r} in "
-        f"{METADATA_FILE}"
+        f"{k}={getattr(config, k)!r} in {CONFIG_FILE}, {recorded.get(k)!r} in {METADATA_FILE}"
         for k in CHECKED_FIELDS
-        if getattr(config, k) != metadata["config"].get(k)
+        if getattr(config, k) != recorded.get(k)
     ]
     if diff:
         raise ValueError(

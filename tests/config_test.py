@@ -92,6 +92,12 @@ class ValidateTest(parameterized.TestCase):
             Config(**{name: bad})
         self.assertEqual(getattr(Config(**{name: good}), name), good)
 
+    def test_global_context_needs_attention(self):
+        with self.assertRaisesRegex(ValueError, "--global_context contradicts --attention=none"):
+            Config(attention="none", global_context=True)
+        for attention in ("soft", "hard"):
+            self.assertTrue(Config(attention=attention, global_context=True).global_context)
+
     def test_validate_after_a_change(self):
         config = Config()
         config.batch_size = 0

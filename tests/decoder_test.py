@@ -21,7 +21,15 @@ def _inputs(seed=0):
     return features, captions
 
 
-def _decoder(attention, score, dropout=0.0, seed=0, hard_gate=False, hard_decoding="argmax"):
+def _decoder(
+    attention,
+    score,
+    dropout=0.0,
+    seed=0,
+    hard_gate=False,
+    hard_decoding="argmax",
+    global_context=False,
+):
     """A built decoder whose weights (biases too) are random, so none of them is 0.
     Hard attention decodes at argmax unless told: `_numpy_decode` without noise does."""
     decoder = AttentionDecoder(
@@ -34,6 +42,7 @@ def _decoder(attention, score, dropout=0.0, seed=0, hard_gate=False, hard_decodi
         dropout=dropout,
         hard_gate=hard_gate,
         hard_decoding=hard_decoding,
+        global_context=global_context,
         name="decoder",
     )
     decoder.build((None, LOCATIONS, FEATURES))
@@ -108,12 +117,15 @@ def _numpy_decode(decoder, features, captions, noise=None, use_expected=None):
             + h @ get(decoder.lstm_hidden)
             + z @ get(decoder.lstm_context)
         )
+        if decoder.global_context:
+            gates += mean @ get(decoder.lstm_global)
         i, f, o, g = np.split(gates, 4, axis=-1)
         c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(g)
         h = _sigmoid(o) * np.tanh(c)
-        deep = np.tanh(
-            x + h @ get(decoder.out_h) + get(decoder.out_h, "bias") + z @ get(decoder.out_z)
-        )
+        pre = x + h @ get(decoder.out_h) + get(decoder.out_h, "bias") + z @ get(decoder.out_z)
+        if decoder.global_context:
+            pre += mean @ get(decoder.out_global)
+        deep = np.tanh(pre)
         logits = deep @ get(decoder.deep_output) + get(decoder.deep_output, "bias")
         out["logits"].append(logits)
         out["alpha"].append(alpha)
@@ -294,6 +306,38 @@ class AttentionDecoderTest(tf.test.TestCase, parameterized.TestCase):
             self.assertAllClose(alpha, np.full_like(alpha, 1.0 / LOCATIONS))
         else:
             self.assertGreater(np.abs(alpha - 1.0 / LOCATIONS).max(), 0.05)
+
+    @parameterized.product(attention=("soft", "hard"), score=SCORES)
+    def test_global_context_matches_numpy(self, attention, score):
+        # The mean annotation joins the gates (G) and the output (L_g) at every step, in
+        # the teacher-forced pass (fused recurrence for soft) and word by word.
+        features, captions = _inputs(seed=8)
+        decoder = _decoder(attention, score, seed=8, hard_gate=True, global_context=True)
+        self.assertEqual(decoder.lstm_global.kernel.shape, (FEATURES, 4 * HIDDEN))
+        self.assertEqual(decoder.out_global.kernel.shape, (FEATURES, EMBED))
+        expected = _numpy_decode(decoder, features, captions)
+        outputs = decoder(features, captions)
+        self.assertAllClose(outputs["logits"], expected["logits"], atol=1e-4)
+        self.assertAllClose(outputs["alpha"], expected["alpha"], atol=1e-5)
+        self._assert_steps_match(decoder, features, captions, expected)
+        # Both terms move the outputs, so the reference above tells them apart.
+        for layer in (decoder.lstm_global, decoder.out_global):
+            kept = layer.kernel.numpy()
+            layer.kernel.assign(np.zeros_like(kept))
+            self.assertNotAllClose(decoder(features, captions)["logits"], outputs["logits"])
+            layer.kernel.assign(kept)
+        # G abar and L_g abar are all the weights it adds.
+        plain = _decoder(attention, score, hard_gate=True)
+        added = sum(np.prod(w.shape) for w in decoder.weights) - sum(
+            np.prod(w.shape) for w in plain.weights
+        )
+        self.assertEqual(added, FEATURES * (4 * HIDDEN + EMBED))
+        fixtures.check_round_trip(self, decoder, features, captions, output=lambda y: y["logits"])
+        self.assertTrue(decoder.get_config()["global_context"])
+
+    def test_global_context_needs_an_attended_context(self):
+        with self.assertRaisesRegex(ValueError, "global_context=True .* attention='none'"):
+            AttentionDecoder(VOCAB, attention="none", global_context=True)
 
     def test_dropout_only_in_training(self):
         features, captions = _inputs()

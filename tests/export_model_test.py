@@ -99,16 +99,27 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
         cls.model, cls.vocab, cls.config = tiny_model()
         cls.images = scenes(0, 4)
 
-    def spec(self, beam_size):
-        encoder = self.model.encoder
-        return export_model.export_spec(self.model, encoder, self.config, beam_size, MAX_LENGTH)
+    def spec(self, beam_size, model=None, config=None):
+        model, config = model or self.model, config or self.config
+        return export_model.export_spec(model, model.encoder, config, beam_size, MAX_LENGTH)
 
     @parameterized.parameters(1, 2)
     def test_signatures_match_generate(self, beam_size):
-        fns = traced(self.model, self.vocab, self.spec(beam_size))
+        self._check_signatures(self.model, self.vocab, self.spec(beam_size))
+
+    def test_signatures_with_global_context(self):
+        # The decoder's state carries G abar and L_g abar, which beam search tiles and
+        # gathers like the rest of it. With seed 7 the four scenes get four captions.
+        model, vocab, config = tiny_model(7, global_context=True)
+        self.assertTrue(model.decoder.global_context)
+        self._check_signatures(model, vocab, self.spec(2, model, config))
+
+    def _check_signatures(self, model, vocab, spec):
+        """The three captioning signatures give `model.generate`'s captions and maps."""
+        fns = traced(model, vocab, spec)
         pixels = self.images.astype(np.float32)
-        want = self.model.generate({"image": pixels}, max_length=MAX_LENGTH, beam_size=beam_size)
-        features = self.model.encoder(pixels)
+        want = model.generate({"image": pixels}, max_length=MAX_LENGTH, beam_size=spec.beam_size)
+        features = model.encoder(pixels)
         outputs = {
             "serving_default": fns["serving_default"](
                 tf.constant([encode(x, "PNG") for x in self.images])
@@ -117,7 +128,7 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
             "caption_features": fns["caption_features"](features),
         }
         captions = [
-            " ".join(self.vocab.decode(t[:n])).encode()
+            " ".join(vocab.decode(t[:n])).encode()
             for t, n in zip(want.tokens.numpy(), want.length.numpy(), strict=True)
         ]
         self.assertGreater(len(set(captions)), 1)

@@ -135,7 +135,7 @@ def scenes(seed, count, height=112, width=112):
     return images
 
 
-def tiny_model(seed=2):
+def tiny_model(seed=2, **settings):
     """A built shapes_cnn model whose captions depend on the image.
 
     With seed 2 the four `scenes(0, 4)` get 3 different greedy captions (seeds 0 and 3
@@ -144,11 +144,16 @@ def tiny_model(seed=2):
     Batch-norm scales of 2 keep the untrained encoder's features apart, N(0, 1) decoder
     weights make the words depend on them; `<pad>` and `<start>` get a large negative
     output bias (a trained model never emits them), `<end>` a positive one, so captions
-    stop at different lengths.
+    stop at different lengths. `settings` are further `Config` values.
     """
     keras.utils.set_random_seed(seed)
     config = Config(
-        embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0, max_decode_length=MAX_LENGTH
+        embed_dim=8,
+        hidden_dim=16,
+        attention_dim=8,
+        dropout=0.0,
+        max_decode_length=MAX_LENGTH,
+        **settings,
     )
     model = build_model(config, len(WORDS))
     for variable in model.encoder.weights:

@@ -288,6 +288,23 @@ class PresetTest(tf.test.TestCase, parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, r"^preset .*: features\.json is missing$"):
             preset.load(directory)
 
+    def test_metadata_from_before_a_later_field(self):
+        # A preset made before `global_context` existed has no such key in its metadata:
+        # it was trained without, so a config.json without it loads and one with it set
+        # is refused.
+        for field, default in preset.ADDED_FIELDS.items():
+            directory = self.copy(self.image_dir)
+            rewrite_metadata(directory, lambda m, field=field: m["config"].pop(field))
+            _, _, config = preset.load(directory)
+            self.assertEqual(getattr(config, field), default)
+            changed = not default if isinstance(default, bool) else None
+            config_path = os.path.join(directory, preset.CONFIG_FILE)
+            edit_json(
+                config_path, lambda c, field=field, changed=changed: c.update({field: changed})
+            )
+            with self.assertRaisesRegex(ValueError, f"{field}={changed!r} in config.json"):
+                preset.load(directory)
+
     def test_save_refuses(self):
         model, vocab, config = tiny_model()
         with self.assertRaisesRegex(ValueError, r"preset name 'Tiny Model' must be lowercase"):

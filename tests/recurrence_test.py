@@ -16,7 +16,7 @@ VOCAB, EMBED, HIDDEN, ATTENTION, FEATURES = 11, 5, 8, 4, 6
 SCORES = ("additive", "dot", "scaled_dot")
 
 
-def _decoder(score, seed=0, dtype=None, attention="soft", hard_gate=True):
+def _decoder(score, seed=0, dtype=None, attention="soft", hard_gate=True, global_context=False):
     """A built decoder with random weights (biases too); `dtype` a Keras dtype policy
     name (None: float32)."""
     decoder = AttentionDecoder(
@@ -28,6 +28,7 @@ def _decoder(score, seed=0, dtype=None, attention="soft", hard_gate=True):
         attention_score=score,
         dropout=0.0,
         hard_gate=hard_gate,
+        global_context=global_context,
         dtype=dtype,
     )
     decoder.fused_hard = True  # this file tests the fused recurrence, hard attention's too
@@ -96,6 +97,21 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
         _, old = _gradients(decoder, features, captions, True, use_alpha, function)
         _, new = _gradients(decoder, features, captions, False, use_alpha, function)
         self.assertLen(new, len(old))
+        for name, expected, actual in zip(names, old, new, strict=True):
+            scale = max(1.0, float(np.abs(expected).max()))
+            self.assertAllClose(actual, expected, atol=1e-5 * scale, rtol=0.0, msg=name)
+            self.assertGreater(np.abs(expected).max(), 0.0, name)
+
+    @parameterized.parameters(*SCORES)
+    def test_gradients_with_global_context_match_autodiff_loop(self, score):
+        # G abar joins the word half of the gates, which the recurrence returns the
+        # gradient of: G's gradient and the features' through abar come from it.
+        features, captions = _inputs(seed=9)
+        decoder = _decoder(score, seed=9, global_context=True)
+        names = ["features"] + [v.path for v in decoder.trainable_variables]
+        self.assertTrue(any("/G/" in name for name in names), names)
+        _, old = _gradients(decoder, features, captions, autodiff=True)
+        _, new = _gradients(decoder, features, captions, autodiff=False)
         for name, expected, actual in zip(names, old, new, strict=True):
             scale = max(1.0, float(np.abs(expected).max()))
             self.assertAllClose(actual, expected, atol=1e-5 * scale, rtol=0.0, msg=name)

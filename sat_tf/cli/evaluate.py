@@ -87,10 +87,8 @@ def _main(argv):
     decoding = f", {config.hard_decoding} context" if config.attention == "hard" else ""
     if config.length_penalty:
         decoding += f", length penalty {config.length_penalty:g}"
-    name = (
-        f"this model ({config.attention} attention{decoding}, {config.attention_score}, "
-        f"beam {beam})"
-    )
+    score = config.attention_score + (" + mean context" if config.global_context else "")
+    name = f"this model ({config.attention} attention{decoding}, {score}, beam {beam})"
     table = metrics.format_table1(scores, config.dataset, name)
     table_name = scoring.result_name("table", FLAGS.split, config, beam_size, ".md", overrides)
     files.write_text(os.path.join(output_dir, table_name), table)

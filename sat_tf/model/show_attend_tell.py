@@ -305,6 +305,7 @@ DECODER_FIELDS = (
     "dropout",
     "hard_gate",
     "hard_decoding",
+    "global_context",
 )
 
 
