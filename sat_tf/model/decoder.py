@@ -204,21 +204,23 @@ class AttentionDecoder(keras.layers.Layer):
             state["global_output"] = self.out_global(mean)
         return state
 
+    @staticmethod
+    def _per_caption(term, embedded):
+        """A (B, X) term of `global_context`, shaped to add to every step of `embedded`:
+        (B, T, m) under teacher forcing, (B, m) when decoding."""
+        return term[:, None, :] if embedded.shape.rank == 3 else term
+
     def _word_gates(self, embedded, state):
         """The part of the gates that does not depend on h: W_e E y + b [+ G abar]."""
         gates = self.lstm_embed(embedded)
-        if not self.global_context:
-            return gates
-        global_gates = state["global_gates"]
-        if embedded.shape.rank == 3:  # (B, T, m): one G abar per caption
-            global_gates = global_gates[:, None, :]
-        return gates + global_gates
+        if self.global_context:
+            gates += self._per_caption(state["global_gates"], embedded)
+        return gates
 
     def _logits(self, embedded, h, z, state, training=False):
         pre = embedded + self.out_h(h) + self.out_z(z)
         if self.global_context:
-            global_output = state["global_output"]
-            pre += global_output[:, None, :] if embedded.shape.rank == 3 else global_output
+            pre += self._per_caption(state["global_output"], embedded)
         return self.deep_output(self.out_dropout(tf.tanh(pre), training=training))
 
     def step(self, tokens, state):
