@@ -96,11 +96,16 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
         names = ["features"] + [v.path for v in decoder.trainable_variables]
         _, old = _gradients(decoder, features, captions, True, use_alpha, function)
         _, new = _gradients(decoder, features, captions, False, use_alpha, function)
-        self.assertLen(new, len(old))
-        for name, expected, actual in zip(names, old, new, strict=True):
-            scale = max(1.0, float(np.abs(expected).max()))
-            self.assertAllClose(actual, expected, atol=1e-5 * scale, rtol=0.0, msg=name)
-            self.assertGreater(np.abs(expected).max(), 0.0, name)
+        self._assert_gradients_match(names, old, new)
+
+    def _assert_gradients_match(self, names, expected, actual):
+        """Every gradient within 1e-5 of the autodiff loop's (relative to its largest
+        entry when above 1), and none of them zero."""
+        self.assertLen(actual, len(expected))
+        for name, want, got in zip(names, expected, actual, strict=True):
+            scale = max(1.0, float(np.abs(want).max()))
+            self.assertAllClose(got, want, atol=1e-5 * scale, rtol=0.0, msg=name)
+            self.assertGreater(np.abs(want).max(), 0.0, name)
 
     @parameterized.parameters(*SCORES)
     def test_gradients_with_global_context_match_autodiff_loop(self, score):
@@ -112,10 +117,7 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
         self.assertTrue(any("/G/" in name for name in names), names)
         _, old = _gradients(decoder, features, captions, autodiff=True)
         _, new = _gradients(decoder, features, captions, autodiff=False)
-        for name, expected, actual in zip(names, old, new, strict=True):
-            scale = max(1.0, float(np.abs(expected).max()))
-            self.assertAllClose(actual, expected, atol=1e-5 * scale, rtol=0.0, msg=name)
-            self.assertGreater(np.abs(expected).max(), 0.0, name)
+        self._assert_gradients_match(names, old, new)
 
     @parameterized.parameters(*SCORES)
     def test_jacobian_matches_finite_differences(self, score):
