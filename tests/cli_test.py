@@ -20,6 +20,7 @@ import tensorflow as tf
 from api_test import PRESET, flickr8k_photos, made_photo
 
 import sat_tf
+from sat_tf import config
 from sat_tf.cli import caption as caption_cli
 from sat_tf.cli import flags_lib
 from sat_tf.cli import table as table_cli
@@ -274,10 +275,6 @@ class RunTwiceTest(tf.test.TestCase):
         np.testing.assert_equal(os.listdir(folder), ["metrics.json"])
 
 
-if __name__ == "__main__":
-    tf.test.main()
-
-
 class SeedTableTest(tf.test.TestCase):
     def test_runs_of_one_name_are_seeds_with_their_grounding(self):
         folder = self.get_temp_dir()
@@ -322,3 +319,39 @@ class SeedTableTest(tf.test.TestCase):
         code, _, err = run_main(table_cli.main, "sat-table", "--seeds", f"soft={path},{path}")
         self.assertNotEqual(code, 0)
         self.assertIn(f"{path} is not a grounding report", err)
+
+    def test_seeds_of_one_row_are_runs_of_one_recipe(self):
+        folder = self.get_temp_dir()
+
+        def run_dir(name, **settings):
+            workdir = os.path.join(folder, name)
+            os.makedirs(workdir)
+            config.Config(**settings).save(os.path.join(workdir, "config.json"))
+            path = os.path.join(workdir, "metrics_test.json")
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump({"BLEU-4": 0.2, "METEOR": 0.2, "CIDEr": 0.5}, f)
+            return path
+
+        s0 = run_dir("s0", seed=0, epochs=6)
+        # Seed, paths and decoding may differ between seeds.
+        s1 = run_dir("s1", seed=1, epochs=6, beam_size=5, cache_dir="/elsewhere")
+        other = run_dir("other", seed=2, epochs=10, attention="hard")
+        code, out, err = run_main(table_cli.main, "sat-table", "--seeds", f"a={s0}", f"a={s1}")
+        self.assertEqual(code, 0, err)
+        self.assertIn("| a | 2 |", out)
+        code, _, err = run_main(table_cli.main, "sat-table", "--seeds", f"a={s0}", f"a={other}")
+        self.assertNotEqual(code, 0)
+        self.assertIn("row 'a' mixes runs of other settings", err)
+        self.assertIn(f"--epochs: {s0} has 6, {other} 10", err)
+        self.assertIn(f"--attention: {s0} has 'soft', {other} 'hard'", err)
+        self.assertNotIn("--seed:", err)
+        # Other row names keep them apart.
+        code, _, err = run_main(table_cli.main, "sat-table", "--seeds", f"a={s0}", f"b={other}")
+        self.assertEqual(code, 0, err)
+        code, _, err = run_main(table_cli.main, "sat-table", "--seeds", f"a={s0}", f"a={s0}")
+        self.assertNotEqual(code, 0)
+        self.assertIn(f"row 'a' lists {s0} twice", err)
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -8,12 +8,16 @@ Each argument is `<row name>=<metrics JSON>` (written by evaluate.py or train.py
 
 With --seeds, each argument is one run, `<row name>=<metrics JSON>[,<grounding JSON>]`
 (the second written by grounding.py --output); arguments that share a row name are
-seeds of one model, shown as mean ± standard deviation:
+seeds of one model, shown as mean ± standard deviation. A metrics JSON inside a workdir
+(beside its config.json) says how its run was trained: the seeds of one row must agree on
+every setting but the seed, the paths and the decoding, else the table is refused, naming
+the settings that differ.
 
   python scripts/table.py --seeds "soft=runs/s0/metrics_test.json,runs/s0/grounding.json" \
       "soft=runs/s1/metrics_test.json,runs/s1/grounding.json" "none=runs/n0/metrics_test.json"
 """
 
+import dataclasses
 import json
 import os
 
@@ -21,7 +25,9 @@ from absl import flags
 
 from sat_tf import files
 from sat_tf.cli.flags_lib import run
+from sat_tf.config import Config
 from sat_tf.evaluation import coco_grounding, metrics
+from sat_tf.training.workdir import CONFIG_FILE
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string(
@@ -34,6 +40,16 @@ flags.DEFINE_bool(
     "One run per argument (metrics JSON, optionally ',' and a grounding JSON); runs of one "
     "row name are seeds: mean ± standard deviation.",
     flag_values=FLAGS,
+)
+
+
+# The settings that may differ between the seeds of one row: the seed, where the run read
+# and wrote, how its captions were decoded (evaluate.py may override the workdir's), and
+# how the work was spread over the machine.
+PER_RUN_FIELDS = frozenset(
+    ("seed", "data_dir", "on_missing", "init_from", "feature_dir", "cache_dir", "eval_images")
+    + ("beam_size", "max_decode_length", "length_penalty", "hard_decoding")
+    + ("strategy", "jit_compile")
 )
 
 
@@ -62,18 +78,55 @@ def _run_scores(paths):
     return scores
 
 
+def _run_config(metrics_path):
+    """The config of the run a metrics JSON belongs to: the config.json beside it, or
+    None when there is none (a metrics JSON kept outside its workdir)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(metrics_path)), CONFIG_FILE)
+    if not os.path.exists(path):
+        return None
+    try:
+        return Config.load(path)
+    except ValueError as e:
+        raise ValueError(f"{path}, the config of {metrics_path}: {e}") from e
+
+
+def _check_seeds(name, paths):
+    """Raises ValueError when the runs of row `name` (their metrics JSONs) are not seeds
+    of one recipe: a file given twice, or workdir configs that differ in a setting other
+    than PER_RUN_FIELDS."""
+    for path in paths:
+        if paths.count(path) > 1:
+            raise ValueError(f"row {name!r} lists {path} twice: its seeds must be other runs")
+    known = [(path, config) for path in paths if (config := _run_config(path)) is not None]
+    for path, config in known[1:]:
+        first_path, first = known[0]
+        diff = [
+            f"--{k}: {first_path} has {getattr(first, k)!r}, {path} {getattr(config, k)!r}"
+            for k in (f.name for f in dataclasses.fields(Config))
+            if k not in PER_RUN_FIELDS and getattr(first, k) != getattr(config, k)
+        ]
+        if diff:
+            raise ValueError(
+                f"row {name!r} mixes runs of other settings; give them other row names:\n  "
+                + "\n  ".join(diff)
+            )
+
+
 def _main(argv):
-    rows = {}
+    rows, seed_paths = {}, {}
     for arg in argv[1:]:
         name, sep, path = arg.rpartition("=")
         if not sep or not name:
             raise ValueError(f"{arg!r} is not <row name>=<metrics JSON>")
         if FLAGS.seeds:
             rows.setdefault(name, []).append(_run_scores(path))
+            seed_paths.setdefault(name, []).append(path.split(",")[0])
         else:
             rows[name] = _read(path)
     if not rows:
         raise ValueError("give one or more <row name>=<metrics JSON>")
+    for name, paths in seed_paths.items():
+        _check_seeds(name, paths)
     table = metrics.seed_table(rows) if FLAGS.seeds else metrics.table1(rows, FLAGS.dataset)
     if FLAGS.output:
         os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output)), exist_ok=True)
