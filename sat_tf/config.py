@@ -9,7 +9,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from sat_tf import files
@@ -87,7 +87,8 @@ class Config:
         "",
         "A finished workdir whose best weights this run starts from instead of fresh ones "
         "(its model settings but the attention must be this run's), e.g. hard attention from "
-        "a converged soft model; '' = fresh weights.",
+        "a converged soft model, or an encoder fine-tune from a run on cached features of "
+        "that encoder; '' = fresh weights.",
     )
 
     vocab_size: int = _field(10000, "Most frequent training words kept (paper 5.1).")
@@ -245,6 +246,21 @@ class Config:
                 "--global_context contradicts --attention=none: it adds the mean annotation "
                 "beside an attended context, and none has no other context than that mean"
             )
+
+    def differences(
+        self, other: "Config", names: Iterable[str] | None = None
+    ) -> list[tuple[str, Any, Any]]:
+        """(name, this config's value, `other`'s value) of each setting in `names` (every
+        field when None), in that order, where the two configs differ. Callers word the
+        message: a workdir, `--init_from` and a seed table each name the two sides their
+        own way."""
+        if names is None:
+            names = [f.name for f in dataclasses.fields(self)]
+        return [
+            (name, getattr(self, name), getattr(other, name))
+            for name in names
+            if getattr(self, name) != getattr(other, name)
+        ]
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

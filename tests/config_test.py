@@ -247,6 +247,22 @@ class FileTest(parameterized.TestCase):
             Config.load(path)
 
 
+class DifferencesTest(parameterized.TestCase):
+    def test_names_each_differing_setting_with_both_values_in_the_order_asked(self):
+        mine = Config(seed=1, epochs=6, attention="hard")
+        theirs = Config(seed=2, epochs=10, attention="hard")
+        self.assertEqual(mine.differences(theirs), [("seed", 1, 2), ("epochs", 6, 10)])
+        self.assertEqual(
+            mine.differences(theirs, ["epochs", "attention", "seed"]),
+            [("epochs", 6, 10), ("seed", 1, 2)],
+        )
+        self.assertEqual(theirs.differences(mine, ["epochs"]), [("epochs", 10, 6)])
+
+    def test_equal_configs_and_unasked_settings_give_nothing(self):
+        self.assertEqual(Config().differences(Config()), [])
+        self.assertEqual(Config(seed=1).differences(Config(seed=2), ["epochs"]), [])
+
+
 class HelpTest(parameterized.TestCase):
     def test_every_field_has_help(self):
         rows = list(config_lib.fields_with_help())

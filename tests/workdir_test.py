@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from sat_tf.config import Config
 from sat_tf.data.vocab import SPECIALS, Vocab
+from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.show_attend_tell import build_model
 from sat_tf.training import workdir as workdir_lib
 
@@ -95,6 +96,81 @@ class LoadInitialWeightsTest(tf.test.TestCase):
             ValueError, f"--init_from={self.source} is not a finished workdir: best.weights.h5"
         ):
             workdir_lib.load_initial_weights(_model(SMALL, 5), SMALL, VOCAB, self.source)
+
+
+class FineTuneFromCachedFeaturesTest(tf.test.TestCase):
+    """A decoder trained on cached features starts a run that trains its encoder too."""
+
+    def setUp(self):
+        super().setUp()
+        # The "pretrained" encoder: a shapes CNN whose weights a file holds.
+        encoder = ImageEncoder("shapes_cnn", 32)
+        encoder.build((None, 32, 32, 3))
+        rng = np.random.default_rng(0)
+        for w in encoder.weights:
+            w.assign(rng.uniform(0.5, 1.5, size=w.shape).astype(np.float32))
+        self.encoder_path = os.path.join(self.get_temp_dir(), "encoder.weights.h5")
+        encoder.net.save_weights(self.encoder_path)
+        self.images = rng.uniform(0, 255, size=(2, 32, 32, 3)).astype(np.float32)
+        self.features = encoder(self.images)  # (2, 16, 50): 4 x 4 cells
+        self.config = dataclasses.replace(
+            SMALL,
+            image_size=32,
+            encoder_weights=self.encoder_path,
+            use_feature_cache=False,
+            fine_tune_encoder=True,
+        )
+        cached = dataclasses.replace(self.config, use_feature_cache=True)
+        self.source = os.path.join(self.get_temp_dir(), "cached")
+        workdir_lib.check_workdir(cached, self.source)
+        self.trained = build_model(cached, len(VOCAB), feature_shape=(16, 50), grid=(4, 4))
+        for w in self.trained.weights:
+            w.assign(rng.normal(size=w.shape).astype(np.float32))
+        workdir_lib.save_weights_atomically(
+            self.trained, os.path.join(self.source, workdir_lib.BEST_WEIGHTS)
+        )
+        workdir_lib.write_best_info(self.source, VOCAB, epoch=2)
+
+    def test_starts_with_the_trained_decoder_over_the_pretrained_encoder(self):
+        model = build_model(self.config, len(VOCAB))
+        encoder_before = [w.numpy() for w in model.encoder.weights]
+        workdir_lib.load_initial_weights(model, self.config, VOCAB, self.source)
+        for got, want in zip(model.encoder.weights, encoder_before, strict=True):
+            self.assertAllEqual(got, want)
+        for got, want in zip(model.decoder.weights, self.trained.decoder.weights, strict=True):
+            self.assertAllEqual(got, want)
+        # The whole model on images gives the trained model's outputs on their features.
+        caption = tf.constant([[1, 4, 5, 6, 2], [1, 5, 6, 2, 0]])
+        from_images = model({"image": self.images, "caption": caption})
+        from_features = self.trained({"features": self.features, "caption": caption})
+        self.assertAllClose(from_images, from_features, atol=1e-5)
+        # Training keeps the pretrained encoder's batch-normalisation statistics.
+        encoded = model.encode({"image": self.images}, training=True)
+        self.assertAllClose(encoded, self.features, atol=1e-5)
+
+    def test_features_of_another_encoder_or_crop_are_refused(self):
+        other = os.path.join(self.get_temp_dir(), "other.weights.h5")
+        cases = [
+            ({"encoder_weights": other}, f"--encoder_weights: .* has .*, this run '{other}'"),
+            ({"crop_fraction": 0.5}, "--crop_fraction: .*cropped to 1, this run crops to 0.5"),
+        ]
+        for change, message in cases:
+            config = dataclasses.replace(self.config, **change)
+            model = build_model(self.config, len(VOCAB))
+            with self.assertRaisesRegex(ValueError, f"holds another model:\\n  {message}"):
+                workdir_lib.load_initial_weights(model, config, VOCAB, self.source)
+
+    def test_a_fine_tuned_run_does_not_start_a_run_on_cached_features(self):
+        source = os.path.join(self.get_temp_dir(), "images")
+        workdir_lib.check_workdir(self.config, source)
+        model = build_model(self.config, len(VOCAB))
+        workdir_lib.save_weights_atomically(model, os.path.join(source, workdir_lib.BEST_WEIGHTS))
+        workdir_lib.write_best_info(source, VOCAB, epoch=1)
+        with self.assertRaisesRegex(ValueError, "--use_feature_cache: .* has False, this run True"):
+            workdir_lib.load_initial_weights(self.trained, self.trained_config(), VOCAB, source)
+
+    def trained_config(self):
+        return dataclasses.replace(self.config, use_feature_cache=True)
 
 
 if __name__ == "__main__":

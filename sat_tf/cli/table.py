@@ -51,6 +51,8 @@ PER_RUN_FIELDS = frozenset(
     + ("beam_size", "max_decode_length", "length_penalty", "hard_decoding")
     + ("strategy", "jit_compile")
 )
+# The rest: the recipe, which the seeds of one row share.
+_RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Config) if f.name not in PER_RUN_FIELDS)
 
 
 def _read(path):
@@ -98,12 +100,13 @@ def _check_seeds(name, paths):
         if paths.count(path) > 1:
             raise ValueError(f"row {name!r} lists {path} twice: its seeds must be other runs")
     known = [(path, config) for path in paths if (config := _run_config(path)) is not None]
+    if not known:
+        return
+    first_path, first = known[0]
     for path, config in known[1:]:
-        first_path, first = known[0]
         diff = [
-            f"--{k}: {first_path} has {getattr(first, k)!r}, {path} {getattr(config, k)!r}"
-            for k in (f.name for f in dataclasses.fields(Config))
-            if k not in PER_RUN_FIELDS and getattr(first, k) != getattr(config, k)
+            f"--{k}: {first_path} has {mine!r}, {path} {theirs!r}"
+            for k, mine, theirs in first.differences(config, _RECIPE_FIELDS)
         ]
         if diff:
             raise ValueError(

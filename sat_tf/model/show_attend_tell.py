@@ -99,7 +99,11 @@ class ShowAttendTell(ResumableModel):
             return tf.cast(batch["features"], tf.float32)
         if self.encoder is None:
             raise ValueError("this model reads cached features; the batch has no 'features'")
-        return self.encoder(batch["image"], training=training and self.encoder.trainable)
+        # A pretrained encoder being fine-tuned keeps its batch-normalisation statistics
+        # (inference mode): batches of a few photos, each repeated for its captions, would
+        # replace the ImageNet statistics its weights were trained with.
+        learns_statistics = self.encoder.trainable and not self.encoder.pretrained
+        return self.encoder(batch["image"], training=training and learns_statistics)
 
     def call(self, batch, training=False):
         """Teacher-forced outputs (see `AttentionDecoder.call`) for batch["caption"]."""

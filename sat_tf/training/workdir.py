@@ -48,9 +48,8 @@ def check_workdir(config: Config, workdir: str) -> None:
         saved = Config.load(path)
         fields = MODEL_FIELDS + (("hard_gate",) if config.attention == "hard" else ())
         diff = [
-            f"--{k}: workdir has {getattr(saved, k)!r}, this run {getattr(config, k)!r}"
-            for k in fields
-            if getattr(saved, k) != getattr(config, k)
+            f"--{k}: workdir has {mine!r}, this run {theirs!r}"
+            for k, mine, theirs in saved.differences(config, fields)
         ]
         if diff:
             raise ValueError(
@@ -84,11 +83,22 @@ def load_initial_weights(model, config: Config, vocab, source: str) -> None:
                 "is missing"
             )
     saved = Config.load(paths[0])
+    # A decoder trained on cached features may start an encoder fine-tune: its features
+    # came from the same pretrained encoder, cropped the same way.
+    onto_images = saved.use_feature_cache and not config.use_feature_cache
+    compared = [k for k in MODEL_FIELDS if k != "attention"]
+    if onto_images:
+        compared = [k for k in compared if k != "use_feature_cache"] + ["encoder_weights"]
     diff = [
-        f"--{k}: {source} has {getattr(saved, k)!r}, this run {getattr(config, k)!r}"
-        for k in MODEL_FIELDS
-        if k != "attention" and getattr(saved, k) != getattr(config, k)
+        f"--{k}: {source} has {mine!r}, this run {theirs!r}"
+        for k, mine, theirs in saved.differences(config, compared)
     ]
+    if onto_images and saved.effective_crop_fraction != config.effective_crop_fraction:
+        diff.append(
+            f"--crop_fraction: {source}'s features were cropped to "
+            f"{saved.effective_crop_fraction:g}, this run crops to "
+            f"{config.effective_crop_fraction:g}"
+        )
     saved_layout, layout = _weight_layout(saved), _weight_layout(config)
     if saved_layout != layout:
         diff.append(
@@ -104,7 +114,37 @@ def load_initial_weights(model, config: Config, vocab, source: str) -> None:
         f"--init_from={source}: its weights were trained with another vocabulary than this run's",
         "this run's vocabulary",
     )
-    model.load_weights(paths[2])
+    if onto_images:
+        _load_all_but_the_encoder(model, saved, len(vocab), paths[2])
+    else:
+        model.load_weights(paths[2])
+
+
+def _load_all_but_the_encoder(model, saved: Config, vocab_size: int, path: str) -> None:
+    """Loads the weights at `path` of a model on cached features (`saved`) into `model`,
+    which reads images: every weight but its encoder's, matched by path. The encoder
+    keeps its pretrained weights, which made those features."""
+    height, width, depth = model.encoder.feature_grid()
+    trained = build_model(
+        saved, vocab_size, feature_shape=(height * width, depth), grid=(height, width)
+    )
+    trained.load_weights(path)
+
+    def by_path(weights):  # the path below the model's own (numbered) name
+        return {w.path.split("/", 1)[1]: w for w in weights}
+
+    encoder = {id(w) for w in model.encoder.weights}
+    mine = by_path(w for w in model.weights if id(w) not in encoder)
+    theirs = by_path(trained.weights)
+    if mine.keys() != theirs.keys():
+        only_there = sorted(theirs.keys() - mine.keys())
+        only_here = sorted(mine.keys() - theirs.keys())
+        raise ValueError(
+            f"{path}: its weights do not fit this model's decoder (only there: {only_there}; "
+            f"only here: {only_here})"
+        )
+    for key, weight in mine.items():
+        weight.assign(theirs[key])
 
 
 def _check_weights_vocab(info_path, vocab, what, whose):
