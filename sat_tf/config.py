@@ -87,8 +87,8 @@ class Config:
         "",
         "A finished workdir whose best weights this run starts from instead of fresh ones "
         "(its model settings but the attention must be this run's), e.g. hard attention from "
-        "a converged soft model, or an encoder fine-tune from a run on cached features of "
-        "that encoder; '' = fresh weights.",
+        "a converged soft model, or a run that also trains the encoder from a run on cached "
+        "features of that encoder; '' = fresh weights.",
     )
 
     vocab_size: int = _field(10000, "Most frequent training words kept (paper 5.1).")
