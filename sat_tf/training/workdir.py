@@ -12,7 +12,7 @@ paper §4.3) with `best.json` (its epoch, score and vocabulary fingerprint),
 import json
 import os
 
-from sat_tf import files
+from sat_tf import files, npz_weights
 from sat_tf.config import MODEL_FIELDS, Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model.show_attend_tell import build_model
@@ -129,13 +129,9 @@ def _load_all_but_the_encoder(model, saved: Config, vocab_size: int, path: str) 
         saved, vocab_size, feature_shape=(height * width, depth), grid=(height, width)
     )
     trained.load_weights(path)
-
-    def by_path(weights):  # the path below the model's own (numbered) name
-        return {w.path.split("/", 1)[1]: w for w in weights}
-
-    encoder = {id(w) for w in model.encoder.weights}
-    mine = by_path(w for w in model.weights if id(w) not in encoder)
-    theirs = by_path(trained.weights)
+    # Keyed by their paths below the model's own (numbered) name, as the presets store them.
+    mine = npz_weights.variables(model, with_encoder=False)
+    theirs = npz_weights.variables(trained, with_encoder=False)
     if mine.keys() != theirs.keys():
         only_there = sorted(theirs.keys() - mine.keys())
         only_here = sorted(mine.keys() - theirs.keys())
