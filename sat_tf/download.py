@@ -1,32 +1,37 @@
 """Downloading a folder packed as a .tar.gz archive over HTTPS into a cache, once.
 
-`keras.utils.get_file` fetches the archive (trusting the system's certificate
-authorities, or `$SSL_CERT_FILE`), checks it against the URL's `#sha256=<hex>` fragment
-when there is one, and unpacks it, refusing members that would land outside its folder.
-It unpacks into its own cache on every call, over the files of the last call; so here
-it runs in a scratch folder, and the unpacked files, once checked, enter the cache in
-one rename (`files.staged_dir`): a reader never sees a partial folder, a failed
+The archive is streamed to a scratch folder with a timeout on every read (a server that
+stops sending is given up on, not waited for), trusting the system's certificate
+authorities or `$SSL_CERT_FILE`; it is checked against the URL's `#sha256=<hex>`
+fragment when there is one and against its declared length, and unpacked only if every
+member is a plain file or folder inside it. The unpacked files, once checked, enter the
+cache in one rename (`files.staged_dir`): a reader never sees a partial folder, a failed
 download leaves nothing behind, and the next call tries again.
 """
 
-import contextlib
 import hashlib
+import http.client
 import os
+import posixpath
 import re
-import sys
+import ssl
 import tarfile
 import tempfile
 import urllib.error
 import urllib.parse
+import urllib.request
 import zlib
 
-import keras
 from absl import logging
 
 from sat_tf import files
 
 CACHE_ENV = "SAT_TF_CACHE"
 RECORD_FILE = "download.json"
+# Seconds a connection or a single read may wait for the server before the download is
+# given up (not the whole transfer's limit).
+TIMEOUT_SECONDS = 60.0
+_CHUNK_BYTES = 1 << 20
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -44,60 +49,105 @@ def _expected_sha256(url, fragment):
     return value.lower()
 
 
-def _reason(error: Exception) -> str:
-    """Why a fetch failed: get_file raises a bare Exception from urllib's error."""
-    cause = error.__context__
-    if isinstance(cause, urllib.error.HTTPError):
-        return f"HTTP {cause.code} {cause.reason}"
-    if isinstance(cause, urllib.error.URLError):
-        return str(cause.reason)
-    return f"{type(error).__name__}: {error}"
-
-
-def _fetch(address: str, expected: str | None, scratch: str, marker: str) -> tuple[str, str]:
-    """Downloads and unpacks an archive into `scratch` with `keras.utils.get_file`.
+def _stream(address: str, archive: str, timeout: float) -> tuple[int, str]:
+    """Writes the body at `address` to `archive`.
 
     Returns:
-      (the archive's path, the unpacked folder that holds `marker`: the archive's top,
-      or its one folder).
+      (its size in bytes, its sha256).
     """
-    archive = os.path.join(scratch, "archive.tar.gz")
-    not_archive = f"the archive from {address} is truncated or not a .tar.gz archive"
+    request = urllib.request.Request(address, headers={"User-Agent": "sat_tf"})
+    digest, size = hashlib.sha256(), 0
+    with (
+        urllib.request.urlopen(
+            request, timeout=timeout, context=ssl.create_default_context()
+        ) as response,
+        open(archive, "wb") as out,
+    ):
+        declared = response.headers.get("Content-Length")
+        while chunk := response.read(_CHUNK_BYTES):
+            out.write(chunk)
+            digest.update(chunk)
+            size += len(chunk)
+    if declared is not None and declared.isdigit() and size < int(declared):
+        raise ConnectionError(f"retrieval incomplete: got only {size} out of {declared} bytes")
+    return size, digest.hexdigest()
+
+
+def _download(address: str, archive: str, expected: str | None, timeout: float):
+    """Downloads `address` to `archive` and checks its sha256.
+
+    Returns:
+      (its size in bytes, its sha256).
+    """
     logging.info("downloading %s", address)
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # its progress bar; stdout is output
-            folder = keras.utils.get_file(
-                os.path.basename(archive),
-                address,
-                file_hash=expected,
-                hash_algorithm="sha256",
-                cache_dir=scratch,
-                cache_subdir=".",
-                extract=True,
-                archive_format="tar",
-            )
-    except ValueError as e:  # get_file's error for a hash that differs
-        if expected is None or not os.path.isfile(archive):
-            raise
+        size, sha256 = _stream(address, archive, timeout)
+    except urllib.error.HTTPError as e:
+        raise ValueError(f"cannot download {address}: HTTP {e.code} {e.reason}") from e
+    except (TimeoutError, urllib.error.URLError) as e:
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, TimeoutError):
+            reason = f"the server sent nothing for {timeout:g} s (timed out)"
+        raise ValueError(f"cannot download {address}: {reason}") from e
+    except (OSError, http.client.HTTPException) as e:
+        raise ValueError(f"cannot download {address}: {e}") from e
+    if expected is not None and sha256 != expected:
         raise ValueError(
-            f"the archive downloaded from {address} has sha256 {files.sha256_of(archive)}, "
+            f"the archive downloaded from {address} has sha256 {sha256}, "
             f"the URL's #sha256= says {expected}: it is damaged or another file"
-        ) from e
+        )
+    logging.info("downloaded %s bytes from %s", f"{size:,}", address)
+    return size, sha256
+
+
+def _unpack(archive: str, folder: str, address: str) -> None:
+    """Unpacks `archive` into `folder`, refusing members other than files and folders
+    and names that would land outside it."""
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            members = tar.getmembers()
+            for member in members:
+                name = posixpath.normpath(member.name)
+                if name.startswith(("/", "../")) or name == "..":
+                    raise ValueError(
+                        f"the archive from {address} holds {member.name!r}, "
+                        "which would land outside its folder"
+                    )
+                if not (member.isfile() or member.isdir()):
+                    raise ValueError(
+                        f"the archive from {address} holds {member.name!r}, "
+                        "which is neither a file nor a folder"
+                    )
+            options = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(folder, members=members, **options)
     except (tarfile.TarError, EOFError, zlib.error) as e:
-        raise ValueError(f"{not_archive}: {e}") from e
-    except Exception as e:
-        raise ValueError(f"cannot download {address}: {_reason(e)}") from e
-    if not os.path.isdir(folder):  # get_file only warns when the file is no archive
-        raise ValueError(not_archive)
-    entries = os.listdir(folder)
+        raise ValueError(
+            f"the archive from {address} is truncated or not a .tar.gz archive ({e})"
+        ) from e
+
+
+def _fetch(address: str, expected: str | None, scratch: str, marker: str, timeout: float):
+    """Downloads and unpacks an archive into `scratch`.
+
+    Returns:
+      (the archive's size, its sha256, the unpacked folder that holds `marker`: the
+      archive's top, or its one folder).
+    """
+    archive = os.path.join(scratch, "archive.tar.gz")
+    size, sha256 = _download(address, archive, expected, timeout)
+    folder = os.path.join(scratch, "unpacked")
+    _unpack(archive, folder, address)
+    entries = os.listdir(folder) if os.path.isdir(folder) else []
     if len(entries) == 1 and os.path.isdir(os.path.join(folder, entries[0])):
         folder = os.path.join(folder, entries[0])
     if not os.path.isfile(os.path.join(folder, marker)):
         raise ValueError(f"the archive from {address} holds no {marker}")
-    return archive, folder
+    return size, sha256, folder
 
 
-def cached_folder(url: str, cache_dir: str, marker: str, check=None) -> str:
+def cached_folder(
+    url: str, cache_dir: str, marker: str, check=None, timeout: float | None = None
+) -> str:
     """The cache's folder of an archive's files, downloaded if it is not there yet.
 
     Args:
@@ -106,13 +156,15 @@ def cached_folder(url: str, cache_dir: str, marker: str, check=None) -> str:
       marker: a file the archive must hold (at its top or in its one folder).
       check: `check(folder, url)` raises ValueError for unpacked files that may not
         enter the cache.
+      timeout: seconds the connection and each read may wait for the server
+        (`TIMEOUT_SECONDS` when None).
 
     Returns:
       the folder; it also holds `download.json` (the URL, the archive's size and sha256).
 
     Raises:
-      ValueError: for another scheme than https, a bad fragment, a failed, truncated or
-        corrupt download, or files that `check` refuses.
+      ValueError: for another scheme than https, a bad fragment, a failed, stalled,
+        truncated or corrupt download, or files that `check` refuses.
     """
     parts = urllib.parse.urlsplit(url)
     if parts.scheme != "https":
@@ -127,15 +179,13 @@ def cached_folder(url: str, cache_dir: str, marker: str, check=None) -> str:
     os.makedirs(cache_dir, exist_ok=True)
     scratch_dir = tempfile.TemporaryDirectory(prefix=".download", dir=cache_dir)
     with files.staged_dir(target) as staged, scratch_dir as scratch:
-        archive, unpacked = _fetch(address, expected, scratch, marker)
+        size, sha256, unpacked = _fetch(
+            address, expected, scratch, marker, TIMEOUT_SECONDS if timeout is None else timeout
+        )
         for name in os.listdir(unpacked):
             os.replace(os.path.join(unpacked, name), os.path.join(staged, name))
         if check is not None:
             check(staged, address)
-        record = {
-            "url": address,
-            "bytes": os.path.getsize(archive),
-            "sha256": files.sha256_of(archive),
-        }
+        record = {"url": address, "bytes": size, "sha256": sha256}
         files.write_json(os.path.join(staged, RECORD_FILE), record, indent=2)
     return target

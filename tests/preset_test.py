@@ -5,6 +5,7 @@ workdir, the scripts' --preset, and the shipped preset on a real Flickr8k photo.
 import dataclasses
 import hashlib
 import http.server
+import io
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 from unittest import mock
@@ -320,8 +322,32 @@ class PresetTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(files.sha256_of(first), digest)
 
 
+def tar_bytes(members):
+    """A .tar.gz archive of `members` (name -> bytes, or a str: a symbolic link's target).
+
+    Returns:
+      (its bytes, their length): a route of `https_server`.
+    """
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, content in members.items():
+            info = tarfile.TarInfo(name)
+            if isinstance(content, str):
+                info.type, info.linkname = tarfile.SYMTYPE, content
+                tar.addfile(info)
+            else:
+                info.size = len(content)
+                tar.addfile(info, io.BytesIO(content))
+    data = buffer.getvalue()
+    return data, len(data)
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
-    """Serves `server.routes`: path -> (body, declared Content-Length); counts requests."""
+    """Serves `server.routes`: path -> (body, declared Content-Length); counts requests.
+
+    For a path in `server.stalls` it sends half the body, then nothing until
+    `server.release` is set (or 30 s pass).
+    """
 
     def do_GET(self):
         self.server.requests.append(self.path)
@@ -333,6 +359,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/gzip")
         self.send_header("Content-Length", str(declared))
         self.end_headers()
+        if self.path in self.server.stalls:
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.server.release.wait(30)
         self.wfile.write(body)
         self.close_connection = True
 
@@ -359,6 +389,7 @@ def https_server(folder):
     context.load_cert_chain(cert, key)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     server.routes, server.requests = {}, []
+    server.stalls, server.release = set(), threading.Event()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, cert
 
@@ -393,8 +424,13 @@ class DownloadTest(tf.test.TestCase):
             damaged_archive = f.read()
         flipped = bytearray(good)
         flipped[len(good) // 2] ^= 0xFF
+        cls.server.stalls.add("/stalled.tar.gz")
+        cls.addClassCleanup(cls.server.release.set)
         cls.server.routes.update(
             {
+                "/stalled.tar.gz": (good, len(good)),
+                "/escape.tar.gz": tar_bytes({"../metadata.json": b"{}"}),
+                "/link.tar.gz": tar_bytes({"metadata.json": b"{}", "weights.npz": "/etc/passwd"}),
                 "/tiny.tar.gz": (good, len(good)),
                 "/cut.tar.gz": (good[: len(good) // 2], len(good)),
                 "/short.tar.gz": (good[: len(good) // 2], len(good) // 2),
@@ -463,12 +499,28 @@ class DownloadTest(tf.test.TestCase):
             rf"out of {total} bytes",
         )
 
+    def test_stalled_download_is_given_up(self):
+        # The server sends half the archive, then waits on an event this test never sets.
+        with mock.patch.object(download, "TIMEOUT_SECONDS", 0.3):
+            self.assertRefused(
+                "/stalled.tar.gz",
+                r"cannot download .*/stalled.tar.gz: the server sent nothing for 0.3 s "
+                r"\(timed out\)$",
+            )
+
     def test_truncated_archive_is_refused(self):
         self.assertRefused(
             "/short.tar.gz", r"archive from .*/short.tar.gz is truncated or not a .tar.gz archive"
         )
         self.server.requests.clear()
-        self.assertRefused("/notes.tar.gz", r"is truncated or not a .tar.gz archive$")
+        self.assertRefused("/notes.tar.gz", r"is truncated or not a .tar.gz archive \(.+\)$")
+
+    def test_archive_members_outside_files_and_folders_are_refused(self):
+        self.assertRefused(
+            "/escape.tar.gz", r"holds '\.\./metadata.json', which would land outside its folder$"
+        )
+        self.server.requests.clear()
+        self.assertRefused("/link.tar.gz", r"holds 'weights.npz', which is neither a file nor a")
 
     def test_corrupt_download_is_refused(self):
         self.assertRefused(
