@@ -15,6 +15,7 @@ looked for every word.
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ import tensorflow as tf
 from PIL import Image, ImageOps
 
 from sat_tf.data import image_io
+from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import visualize
 from sat_tf.model.show_attend_tell import ShowAttendTell, feature_encoder
 from sat_tf.training import scoring
@@ -243,6 +245,46 @@ class Captioner:
             return []
         pixels = np.stack([self.load_image(image, i) for i, image in enumerate(batch)])
         return self.caption_pixels(pixels, beam_size)
+
+    def attend(self, image, captions: Sequence[str | Sequence[str]]) -> list[np.ndarray]:
+        """Where the model looks for every word of given captions of one image (teacher
+        forcing: each word is predicted from the caption's words before it, not from the
+        model's own).
+
+        Args:
+          image: one image, as `load_image` takes it.
+          captions: texts (split as training splits them: `vocab.tokenize_py`) or word
+            lists; words outside the vocabulary are read as `<unk>`.
+
+        Returns:
+          per caption a (n + 1, H, W) array for its n words: row t is the attention with
+          which the model predicts word t, the last row `<end>`'s; for a caption the model
+          says itself, the rows of its `Caption.attention`.
+        """
+        words = [vocab_lib.tokenize_py([c])[0] if isinstance(c, str) else list(c) for c in captions]
+        if not words:
+            return []
+        pixels = tf.constant(self.load_image(image)[None])
+        if self._encoder is not None:
+            features = self._encoder(pixels, training=False)
+        else:
+            features = self.model.encode({"image": pixels})
+        length = max(len(w) for w in words) + 1
+        inputs = np.full((len(words), length), vocab_lib.PAD_ID, np.int32)
+        for i, w in enumerate(words):
+            inputs[i, : len(w) + 1] = [vocab_lib.START_ID, *self.vocab.ids(w)]
+        decoder = self.model.decoder
+        use_expected = None
+        if decoder.attention == "hard":  # as `step` decodes it: expected context or argmax
+            use_expected = tf.fill([len(words)], decoder.hard_decoding == "expected")
+        out = decoder(
+            tf.repeat(features, len(words), axis=0),
+            tf.constant(inputs),
+            training=False,
+            use_expected=use_expected,
+        )
+        maps = out["alpha"].numpy().reshape((len(words), length, *self.grid))
+        return [maps[i, : len(w) + 1] for i, w in enumerate(words)]
 
     def attention_figure(self, caption: Caption, path: str | None = None) -> np.ndarray:
         """The picture of where the model looked for every word (paper Fig. 3): the image,

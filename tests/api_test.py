@@ -13,6 +13,8 @@ import tempfile
 
 import numpy as np
 import tensorflow as tf
+from absl.testing import parameterized
+from fixtures import scenes, tiny_model
 from PIL import Image
 
 import sat_tf
@@ -221,6 +223,36 @@ class CaptionerTest(tf.test.TestCase):
         # image first, then one per map.
         panels = 1 + len(caption.attention)
         self.assertEqual(picture.shape, (240 * -(-panels // 5), 220 * min(5, panels), 3))
+
+    def test_attend_to_its_own_caption_gives_its_attention(self):
+        # Teacher forcing on the words greedy decoding chose runs the same steps.
+        (caption,) = self.captioner.caption(self.pngs[0], beam_size=1)
+        (maps,) = self.captioner.attend(self.pngs[0], [caption.words])
+        self.assertEqual(maps.shape, (len(caption.words) + 1, 7, 7))
+        self.assertAllClose(maps, caption.attention, atol=1e-5)
+        # A text is split as in training; a word outside the vocabulary is read as <unk>.
+        text, unknown, spelled = self.captioner.attend(
+            self.pngs[0], ["A dog, running!", ["a", "zzzq"], ["a", "<unk>"]]
+        )
+        self.assertEqual(text.shape, (4, 7, 7))
+        self.assertAllClose(unknown, spelled)
+        self.assertEqual(self.captioner.attend(self.pngs[0], []), [])
+
+
+class AttendHardTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters("expected", "argmax")
+    def test_hard_attention_attends_as_it_decodes(self, hard_decoding):
+        model, vocab, config = tiny_model(attention="hard", hard_decoding=hard_decoding)
+        model.decoder.hard_decoding = hard_decoding
+        captioner = sat_tf.Captioner(model, vocab, config)
+        images = list(scenes(0, 4))
+        captions = captioner.caption(images, beam_size=1)
+        self.assertGreater(len({c.text for c in captions}), 1)
+        for image, caption in zip(images, captions, strict=True):
+            if len(caption.attention) != len(caption.words) + 1:
+                continue  # stopped at the length limit, without <end>
+            (maps,) = captioner.attend(image, [caption.words])
+            self.assertAllClose(maps, caption.attention, atol=1e-5)
 
 
 class LazyImportTest(tf.test.TestCase):

@@ -7,11 +7,14 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+from fixtures import WORDS, tiny_model
 from PIL import Image
 
+from sat_tf import preset
 from sat_tf.cli import grounding as grounding_cli
 from sat_tf.config import Config
 from sat_tf.data import image_io
+from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import coco_grounding as cg
 from sat_tf.evaluation.coco_grounding import Mention
 from sat_tf.model.show_attend_tell import build_model
@@ -397,3 +400,53 @@ def test_script_on_the_shipped_preset(tmp_path, capsys):
     refused = grounding_cli.main(args[:2] + ["--workdir=runs/x"])
     assert refused == 1
     assert "give exactly one of --workdir, --preset and --export" in capsys.readouterr().err
+
+
+CAPTIONS = {
+    "annotations": [
+        # Photo 1 has persons and a dog: "man" and "dog" are scored; "cat" is absent;
+        # "puppy" names a dog but is outside the model's vocabulary, so it is not scored.
+        {"id": 1, "image_id": 1, "caption": "A man and a dog."},
+        {"id": 2, "image_id": 1, "caption": "a cat and a puppy"},
+        {"id": 3, "image_id": 2, "caption": "A big cat"},
+        {"id": 4, "image_id": 99, "caption": "a dog"},  # not one of the photos
+    ]
+}
+
+
+def test_reference_captions_of_a_none_model(tmp_path, capsys):
+    """Teacher-forced on the human captions, a `none` model scores the random baseline
+    on exactly the hand-counted words."""
+    coco = tmp_path / "coco"
+    _write_coco(str(coco))
+    with open(coco / "annotations" / "captions_val2017.json", "w", encoding="utf-8") as f:
+        json.dump(CAPTIONS, f)
+    model, _, config = tiny_model(attention="none")
+    words = [*vocab_lib.SPECIALS, "a", "man", "and", "dog", "cat", "big", "on", "the"]
+    assert len(words) == len(WORDS)
+    preset.save(model, vocab_lib.Vocab(words), config, str(tmp_path / "p"), name="p")
+    output = tmp_path / "g.json"
+    args = ["sat-grounding", f"--preset={tmp_path / 'p'}", f"--coco_dir={coco}"]
+    code = grounding_cli.main([*args, "--captions=reference", f"--output={output}"])
+    out, err = capsys.readouterr()
+    assert code == 0, err[-2000:]
+    assert "teacher-forced on the human captions" in out
+    result = json.loads(output.read_text())
+    assert result["captions"][0] == {"image_id": 1, "file": "one.jpg", "caption": "a man and a dog"}
+    assert (result["photos"], result["references"], len(result["captions"])) == (2, 3, 3)
+    scored = [(r["image_id"], r["index"], r["word"]) for r in result["scored"]]
+    assert scored == [(1, 1, "man"), (1, 4, "dog"), (2, 2, "cat")]
+    assert result["absent"] == 1
+    for row in result["scored"]:
+        assert row["hit"] == row["random"]
+        assert row["mass"] == pytest.approx(row["area_share"], abs=1e-6)
+
+    for bad, message in [
+        ("--beam_size=1", "leave out --beam_size=1"),
+        ("--store_in_preset", "records the scores of generated captions only"),
+    ]:
+        assert grounding_cli.main([*args, "--captions=reference", bad]) == 1
+        assert message in capsys.readouterr().err
+    os.remove(coco / "annotations" / "captions_val2017.json")
+    assert grounding_cli.main([*args, "--captions=reference"]) == 1
+    assert "has no annotations/captions_val2017.json" in capsys.readouterr().err

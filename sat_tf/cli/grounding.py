@@ -3,6 +3,7 @@
   sat-grounding --preset=flickr8k_lite0_soft --beam_size=3 --output=g.json
   sat-grounding --workdir=runs/flickr8k_soft --coco_dir=../shared/data/coco-mini-train
   sat-grounding --export=exports/sat/1
+  sat-grounding --workdir=runs/flickr8k_soft --captions=reference
 
 (`python scripts/grounding.py ...` is the same command.)
 
@@ -13,6 +14,11 @@ and scores each generated word that names a category present in the photo
 (`sat_tf.evaluation.coco_grounding`): argmax hit, attention mass in the boxes, and the
 centre-cell, uniform-random and area-share baselines, overall and per category. Prints a
 table; --output writes it all (with every caption and scored word) as JSON.
+
+With --captions=reference the words scored are not the model's but the COCO folder's
+human captions (annotations/captions_<name>.json, five a photo in COCO), each fed to
+the model word by word: every model is then scored on the same words, about ten times
+as many as its own captions give.
 """
 
 import datetime
@@ -25,6 +31,7 @@ from absl import flags
 
 from sat_tf import api, export_model, files, preset
 from sat_tf.cli.flags_lib import define_model_source, define_override, load_model, override, run
+from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import coco_grounding
 from sat_tf.training import publish
 
@@ -47,6 +54,15 @@ flags.DEFINE_integer(
     "num_photos", 0, "Score only the first N photos of the file; 0: all.", flag_values=FLAGS
 )
 flags.DEFINE_integer("batch_size", 8, "Photos captioned at once.", flag_values=FLAGS)
+flags.DEFINE_enum(
+    "captions",
+    "generated",
+    ["generated", "reference"],
+    "Whose words are scored: the model's own captions, or the COCO folder's human captions "
+    "(annotations/captions_<name>.json) fed to it word by word: the same words for every "
+    "model.",
+    flag_values=FLAGS,
+)
 flags.DEFINE_string(
     "output", None, "JSON file for the scores, captions and scored words.", flag_values=FLAGS
 )
@@ -58,18 +74,14 @@ flags.DEFINE_bool(
 )
 
 
-def _model_captioner(beam_size):
+def _model_captioner(captioner, beam_size):
     """(caption_batch, geometry, description) of the --workdir or --preset model, which
     captions the photo files as `sat_tf.Captioner` does."""
-    captioner = api.Captioner(*load_model(FLAGS), batch_size=FLAGS.batch_size)
 
     def caption_batch(photos):
         captions = captioner.caption([p.path for p in photos], beam_size)
         return [(c.words, c.attention) for c in captions]
 
-    geometry = coco_grounding.Geometry(
-        captioner.image_size, captioner.crop_fraction, captioner.grid
-    )
     config = captioner.config
     about = {
         "attention": config.attention,
@@ -78,7 +90,43 @@ def _model_captioner(beam_size):
     }
     if config.attention == "hard":
         about["hard_decoding"] = config.hard_decoding
-    return caption_batch, geometry, about
+    return caption_batch, _geometry(captioner), about
+
+
+def _geometry(captioner):
+    return coco_grounding.Geometry(captioner.image_size, captioner.crop_fraction, captioner.grid)
+
+
+def _reference_grounding(captioner, photos, coco_dir):
+    """`coco_grounding` of the model's attention on the photos' human captions, fed word
+    by word (`Captioner.attend`); words outside its vocabulary are not scored (it could
+    not say them).
+
+    Returns:
+      (the result, whose "photos" counts the photos with captions and "references" the
+      captions, and per caption {"image_id", "file", "caption"}).
+    """
+    references = coco_grounding.read_reference_captions(coco_dir, photos)
+    known = set(captioner.vocab.words)
+    rows, captions, alphas, written = [], [], [], []
+    for photo in photos:
+        texts = references.get(photo.image_id, [])
+        words = vocab_lib.tokenize_py(texts)
+        for w, maps in zip(words, captioner.attend(photo.path, words), strict=True):
+            rows.append(photo)
+            captions.append([x if x in known else vocab_lib.UNK for x in w])
+            alphas.append(maps)
+            written.append(
+                {
+                    "image_id": photo.image_id,
+                    "file": os.path.basename(photo.path),
+                    "caption": " ".join(w),
+                }
+            )
+    result = coco_grounding.coco_grounding(rows, captions, alphas, _geometry(captioner))
+    result["photos"] = len({photo.image_id for photo in rows})
+    result["references"] = len(rows)
+    return result, written
 
 
 def _export_captioner(path, beam_size):
@@ -128,11 +176,22 @@ def _main(argv):
         )
     if FLAGS.store_in_preset and not FLAGS.preset:
         raise ValueError("--store_in_preset needs --preset")
+    if FLAGS.store_in_preset and FLAGS.captions == "reference":
+        raise ValueError("--store_in_preset records the scores of generated captions only")
     if FLAGS.num_photos < 0 or FLAGS.batch_size < 1:
         raise ValueError("--num_photos must be >= 0 and --batch_size >= 1")
     photos = coco_grounding.load_coco_dir(FLAGS.coco_dir)
     if FLAGS.num_photos:
         photos = photos[: FLAGS.num_photos]
+    reference = FLAGS.captions == "reference"
+    if reference:
+        for name in ("export", "beam_size", "length_penalty"):
+            if FLAGS[name].value is not None:
+                raise ValueError(
+                    f"--captions=reference feeds the human captions to a --workdir or "
+                    f"--preset model; leave out --{name}={FLAGS[name].value}"
+                )
+    start = time.time()
     if FLAGS.export:
         for name in ("hard_decoding", "length_penalty"):
             if FLAGS[name].value is not None:
@@ -142,13 +201,20 @@ def _main(argv):
                 )
         caption_batch, geometry, about = _export_captioner(FLAGS.export, beam_size)
     else:
-        caption_batch, geometry, about = _model_captioner(beam_size)
-    start = time.time()
-    result, captions = coco_grounding.measure(photos, caption_batch, geometry, FLAGS.batch_size)
+        captioner = api.Captioner(*load_model(FLAGS), batch_size=FLAGS.batch_size)
+        caption_batch, geometry, about = _model_captioner(captioner, beam_size)
+    if reference:
+        about = {"captions": "reference", **about}
+        del about["beam_size"], about["length_penalty"]
+        result, captions = _reference_grounding(captioner, photos, FLAGS.coco_dir)
+        decoding = "teacher-forced on the human captions"
+    else:
+        result, captions = coco_grounding.measure(photos, caption_batch, geometry, FLAGS.batch_size)
+        decoding = f"beam {about['beam_size']}"
     seconds = time.time() - start
     source = {name: FLAGS[name].value for name in given}
     print(
-        f"{source} ({about['attention']} attention, beam {about['beam_size']}, grid "
+        f"{source} ({about['attention']} attention, {decoding}, grid "
         f"{geometry.grid[0]}x{geometry.grid[1]}, crop fraction {geometry.crop_fraction}) on "
         f"{FLAGS.coco_dir}: {seconds:.1f} s"
     )

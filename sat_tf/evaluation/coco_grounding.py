@@ -383,6 +383,15 @@ def load_coco_dir(coco_dir: str) -> list[Photo]:
       ValueError: naming the folder when it, the annotations file or the photo folder
         is missing, or when it holds several annotations files.
     """
+    name, instances = _split_name(coco_dir)
+    image_dir = os.path.join(coco_dir, name)
+    if not os.path.isdir(image_dir):
+        raise ValueError(f"COCO folder {coco_dir!r} has {instances} but no photo folder {name}/")
+    return read_instances(instances, image_dir)
+
+
+def _split_name(coco_dir: str) -> tuple[str, str]:
+    """(<name>, the path of its one annotations/instances_<name>.json)."""
     if not os.path.isdir(coco_dir):
         raise ValueError(f"COCO folder {coco_dir!r} does not exist")
     found = sorted(glob.glob(os.path.join(coco_dir, "annotations", "instances_*.json")))
@@ -391,11 +400,40 @@ def load_coco_dir(coco_dir: str) -> list[Photo]:
             f"COCO folder {coco_dir!r} must hold one annotations/instances_*.json, found "
             f"{len(found)}: {[os.path.basename(f) for f in found]}"
         )
-    name = os.path.basename(found[0])[len("instances_") : -len(".json")]
-    image_dir = os.path.join(coco_dir, name)
-    if not os.path.isdir(image_dir):
-        raise ValueError(f"COCO folder {coco_dir!r} has {found[0]} but no photo folder {name}/")
-    return read_instances(found[0], image_dir)
+    return os.path.basename(found[0])[len("instances_") : -len(".json")], found[0]
+
+
+def read_reference_captions(coco_dir: str, photos: Sequence[Photo]) -> dict[int, list[str]]:
+    """The human captions of `photos` from `annotations/captions_<name>.json` beside the
+    folder's `instances_<name>.json` (COCO's caption format).
+
+    Returns:
+      {image_id: its captions, in file order} for the photos that have any.
+
+    Raises:
+      ValueError: naming the file when it is missing, is no COCO captions file, or
+        gives none of the photos a caption.
+    """
+    name = _split_name(coco_dir)[0]
+    path = os.path.join(coco_dir, "annotations", f"captions_{name}.json")
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"COCO folder {coco_dir!r} has no annotations/captions_{name}.json: grounding "
+            "on the reference captions needs the photos' captions"
+        )
+    entries = _entries(_load_json(path), "annotations", ("image_id", "caption"), path)
+    wanted = {photo.image_id for photo in photos}
+    captions = collections.defaultdict(list)
+    for i, entry in enumerate(entries):
+        if not isinstance(entry["caption"], str):
+            raise ValueError(f"annotations file {path!r}: annotations[{i}] caption is no string")
+        if entry["image_id"] in wanted:
+            captions[entry["image_id"]].append(entry["caption"])
+    if not captions:
+        raise ValueError(
+            f"annotations file {path!r} gives none of the {len(wanted)} photos a caption"
+        )
+    return dict(captions)
 
 
 def visible_frame(width: int, height: int, image_size: int, crop_fraction: float) -> np.ndarray:
