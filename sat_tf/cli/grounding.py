@@ -191,7 +191,6 @@ def _main(argv):
                     f"--captions=reference feeds the human captions to a --workdir or "
                     f"--preset model; leave out --{name}={FLAGS[name].value}"
                 )
-    start = time.time()
     if FLAGS.export:
         for name in ("hard_decoding", "length_penalty"):
             if FLAGS[name].value is not None:
@@ -203,8 +202,9 @@ def _main(argv):
     else:
         captioner = api.Captioner(*load_model(FLAGS), batch_size=FLAGS.batch_size)
         caption_batch, geometry, about = _model_captioner(captioner, beam_size)
+    about = {"captions": FLAGS.captions, **about}
+    start = time.time()
     if reference:
-        about = {"captions": "reference", **about}
         del about["beam_size"], about["length_penalty"]
         result, captions = _reference_grounding(captioner, photos, FLAGS.coco_dir)
         decoding = "teacher-forced on the human captions"
