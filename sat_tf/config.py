@@ -18,6 +18,7 @@ DATASETS = ("shapes", "flickr8k", "flickr30k", "coco", "coco_captions_tfds")
 ATTENTIONS = ("soft", "hard", "none")
 ATTENTION_SCORES = ("additive", "dot", "scaled_dot")
 HARD_DECODINGS = ("argmax", "expected")
+START_STATES = ("mean", "learned")
 CHOICES = {
     "dataset": DATASETS,
     "attention": ATTENTIONS,
@@ -30,6 +31,7 @@ CHOICES = {
     "reinforce_reward": ("sequence", "to_go"),
     "reinforce_baseline": ("moving_average", "argmax"),
     "hard_decoding": HARD_DECODINGS,
+    "start_state": START_STATES,
 }
 
 # The settings that decide the model's weights: a workdir or a preset made with other
@@ -46,6 +48,7 @@ MODEL_FIELDS = (
     "hidden_dim",
     "attention_dim",
     "global_context",
+    "start_state",
 )
 
 # The centre crop the ImageNet backbones were trained with (paper 5.4: 224 of 256); the
@@ -127,6 +130,12 @@ class Config:
         "Soft or hard attention: also feed the mean annotation (the no-attention context) "
         "to the LSTM and the output at every step, beside the attended one. Not in the "
         "paper.",
+    )
+    start_state: str = _field(
+        "mean",
+        "h_0, c_0: mean, from the mean annotation (paper eq. 5), or learned, two trained "
+        "vectors the same for every image, so that the image reaches the decoder only "
+        "through the attended context. learned is not in the paper.",
     )
     embed_dim: int = _field(64, "Word embedding size m.")
     hidden_dim: int = _field(256, "LSTM size n.")

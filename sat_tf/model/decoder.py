@@ -28,7 +28,7 @@ fused recurrence is opt-in, `fused_hard`), the ablation and float16 run the auto
 import keras
 import tensorflow as tf
 
-from sat_tf.config import ATTENTIONS, HARD_DECODINGS
+from sat_tf.config import ATTENTIONS, HARD_DECODINGS, START_STATES
 from sat_tf.model import attention as attention_lib
 from sat_tf.model import recurrence, step
 
@@ -55,6 +55,9 @@ class AttentionDecoder(keras.layers.Layer):
       global_context: soft or hard attention only: feed the mean annotation to the gates
         (G) and the output (L_g) at every step as well, so that attention adds a glimpse
         to what the no-attention ablation reads instead of replacing it.
+      start_state: "mean", h_0 = tanh(f_init,h(abar)) and c_0 likewise (paper eq. 5), or
+        "learned", the same layers applied to a zero vector: tanh of their trained biases,
+        one start for every image, so the image reaches the decoder only through z_t.
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class AttentionDecoder(keras.layers.Layer):
         hard_gate=False,
         hard_decoding="expected",
         global_context=False,
+        start_state="mean",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -95,6 +99,9 @@ class AttentionDecoder(keras.layers.Layer):
                 "attention='none' has no other context than that mean"
             )
         self.global_context = bool(global_context)
+        if start_state not in START_STATES:
+            raise ValueError(f"start_state={start_state!r} is not one of {START_STATES}")
+        self.start_state = start_state
         # Gated hard attention has a fused recurrence too, checked against the autodiff
         # loop, but training through it reached lower shape-word pointing and BLEU-4 on
         # shapes than the loop in five seeds (BUILD_NOTES, stop 30). Until that is
@@ -196,7 +203,8 @@ class AttentionDecoder(keras.layers.Layer):
         """
         features = tf.cast(features, self.compute_dtype)
         mean = tf.reduce_mean(features, axis=1)  # (B, D)
-        state = {"h": self.init_h(mean), "c": self.init_c(mean), "features": features}
+        start = mean if self.start_state == "mean" else tf.zeros_like(mean)
+        state = {"h": self.init_h(start), "c": self.init_c(start), "features": features}
         if self.f_att is not None:
             state["projected"] = self.f_att.project(features)
         if self.global_context:
@@ -413,4 +421,5 @@ class AttentionDecoder(keras.layers.Layer):
             "hard_gate": self.hard_gate,
             "hard_decoding": self.hard_decoding,
             "global_context": self.global_context,
+            "start_state": self.start_state,
         }

@@ -310,6 +310,7 @@ DECODER_FIELDS = (
     "hard_gate",
     "hard_decoding",
     "global_context",
+    "start_state",
 )
 
 
