@@ -29,6 +29,7 @@ def _decoder(
     hard_gate=False,
     hard_decoding="argmax",
     global_context=False,
+    start_state="mean",
 ):
     """A built decoder whose weights (biases too) are random, so none of them is 0.
     Hard attention decodes at argmax unless told: `_numpy_decode` without noise does."""
@@ -43,6 +44,7 @@ def _decoder(
         hard_gate=hard_gate,
         hard_decoding=hard_decoding,
         global_context=global_context,
+        start_state=start_state,
         name="decoder",
     )
     decoder.build((None, LOCATIONS, FEATURES))
@@ -76,8 +78,12 @@ def _numpy_decode(decoder, features, captions, noise=None, use_expected=None):
     rows = np.arange(batch)
     embeddings = get(decoder.embedding, "embeddings")
     mean = features.mean(1)
-    h = np.tanh(mean @ get(decoder.init_h) + get(decoder.init_h, "bias"))
-    c = np.tanh(mean @ get(decoder.init_c) + get(decoder.init_c, "bias"))
+    if decoder.start_state == "mean":
+        h = np.tanh(mean @ get(decoder.init_h) + get(decoder.init_h, "bias"))
+        c = np.tanh(mean @ get(decoder.init_c) + get(decoder.init_c, "bias"))
+    else:
+        h = np.tile(np.tanh(get(decoder.init_h, "bias")), (batch, 1))
+        c = np.tile(np.tanh(get(decoder.init_c, "bias")), (batch, 1))
     out = {"logits": [], "alpha": [], "log_p_s": [], "entropy": []}
     for t in range(steps):
         x = embeddings[captions[:, t]]
@@ -334,6 +340,34 @@ class AttentionDecoderTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(added, FEATURES * (4 * HIDDEN + EMBED))
         fixtures.check_round_trip(self, decoder, features, captions, output=lambda y: y["logits"])
         self.assertTrue(decoder.get_config()["global_context"])
+
+    @parameterized.product(attention=ATTENTIONS, score=("additive", "dot"))
+    def test_learned_start_matches_numpy(self, attention, score):
+        # h_0, c_0 are tanh of the init layers' biases for every image: teacher forcing
+        # and word-by-word decoding follow the reference that starts there.
+        features, captions = _inputs(seed=10)
+        decoder = _decoder(attention, score, seed=10, hard_gate=True, start_state="learned")
+        expected = _numpy_decode(decoder, features, captions)
+        outputs = decoder(features, captions)
+        self.assertAllClose(outputs["logits"], expected["logits"], atol=1e-4)
+        self.assertAllClose(outputs["alpha"], expected["alpha"], atol=1e-5)
+        self._assert_steps_match(decoder, features, captions, expected)
+        # The start does not depend on the image; from the mean annotation it does, and
+        # the reference above tells the two apart.
+        other = _inputs(seed=11)[0]
+        for key in ("h", "c"):
+            self.assertAllEqual(
+                decoder.initial_state(features)[key], decoder.initial_state(other)[key]
+            )
+        decoder.start_state = "mean"
+        self.assertNotAllClose(decoder(features, captions)["logits"], outputs["logits"])
+        decoder.start_state = "learned"
+        fixtures.check_round_trip(self, decoder, features, captions, output=lambda y: y["logits"])
+        self.assertEqual(decoder.get_config()["start_state"], "learned")
+
+    def test_unknown_start_state_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "start_state='zeros' is not one of"):
+            AttentionDecoder(VOCAB, start_state="zeros")
 
     def test_global_context_needs_an_attended_context(self):
         with self.assertRaisesRegex(ValueError, "global_context=True .* attention='none'"):

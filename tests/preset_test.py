@@ -29,7 +29,7 @@ from fixtures import MAX_LENGTH, WORDS, run_main, scenes, tiny_model
 from sat_tf import download, files, preset
 from sat_tf.cli import caption as caption_cli
 from sat_tf.cli import flags_lib
-from sat_tf.config import Config
+from sat_tf.config import CHOICES, Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import java_tools
 from sat_tf.model.show_attend_tell import build_model
@@ -291,15 +291,18 @@ class PresetTest(tf.test.TestCase, parameterized.TestCase):
             preset.load(directory)
 
     def test_metadata_from_before_a_later_field(self):
-        # A preset made before `global_context` existed has no such key in its metadata:
-        # it was trained without, so a config.json without it loads and one with it set
-        # is refused.
+        # A preset made before a field existed (`global_context`, `start_state`) has no
+        # such key in its metadata: it was trained with the default, so a config.json
+        # without the key loads and one with another value is refused.
         for field, default in preset.ADDED_FIELDS.items():
             directory = self.copy(self.image_dir)
             rewrite_metadata(directory, lambda m, field=field: m["config"].pop(field))
             _, _, config = preset.load(directory)
             self.assertEqual(getattr(config, field), default)
-            changed = not default if isinstance(default, bool) else None
+            if isinstance(default, bool):
+                changed = not default
+            else:
+                changed = next(v for v in CHOICES[field] if v != default)
             config_path = os.path.join(directory, preset.CONFIG_FILE)
             edit_json(
                 config_path, lambda c, field=field, changed=changed: c.update({field: changed})

@@ -88,6 +88,8 @@ def _main(argv):
     if config.length_penalty:
         decoding += f", length penalty {config.length_penalty:g}"
     score = config.attention_score + (" + mean context" if config.global_context else "")
+    if config.start_state != "mean":
+        score += f", {config.start_state} start state"
     name = f"this model ({config.attention} attention{decoding}, {score}, beam {beam})"
     table = metrics.format_table1(scores, config.dataset, name)
     table_name = scoring.result_name("table", FLAGS.split, config, beam_size, ".md", overrides)

@@ -13,7 +13,8 @@ One step, given the previous word y_{t-1}, state (h_{t-1}, c_{t-1}) and annotati
 The bracketed terms exist with `global_context` (not in the paper): the mean annotation
 abar = mean_i a_i, which the no-attention ablation reads as its context, reaches every
 step beside the attended one. Both are constant over a caption, so they join the word
-half of the gates and the output's input once per caption, outside the recurrence.
+half of the gates and the output's input once per caption, outside the recurrence. With
+`start_state="learned"` (not in the paper) h_0, c_0 do not read abar either.
 
 The step itself is `step.attention_step`; this layer owns the weights and runs that
 step in three schedules: `step` (decoding, one word at a time), and under teacher forcing
@@ -192,7 +193,8 @@ class AttentionDecoder(keras.layers.Layer):
         return attention_lib.soft_attend
 
     def initial_state(self, features):
-        """State before the first word (paper eq. 5).
+        """State before the first word (paper eq. 5; the same for every image with
+        `start_state="learned"`).
 
         Args:
           features: (B, L, D) annotation vectors.
