@@ -175,6 +175,14 @@ def test_centre_cells():
     np.testing.assert_array_equal(cg.centre_cells((14, 14)), [90, 91, 104, 105])
 
 
+def test_edge_cells():
+    # 3 x 4: only cells 5 and 6 are inside the ring; 7 x 7: the 25 inner cells are not.
+    np.testing.assert_array_equal(np.flatnonzero(~cg.edge_cells((3, 4))), [5, 6])
+    assert cg.edge_cells((7, 7)).sum() == 49 - 25
+    assert cg.edge_cells((14, 14)).sum() == 52
+    assert cg.edge_cells((2, 5)).all() and cg.edge_cells((1, 1)).all()
+
+
 def _alpha(values, length=12):
     alpha = np.zeros(length)
     for cell, value in values.items():
@@ -197,6 +205,8 @@ def test_score_word_by_hand():
     assert tied["mass"] == pytest.approx(0.4 * 0.6 + 0.2 * 0.3)
     missed = cg.score_word(_alpha({11: 1.0}), cells, person_a, frame, (3, 4))
     assert missed["hit"] == 0.0 and missed["mass"] == 0.0
+    # Edge: cell 5 is inner, 3 and 11 on the ring; the tie of 5 and 3 counts half.
+    assert (scores["edge"], tied["edge"], missed["edge"]) == (0.0, 0.5, 1.0)
 
 
 def test_uniform_attention_scores_the_baselines(photos):
@@ -272,7 +282,11 @@ def test_coco_grounding_counts_and_categories(photos):
     off = result["off_centre"]
     assert (off["words"], off["photos"], off["hit"], off["centre"]) == (1, 1, 1.0, 0.0)
     assert off["random"] == pytest.approx(2 / 12) and off["mass"] == pytest.approx(1.0)
+    # Argmax cells 5 (inner), 3 (ring), 0 and 9 (ring): edge 2 of 3; ring 10 of 12 cells.
+    assert result["edge"] == pytest.approx(2 / 3)
+    assert result["edge_cells"] == pytest.approx(10 / 12)
     table = cg.format_table(result)
+    assert "outer ring: 0.667 of the scored words (the ring holds 0.833 of the cells)" in table
     assert "| **all** | 3 | 2 | 1.000 |" in table
     assert "| *off centre* | 1 | 1 | 1.000 | 0.000 | 0.167 | 1.000 | 0.167 |" in table
 
@@ -302,6 +316,7 @@ def test_no_scored_word_gives_no_rates(photos):
     )
     assert (result["words"], result["absent"], result["hit"], result["mass"]) == (0, 1, None, None)
     assert (result["off_centre"]["words"], result["off_centre"]["hit"]) == (0, None)
+    assert result["edge"] is None and result["edge_cells"] == pytest.approx(10 / 12)
     assert "| **all** | 0 | 0 | - | - | - | - | - |" in cg.format_table(result)
 
 

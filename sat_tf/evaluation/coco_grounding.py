@@ -22,6 +22,12 @@ beside what the same words get from maps that do not look:
 - area_share: the share of the seen frame that the boxes cover, which is the mass a
   uniform map puts inside them.
 
+Where the argmax lands regardless of the boxes is reported too: edge, the share of
+scored words whose argmax cell lies on the grid's outer ring (ties: the share of tied
+cells), beside edge_cells, the ring's share of all cells (what a uniformly drawn cell
+gives). A model that parks its look on the border (an attention sink) shows edge well
+above edge_cells; objects, framed towards the centre, then get less than they should.
+
 Photographers centre what they photograph, so the centre guess is hard to beat on words
 whose boxes hold the centre. The same scores are also reported over the off-centre
 words alone, those whose boxes hold no centre cell (the centre baseline scores 0 on
@@ -537,6 +543,15 @@ def centre_cells(grid: tuple[int, int]) -> np.ndarray:
     return np.array([r * cols + c for r in middle(rows) for c in middle(cols)])
 
 
+def edge_cells(grid: tuple[int, int]) -> np.ndarray:
+    """(H * W,) bool, row-major: the cells of the grid's outer ring (every cell of a grid
+    with a side of 1 or 2)."""
+    rows, cols = grid
+    ring = np.ones(grid, bool)
+    ring[1 : rows - 1, 1 : cols - 1] = False
+    return ring.reshape(-1)
+
+
 def score_word(
     alpha: np.ndarray,
     cells: np.ndarray,
@@ -553,8 +568,8 @@ def score_word(
       frame, grid: see `cell_rects`.
 
     Returns:
-      {"hit", "mass", "centre", "random", "area_share"}, floats (see the module's
-      docstring).
+      {"hit", "mass", "centre", "random", "area_share", "edge"}, floats (see the
+      module's docstring).
     """
     inside = centres_inside(cells, boxes).astype(np.float64)
     covered = covered_fractions(frame, grid, boxes)
@@ -565,6 +580,7 @@ def score_word(
         "centre": float(inside[centre_cells(grid)].mean()),
         "random": float(inside.mean()),
         "area_share": float(covered.mean()),
+        "edge": float(edge_cells(grid)[peaks].mean()),
     }
 
 
@@ -603,8 +619,9 @@ def coco_grounding(
       {"photos": captioned photos, "words", "photos_scored", "absent", the `SCORES`
       over all scored words (None when no word was scored), "off_centre": {"words",
       "photos", SCORES...} over the words whose centre baseline is 0, "per_category":
-      {name: {"words", "photos", SCORES...}} (most words first), "scored": one dict per
-      scored word}.
+      {name: {"words", "photos", SCORES...}} (most words first), "edge" and
+      "edge_cells" (the module's docstring; edge None when no word was scored),
+      "scored": one dict per scored word}.
 
     Raises:
       ValueError: if the lists differ in length or an alpha does not fit the grid.
@@ -663,6 +680,8 @@ def coco_grounding(
         **summary,
         "off_centre": _summary([row for row in rows if row["centre"] == 0.0]),
         "per_category": per_category,
+        "edge": float(np.mean([row["edge"] for row in rows])) if rows else None,
+        "edge_cells": float(edge_cells(grid).mean()),
         "scored": rows,
     }
 
@@ -726,4 +745,9 @@ def format_table(result: dict, top: int = 12) -> str:
     hidden = len(result["per_category"]) - top
     if hidden > 0:
         lines.append(f"\n({hidden} more categories in the JSON output)")
+    if result.get("edge") is not None:
+        lines.append(
+            f"\nArgmax on the grid's outer ring: {result['edge']:.3f} of the scored words "
+            f"(the ring holds {result['edge_cells']:.3f} of the cells)"
+        )
     return "\n".join(lines)
