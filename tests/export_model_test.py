@@ -114,6 +114,13 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
         self.assertTrue(model.decoder.global_context)
         self._check_signatures(model, vocab, self.spec(2, model, config))
 
+    def test_signatures_with_a_learned_start(self):
+        # h_0, c_0 do not depend on the image; the exported graphs still caption each
+        # scene as `generate` does, its attended context being what tells them apart.
+        model, vocab, config = tiny_model(7, start_state="learned")
+        self.assertEqual(model.decoder.start_state, "learned")
+        self._check_signatures(model, vocab, self.spec(2, model, config))
+
     def _check_signatures(self, model, vocab, spec):
         """The three captioning signatures give `model.generate`'s captions and maps."""
         fns = traced(model, vocab, spec)
