@@ -243,7 +243,7 @@ class AttendHardTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.parameters("expected", "argmax")
     def test_hard_attention_attends_as_it_decodes(self, hard_decoding):
         model, vocab, config = tiny_model(attention="hard", hard_decoding=hard_decoding)
-        model.decoder.hard_decoding = hard_decoding
+        self.assertEqual(model.decoder.hard_decoding, hard_decoding)
         captioner = sat_tf.Captioner(model, vocab, config)
         images = list(scenes(0, 4))
         captions = captioner.caption(images, beam_size=1)
