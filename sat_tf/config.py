@@ -49,6 +49,7 @@ MODEL_FIELDS = (
     "attention_dim",
     "global_context",
     "start_state",
+    "location_prior",
 )
 
 # The centre crop the ImageNet backbones were trained with (paper 5.4: 224 of 256); the
@@ -136,6 +137,12 @@ class Config:
         "h_0, c_0: mean, from the mean annotation (paper eq. 5), or learned, two trained "
         "vectors the same for every image, so that the image reaches the decoder only "
         "through the attended context. learned is not in the paper.",
+    )
+    location_prior: bool = _field(
+        False,
+        "Soft or hard attention: the score also learns one vector per grid cell, added to "
+        "W_a a_i, so it can prefer places as well as content (a learned location prior). "
+        "Not in the paper.",
     )
     embed_dim: int = _field(64, "Word embedding size m.")
     hidden_dim: int = _field(256, "LSTM size n.")
@@ -254,6 +261,11 @@ class Config:
             raise ValueError(
                 "--global_context contradicts --attention=none: it adds the mean annotation "
                 "beside an attended context, and none has no other context than that mean"
+            )
+        if self.location_prior and self.attention == "none":
+            raise ValueError(
+                "--location_prior contradicts --attention=none: it is a term of the "
+                "attention score, and none has no score"
             )
 
     def differences(

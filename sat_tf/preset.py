@@ -41,7 +41,7 @@ CHECKED_FIELDS = MODEL_FIELDS + (
 )
 # Checked fields that came after the first presets, with the value a preset made before
 # them was trained with (its metadata.json does not name them).
-ADDED_FIELDS = {"global_context": False, "start_state": "mean"}
+ADDED_FIELDS = {"global_context": False, "start_state": "mean", "location_prior": False}
 BEAM_SIZES = (1, 3)
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")

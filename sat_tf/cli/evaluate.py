@@ -90,6 +90,8 @@ def _main(argv):
     score = config.attention_score + (" + mean context" if config.global_context else "")
     if config.start_state != "mean":
         score += f", {config.start_state} start state"
+    if config.location_prior:
+        score += ", location prior"
     name = f"this model ({config.attention} attention{decoding}, {score}, beam {beam})"
     table = metrics.format_table1(scores, config.dataset, name)
     table_name = scoring.result_name("table", FLAGS.split, config, beam_size, ".md", overrides)

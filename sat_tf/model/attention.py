@@ -5,23 +5,60 @@ once per image, and `step_scores`, which runs every step on the score's slice of
 fused projection of h_{t-1} (`step.HiddenLayout`): each layer names its slice
 (`hidden_kernels`) and the other weights its step reads (`step_kernels`).
 `score(projected, h)` and `call(a, h)` run the same step from the layer's own weights.
+
+With `location=True` (not in the paper) a layer also learns one vector per cell, p_i,
+added to the projection (`W_a a_i + p_i`): the score can then prefer places as well as
+content, a learned location prior. It joins the once-per-image projection, so the step
+and its hand-written backward pass are unchanged and p_i gets its gradient through the
+projection's.
 """
 
 import keras
 import tensorflow as tf
 
 
+def _build_location(layer, features_shape):
+    """Creates `layer.location_embedding`, (L, units) zeros, when `layer.location`."""
+    if not layer.location:
+        return
+    cells = features_shape[-2]
+    if cells is None:
+        raise ValueError(
+            f"{layer.name}: location=True learns one vector per cell and needs the number "
+            "of cells L when it is built; got features of shape "
+            f"{tuple(features_shape)}"
+        )
+    layer.location_embedding = layer.add_weight(
+        shape=(cells, layer.units), initializer="zeros", name="location"
+    )
+
+
+def _add_location(layer, projected):
+    """`projected` (B, L, units) plus the layer's per-cell vectors, when it has them."""
+    if not layer.location:
+        return projected
+    cells = layer.location_embedding.shape[0]
+    if projected.shape[-2] is not None and projected.shape[-2] != cells:
+        raise ValueError(
+            f"{layer.name}: the location vectors were built for {cells} cells; the "
+            f"features have {projected.shape[-2]}"
+        )
+    return projected + tf.cast(layer.location_embedding, projected.dtype)
+
+
 @keras.saving.register_keras_serializable(package="sat_tf")
 class AdditiveScore(keras.layers.Layer):
-    """Bahdanau score `e_i = v^T tanh(W_a a_i + U_a h)`.
+    """Bahdanau score `e_i = v^T tanh(W_a a_i [+ p_i] + U_a h)`.
 
     Args:
       units: width of the hidden layer of the score MLP.
+      location: also learn a vector p_i per cell (module docstring).
     """
 
-    def __init__(self, units, **kwargs):
+    def __init__(self, units, location=False, **kwargs):
         super().__init__(**kwargs)
         self.units = units
+        self.location = bool(location)
         self.w_a = keras.layers.Dense(units, name="W_a")
         self.u_a = keras.layers.Dense(units, use_bias=False, name="U_a")
         self.v = keras.layers.Dense(1, use_bias=False, name="v")
@@ -31,10 +68,11 @@ class AdditiveScore(keras.layers.Layer):
         if hidden_shape is not None:
             self.u_a.build(hidden_shape)
         self.v.build((None, None, self.units))
+        _build_location(self, features_shape)
 
     def project(self, features):
-        """(B, L, D) annotation vectors -> (B, L, units) `W_a a`."""
-        return self.w_a(features)
+        """(B, L, D) annotation vectors -> (B, L, units) `W_a a [+ p]`."""
+        return _add_location(self, self.w_a(features))
 
     def hidden_kernels(self):
         """Its slice of the fused kernel applied to h_{t-1}: [U_a]."""
@@ -60,31 +98,34 @@ class AdditiveScore(keras.layers.Layer):
         return self.score(self.project(features), hidden)
 
     def get_config(self):
-        return {**super().get_config(), "units": self.units}
+        return {**super().get_config(), "units": self.units, "location": self.location}
 
 
 @keras.saving.register_keras_serializable(package="sat_tf")
 class DotScore(keras.layers.Layer):
-    """Multiplicative score `e_i = a_i^T W_a h` (Luong "general").
+    """Multiplicative score `e_i = (a_i^T W_a [+ p_i]) h` (Luong "general").
 
     `project` computes `a W_a` once per image, so a step costs one batched dot product
     and has no slice of the fused projection of h.
 
     Args:
       units: size of the decoder state h that the score is taken against.
+      location: also learn a vector p_i per cell (module docstring).
     """
 
-    def __init__(self, units, **kwargs):
+    def __init__(self, units, location=False, **kwargs):
         super().__init__(**kwargs)
         self.units = units
+        self.location = bool(location)
         self.w_a = keras.layers.Dense(units, use_bias=False, name="W_a")
 
     def build(self, features_shape, hidden_shape=None):
         self.w_a.build(features_shape)
+        _build_location(self, features_shape)
 
     def project(self, features):
-        """(B, L, D) -> (B, L, units) `a W_a`."""
-        return self.w_a(features)
+        """(B, L, D) -> (B, L, units) `a W_a [+ p]`."""
+        return _add_location(self, self.w_a(features))
 
     def hidden_kernels(self):
         return []
@@ -106,7 +147,7 @@ class DotScore(keras.layers.Layer):
         return self.score(self.project(features), hidden)
 
     def get_config(self):
-        return {**super().get_config(), "units": self.units}
+        return {**super().get_config(), "units": self.units, "location": self.location}
 
 
 @keras.saving.register_keras_serializable(package="sat_tf")
@@ -124,8 +165,8 @@ class ScaledDotScore(DotScore):
     """
 
     def project(self, features):
-        """(B, L, D) -> (B, L, units) `a W_a / sqrt(units)`."""
-        return self.w_a(features) * (1.0 / self.units**0.5)
+        """(B, L, D) -> (B, L, units) `a W_a / sqrt(units) [+ p]`."""
+        return _add_location(self, self.w_a(features) * (1.0 / self.units**0.5))
 
 
 SCORES = {"additive": AdditiveScore, "dot": DotScore, "scaled_dot": ScaledDotScore}

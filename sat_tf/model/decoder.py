@@ -14,7 +14,9 @@ The bracketed terms exist with `global_context` (not in the paper): the mean ann
 abar = mean_i a_i, which the no-attention ablation reads as its context, reaches every
 step beside the attended one. Both are constant over a caption, so they join the word
 half of the gates and the output's input once per caption, outside the recurrence. With
-`start_state="learned"` (not in the paper) h_0, c_0 do not read abar either.
+`start_state="learned"` (not in the paper) h_0, c_0 do not read abar either. With
+`location_prior` (not in the paper) the score also learns one vector per cell
+(`attention.py`), so it can prefer places as well as content.
 
 The step itself is `step.attention_step`; this layer owns the weights and runs that
 step in three schedules: `step` (decoding, one word at a time), and under teacher forcing
@@ -59,6 +61,9 @@ class AttentionDecoder(keras.layers.Layer):
       start_state: "mean", h_0 = tanh(f_init,h(abar)) and c_0 likewise (paper eq. 5), or
         "learned", the same layers applied to a zero vector: tanh of their trained biases,
         one start for every image, so the image reaches the decoder only through z_t.
+      location_prior: soft or hard attention only: the score learns a vector p_i per
+        cell added to W_a a_i (a learned location prior); the decoder must then be built
+        with the number of cells L, (B, L, D).
     """
 
     def __init__(
@@ -74,6 +79,7 @@ class AttentionDecoder(keras.layers.Layer):
         hard_decoding="expected",
         global_context=False,
         start_state="mean",
+        location_prior=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -103,6 +109,12 @@ class AttentionDecoder(keras.layers.Layer):
         if start_state not in START_STATES:
             raise ValueError(f"start_state={start_state!r} is not one of {START_STATES}")
         self.start_state = start_state
+        if location_prior and attention == "none":
+            raise ValueError(
+                "location_prior=True is a term of the attention score; attention='none' "
+                "has no score"
+            )
+        self.location_prior = bool(location_prior)
         # Gated hard attention has a fused recurrence too, checked against the autodiff
         # loop, but training through it reached lower shape-word pointing and BLEU-4 on
         # shapes than the loop in five seeds (BUILD_NOTES, stop 30). Until that is
@@ -115,7 +127,9 @@ class AttentionDecoder(keras.layers.Layer):
         self.f_att = None
         if attention != "none":
             units = attention_dim if attention_score == "additive" else hidden_dim
-            self.f_att = attention_lib.SCORES[attention_score](units, name="f_att")
+            self.f_att = attention_lib.SCORES[attention_score](
+                units, location=self.location_prior, name="f_att"
+            )
         gated = attention == "soft" or self.hard_gate
         self.beta = keras.layers.Dense(1, name="beta") if gated else None
         self.lstm_embed = keras.layers.Dense(4 * hidden_dim, name="lstm_embed")
@@ -137,7 +151,7 @@ class AttentionDecoder(keras.layers.Layer):
         self.init_h.build((None, feature_dim))
         self.init_c.build((None, feature_dim))
         if self.f_att is not None:
-            self.f_att.build((None, None, feature_dim), (None, n))
+            self.f_att.build((None, features_shape[-2], feature_dim), (None, n))
         if self.beta is not None:
             self.beta.build((None, n))
         self.lstm_embed.build((None, None, self.embed_dim))
@@ -424,4 +438,5 @@ class AttentionDecoder(keras.layers.Layer):
             "hard_decoding": self.hard_decoding,
             "global_context": self.global_context,
             "start_state": self.start_state,
+            "location_prior": self.location_prior,
         }

@@ -90,7 +90,8 @@ class ShowAttendTell(ResumableModel):
         if self.encoder is not None:
             size = self.encoder.image_size
             self.encoder.build((None, size, size, 3))
-        self.decoder.build((None, None, self.feature_dim))
+        cells = self.grid[0] * self.grid[1] if self.grid else None
+        self.decoder.build((None, cells, self.feature_dim))
         self.built = True
 
     def encode(self, batch, training=False):
@@ -311,6 +312,7 @@ DECODER_FIELDS = (
     "hard_decoding",
     "global_context",
     "start_state",
+    "location_prior",
 )
 
 
