@@ -43,6 +43,11 @@ def _numpy_scores(layer, features, h):
     return scale * np.einsum("bld,du,bu->bl", features, w, h)
 
 
+def _scale(layer):
+    """The factor `project` puts on `a W_a`: 1 / sqrt(units) for the scaled dot score."""
+    return 1 / np.sqrt(layer.units) if isinstance(layer, attention.ScaledDotScore) else 1.0
+
+
 def _copy_weights(source, target):
     for src, dst in zip(source.weights, target.weights, strict=True):
         dst.assign(src)
@@ -103,6 +108,39 @@ class ScoreTest(tf.test.TestCase, parameterized.TestCase):
         expected = _numpy_scores(layer, features, h)
         loaded = fixtures.check_saved_model_file(self, wrapper, [features, h], expected, 1e-5)
         self.assertIsInstance(loaded.get_layer("f_att"), type(layer))
+
+    @parameterized.parameters("additive", "dot", "scaled_dot")
+    def test_location_vectors_join_the_projection(self, score):
+        # p (L, units) adds to W_a a_i inside the score: the scores are the reference's
+        # on the projection plus p, and the layer has L * units more numbers.
+        plain, features, h = _make(score)
+        layer = type(plain)(plain.units, location=True, name="f_att")
+        layer(features, h)
+        self.assertEqual(
+            sum(int(np.prod(w.shape)) for w in layer.weights),
+            sum(int(np.prod(w.shape)) for w in plain.weights) + LOCATIONS * plain.units,
+        )
+        self.assertAllEqual(layer.location_embedding, np.zeros((LOCATIONS, plain.units)))
+        rng = np.random.default_rng(3)
+        for w in layer.weights:
+            w.assign(rng.normal(size=w.shape).astype(np.float32))
+        place = layer.location_embedding.numpy()
+        projected = layer.project(features)
+        self.assertAllClose(
+            projected - layer.w_a(features) * _scale(layer),
+            np.tile(place, (BATCH, 1, 1)),
+            atol=1e-5,
+        )
+        if score == "additive":
+            w, b = layer.w_a.kernel.numpy(), layer.w_a.bias.numpy()
+            u, v = layer.u_a.kernel.numpy(), layer.v.kernel.numpy()
+            expected = (np.tanh(features @ w + b + place + (h @ u)[:, None, :]) @ v)[..., 0]
+        else:
+            keys = features @ layer.w_a.kernel.numpy() * _scale(layer)
+            expected = np.einsum("blu,bu->bl", keys + place, h)
+        self.assertAllClose(layer(features, h), expected, atol=1e-4)
+        self.assertTrue(layer.get_config()["location"])
+        fixtures.check_round_trip(self, layer, features, h)
 
     def test_config_offers_every_score(self):
         # `Config` lists the names without importing the model; the two lists must agree.

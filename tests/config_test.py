@@ -98,6 +98,12 @@ class ValidateTest(parameterized.TestCase):
         for attention in ("soft", "hard"):
             self.assertTrue(Config(attention=attention, global_context=True).global_context)
 
+    def test_location_prior_needs_attention(self):
+        with self.assertRaisesRegex(ValueError, "--location_prior contradicts --attention=none"):
+            Config(attention="none", location_prior=True)
+        for attention in ("soft", "hard"):
+            self.assertTrue(Config(attention=attention, location_prior=True).location_prior)
+
     def test_validate_after_a_change(self):
         config = Config()
         config.batch_size = 0

@@ -30,6 +30,7 @@ def _decoder(
     hard_decoding="argmax",
     global_context=False,
     start_state="mean",
+    location_prior=False,
 ):
     """A built decoder whose weights (biases too) are random, so none of them is 0.
     Hard attention decodes at argmax unless told: `_numpy_decode` without noise does."""
@@ -45,6 +46,7 @@ def _decoder(
         hard_decoding=hard_decoding,
         global_context=global_context,
         start_state=start_state,
+        location_prior=location_prior,
         name="decoder",
     )
     decoder.build((None, LOCATIONS, FEATURES))
@@ -92,15 +94,21 @@ def _numpy_decode(decoder, features, captions, noise=None, use_expected=None):
             z = mean
         else:
             att = decoder.f_att
+            # p_i, the per-cell vectors of `location_prior` (zero without it)
+            place = get(att, "location_embedding") if att.location else 0.0
             if decoder.attention_score == "additive":
                 pre = np.tanh(
-                    features @ get(att.w_a) + get(att.w_a, "bias") + (h @ get(att.u_a))[:, None]
+                    features @ get(att.w_a)
+                    + get(att.w_a, "bias")
+                    + place
+                    + (h @ get(att.u_a))[:, None]
                 )
                 e = (pre @ get(att.v))[..., 0]
             else:
-                e = np.einsum("bld,dn,bn->bl", features, get(att.w_a), h)
+                keys = features @ get(att.w_a)
                 if decoder.attention_score == "scaled_dot":
-                    e /= np.sqrt(h.shape[-1])
+                    keys /= np.sqrt(h.shape[-1])
+                e = np.einsum("bln,bn->bl", keys + place, h)
             log_alpha = _log_softmax(e)
             alpha = np.exp(log_alpha)
             expected = np.einsum("bl,bld->bd", alpha, features)
@@ -364,6 +372,39 @@ class AttentionDecoderTest(tf.test.TestCase, parameterized.TestCase):
         decoder.start_state = "learned"
         fixtures.check_round_trip(self, decoder, features, captions, output=lambda y: y["logits"])
         self.assertEqual(decoder.get_config()["start_state"], "learned")
+
+    @parameterized.product(attention=("soft", "hard"), score=SCORES)
+    def test_location_prior_matches_numpy(self, attention, score):
+        # Each cell's vector p_i joins W_a a_i; teacher forcing and word-by-word decoding
+        # follow the reference that adds it, and zeroing it changes the attention.
+        features, captions = _inputs(seed=12)
+        decoder = _decoder(attention, score, seed=12, hard_gate=True, location_prior=True)
+        place = decoder.f_att.location_embedding
+        self.assertEqual(tuple(place.shape), (LOCATIONS, decoder.f_att.units))
+        expected = _numpy_decode(decoder, features, captions)
+        outputs = decoder(features, captions)
+        self.assertAllClose(outputs["logits"], expected["logits"], atol=1e-4)
+        self.assertAllClose(outputs["alpha"], expected["alpha"], atol=1e-5)
+        self._assert_steps_match(decoder, features, captions, expected)
+        kept = place.numpy()
+        place.assign(np.zeros_like(kept))
+        self.assertNotAllClose(decoder(features, captions)["alpha"], outputs["alpha"])
+        place.assign(kept)
+        fixtures.check_round_trip(self, decoder, features, captions, output=lambda y: y["logits"])
+        self.assertTrue(decoder.get_config()["location_prior"])
+
+    def test_location_prior_needs_the_number_of_cells(self):
+        decoder = AttentionDecoder(VOCAB, location_prior=True, name="decoder")
+        with self.assertRaisesRegex(
+            ValueError, "f_att: location=True .* needs the number of cells"
+        ):
+            decoder.build((None, None, FEATURES))
+        decoder = _decoder("soft", "additive", location_prior=True)
+        other = np.zeros((BATCH, LOCATIONS + 1, FEATURES), np.float32)
+        with self.assertRaisesRegex(ValueError, f"built for {LOCATIONS} cells; the features have"):
+            decoder.initial_state(other)
+        with self.assertRaisesRegex(ValueError, "location_prior=True is a term of the attention"):
+            AttentionDecoder(VOCAB, attention="none", location_prior=True)
 
     def test_unknown_start_state_is_refused(self):
         with self.assertRaisesRegex(ValueError, "start_state='zeros' is not one of"):

@@ -121,6 +121,15 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(model.decoder.start_state, "learned")
         self._check_signatures(model, vocab, self.spec(2, model, config))
 
+    def test_signatures_with_a_location_prior(self):
+        # The per-cell vectors (random like every decoder weight of `tiny_model`) join
+        # the projection once per image; the exported graphs carry them and caption as
+        # `generate` does. With seed 2 the four scenes get four captions.
+        model, vocab, config = tiny_model(2, location_prior=True)
+        place = model.decoder.f_att.location_embedding
+        self.assertEqual(place.shape[0], model.grid[0] * model.grid[1])
+        self._check_signatures(model, vocab, self.spec(2, model, config))
+
     def _check_signatures(self, model, vocab, spec):
         """The three captioning signatures give `model.generate`'s captions and maps."""
         fns = traced(model, vocab, spec)

@@ -291,9 +291,10 @@ class PresetTest(tf.test.TestCase, parameterized.TestCase):
             preset.load(directory)
 
     def test_metadata_from_before_a_later_field(self):
-        # A preset made before a field existed (`global_context`, `start_state`) has no
-        # such key in its metadata: it was trained with the default, so a config.json
-        # without the key loads and one with another value is refused.
+        # A preset made before a field existed (`global_context`, `start_state`,
+        # `location_prior`) has no such key in its metadata: it was trained with the
+        # default, so a config.json without the key loads and one with another value is
+        # refused.
         for field, default in preset.ADDED_FIELDS.items():
             directory = self.copy(self.image_dir)
             rewrite_metadata(directory, lambda m, field=field: m["config"].pop(field))

@@ -16,7 +16,15 @@ VOCAB, EMBED, HIDDEN, ATTENTION, FEATURES = 11, 5, 8, 4, 6
 SCORES = ("additive", "dot", "scaled_dot")
 
 
-def _decoder(score, seed=0, dtype=None, attention="soft", hard_gate=True, global_context=False):
+def _decoder(
+    score,
+    seed=0,
+    dtype=None,
+    attention="soft",
+    hard_gate=True,
+    global_context=False,
+    location_prior=False,
+):
     """A built decoder with random weights (biases too); `dtype` a Keras dtype policy
     name (None: float32)."""
     decoder = AttentionDecoder(
@@ -29,6 +37,7 @@ def _decoder(score, seed=0, dtype=None, attention="soft", hard_gate=True, global
         dropout=0.0,
         hard_gate=hard_gate,
         global_context=global_context,
+        location_prior=location_prior,
         dtype=dtype,
     )
     decoder.fused_hard = True  # this file tests the fused recurrence, hard attention's too
@@ -115,6 +124,18 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
         decoder = _decoder(score, seed=9, global_context=True)
         names = ["features"] + [v.path for v in decoder.trainable_variables]
         self.assertTrue(any("/G/" in name for name in names), names)
+        _, old = _gradients(decoder, features, captions, autodiff=True)
+        _, new = _gradients(decoder, features, captions, autodiff=False)
+        self._assert_gradients_match(names, old, new)
+
+    @parameterized.parameters(*SCORES)
+    def test_gradients_with_location_prior_match_autodiff_loop(self, score):
+        # The per-cell vectors join the projection W_a a, whose gradient the recurrence
+        # returns: theirs comes from it, and must not be zero.
+        features, captions = _inputs(seed=10)
+        decoder = _decoder(score, seed=10, location_prior=True)
+        names = ["features"] + [v.path for v in decoder.trainable_variables]
+        self.assertTrue(any(name.endswith("/location") for name in names), names)
         _, old = _gradients(decoder, features, captions, autodiff=True)
         _, new = _gradients(decoder, features, captions, autodiff=False)
         self._assert_gradients_match(names, old, new)
