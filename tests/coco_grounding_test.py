@@ -285,10 +285,76 @@ def test_coco_grounding_counts_and_categories(photos):
     # Argmax cells 5 (inner), 3 (ring), 0 and 9 (ring): edge 2 of 3; ring 10 of 12 cells.
     assert result["edge"] == pytest.approx(2 / 3)
     assert result["edge_cells"] == pytest.approx(10 / 12)
+    # Hit - centre per word: man 1 - 0.5 (cells 5 and 6 half each, 5 in the person box),
+    # dog 1 - 0, kitten 1 - 0.5: mean 2/3. Resampled photos: (1, 1) gives 3/4, (2, 2)
+    # 1/2, mixed 2/3, so the 95 % interval runs from 1/2 to 3/4.
+    interval = result["hit_minus_centre"]
+    assert interval["mean"] == pytest.approx(2 / 3) and interval["photos"] == 2
+    assert (interval["low"], interval["high"]) == pytest.approx((0.5, 0.75))
+    off_interval = off["hit_minus_random"]
+    assert off_interval["photos"] == 1
+    assert off_interval["low"] == off_interval["high"] == pytest.approx(5 / 6)
+    assert off_interval["mean"] == pytest.approx(5 / 6)
     table = cg.format_table(result)
+    assert (
+        "Hit - centre: +0.667 (95 % interval +0.500 to +0.750, 1000 resamples of the 2 photos)"
+        in table
+    )
+    assert "Off centre, hit - random: +0.833 (95 % interval +0.833 to +0.833" in table
     assert "outer ring: 0.667 of the scored words (the ring holds 0.833 of the cells)" in table
     assert "| **all** | 3 | 2 | 1.000 |" in table
     assert "| *off centre* | 1 | 1 | 1.000 | 0.000 | 0.167 | 1.000 | 0.167 |" in table
+
+
+def _words(*photos):
+    """Scored-word rows: per photo a list of (hit, centre)."""
+    return [
+        {"image_id": i, "hit": hit, "centre": centre}
+        for i, words in enumerate(photos)
+        for hit, centre in words
+    ]
+
+
+def test_photo_bootstrap_by_hand():
+    # Photo 0: one word ahead of the centre by 1; photo 1: three words level. A resample
+    # of two photos is (0, 0) -> 1 or (1, 1) -> 0 a quarter of the time each, and mixed
+    # -> 1/4 words ahead -> 0.25 half of the time.
+    rows = _words([(1.0, 0.0)], [(1.0, 1.0), (0.0, 0.0), (0.5, 0.5)])
+    wide = cg.photo_bootstrap(rows, resamples=2000)
+    assert wide["mean"] == 0.25 and wide["photos"] == 2 and wide["resamples"] == 2000
+    assert (wide["low"], wide["high"]) == (0.0, 1.0)
+    # The 30th and 70th percentiles both fall inside the mixed half.
+    narrow = cg.photo_bootstrap(rows, resamples=2000, level=0.4)
+    assert (narrow["low"], narrow["high"]) == (0.25, 0.25)
+    # The same resamples for the same seed; words of equal difference leave no spread.
+    assert cg.photo_bootstrap(rows, resamples=2000) == wide
+    level = cg.photo_bootstrap(_words([(1.0, 0.5)], [(0.5, 0.0), (1.0, 0.5)]))
+    assert level["mean"] == level["low"] == level["high"] == 0.5
+
+
+def test_photo_bootstrap_weighs_words_and_resamples_photos():
+    """The mean is over words (photo 0's two words count twice), and with many photos
+    the interval narrows about as the square root of their number."""
+    rows = _words([(1.0, 0.0), (1.0, 0.0)], [(0.0, 0.0)])
+    assert cg.photo_bootstrap(rows)["mean"] == pytest.approx(2 / 3)
+    rng = np.random.default_rng(1)
+    spans = []
+    for n in (25, 400):
+        many = _words(*[[(float(rng.random() < 0.6), 0.5)] for _ in range(n)])
+        interval = cg.photo_bootstrap(many)
+        assert interval["low"] < interval["mean"] < interval["high"]
+        spans.append(interval["high"] - interval["low"])
+    # One word a photo, hit ~ Bernoulli(0.6): span ~ 2 * 1.96 * sqrt(0.24 / n).
+    assert spans[0] == pytest.approx(3.92 * np.sqrt(0.24 / 25), rel=0.3)
+    assert spans[1] == pytest.approx(3.92 * np.sqrt(0.24 / 400), rel=0.3)
+
+
+def test_photo_bootstrap_refuses_bad_settings():
+    assert cg.photo_bootstrap([]) is None
+    with pytest.raises(ValueError, match="resamples >= 1"):
+        cg.photo_bootstrap(_words([(1.0, 0.0)]), resamples=0)
+    with pytest.raises(ValueError, match="0 < level < 1"):
+        cg.photo_bootstrap(_words([(1.0, 0.0)]), level=1.0)
 
 
 def test_crop_moves_the_cells(photos):
@@ -317,6 +383,8 @@ def test_no_scored_word_gives_no_rates(photos):
     assert (result["words"], result["absent"], result["hit"], result["mass"]) == (0, 1, None, None)
     assert (result["off_centre"]["words"], result["off_centre"]["hit"]) == (0, None)
     assert result["edge"] is None and result["edge_cells"] == pytest.approx(10 / 12)
+    assert result["hit_minus_centre"] is None
+    assert result["off_centre"]["hit_minus_random"] is None
     assert "| **all** | 0 | 0 | - | - | - | - | - |" in cg.format_table(result)
 
 

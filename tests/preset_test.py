@@ -657,6 +657,12 @@ class MakePresetTest(tf.test.TestCase):
         stored = publish.store_grounding(folder, {**report, "off_centre": off_centre}, {})
         self.assertEqual(stored["grounding"], {**want, "off_centre": off_centre})
         self.assertEqual(preset.verify(folder)["grounding"], stored["grounding"])
+        # And the interval of hit - centre (none when no word was scored).
+        interval = {"mean": 0.1, "low": -0.05, "high": 0.2, "level": 0.95, "photos": 40}
+        stored = publish.store_grounding(folder, {**report, "hit_minus_centre": interval}, {})
+        self.assertEqual(stored["grounding"], {**want, "hit_minus_centre": interval})
+        stored = publish.store_grounding(folder, {**report, "hit_minus_centre": None}, {})
+        self.assertEqual(stored["grounding"], want)
         del report["mass"]
         with self.assertRaisesRegex(ValueError, r"missing \['mass'\]"):
             publish.store_grounding(folder, report, {})

@@ -33,6 +33,13 @@ whose boxes hold the centre. The same scores are also reported over the off-cent
 words alone, those whose boxes hold no centre cell (the centre baseline scores 0 on
 them): there a hit is something the framing of the photo does not give away.
 
+How far the look is ahead of the centre guess, with its uncertainty: hit_minus_centre is
+the mean over the scored words of hit - centre, with a percentile interval from
+resampling the photos (not the words: words of one photo share its framing and its
+boxes, so they are not independent). Each resample draws as many photos as were scored,
+with replacement, and takes the word-weighted mean of their words; a fixed seed makes the
+interval repeatable.
+
 The shapes set's metric (`grounding.pointing_accuracy`) asks the same question of
 synthetic images; here the boxes come from COCO-format `instances_*.json` files.
 """
@@ -587,6 +594,54 @@ def score_word(
 SCORES = ("hit", "centre", "random", "mass", "area_share")
 
 
+def photo_bootstrap(
+    rows: Sequence[dict],
+    key: str = "hit",
+    baseline: str = "centre",
+    resamples: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> dict | None:
+    """The mean of row[key] - row[baseline] over scored words, with a percentile interval
+    from resampling the photos (the module's docstring).
+
+    Args:
+      rows: scored words ("image_id", key and baseline each).
+      key, baseline: the two scores compared.
+      resamples: bootstrap draws.
+      level: the interval's coverage, in (0, 1).
+      seed: of the draws.
+
+    Returns:
+      {"mean", "low", "high", "level", "resamples", "photos"}, or None without rows.
+
+    Raises:
+      ValueError: if resamples < 1 or level is not in (0, 1).
+    """
+    if resamples < 1 or not 0.0 < level < 1.0:
+        raise ValueError(f"need resamples >= 1 and 0 < level < 1, got {resamples} and {level}")
+    if not rows:
+        return None
+    photos = sorted({row["image_id"] for row in rows})
+    where = {image_id: i for i, image_id in enumerate(photos)}
+    totals, counts = np.zeros(len(photos)), np.zeros(len(photos))
+    for row in rows:
+        totals[where[row["image_id"]]] += row[key] - row[baseline]
+        counts[where[row["image_id"]]] += 1
+    picks = np.random.default_rng(seed).integers(0, len(photos), (resamples, len(photos)))
+    means = totals[picks].sum(axis=1) / counts[picks].sum(axis=1)
+    tail = 100.0 * (1.0 - level) / 2.0
+    low, high = np.percentile(means, [tail, 100.0 - tail])
+    return {
+        "mean": float(totals.sum() / counts.sum()),
+        "low": float(low),
+        "high": float(high),
+        "level": level,
+        "resamples": resamples,
+        "photos": len(photos),
+    }
+
+
 def _summary(rows: list[dict]) -> dict:
     summary = {"words": len(rows), "photos": len({r["image_id"] for r in rows})}
     for key in SCORES:
@@ -621,7 +676,9 @@ def coco_grounding(
       "photos", SCORES...} over the words whose centre baseline is 0, "per_category":
       {name: {"words", "photos", SCORES...}} (most words first), "edge" and
       "edge_cells" (the module's docstring; edge None when no word was scored),
-      "scored": one dict per scored word}.
+      "hit_minus_centre" (`photo_bootstrap`; None when no word was scored; the same
+      under "off_centre" is hit - random there, as centre is 0), "scored": one dict per
+      scored word}.
 
     Raises:
       ValueError: if the lists differ in length or an alpha does not fit the grid.
@@ -672,13 +729,16 @@ def coco_grounding(
         for name, group in sorted(by_category.items(), key=lambda item: (-len(item[1]), item[0]))
     }
     summary = _summary(rows)
+    off_rows = [row for row in rows if row["centre"] == 0.0]
     return {
         "photos": len(photos),
         "words": summary.pop("words"),
         "photos_scored": summary.pop("photos"),
         "absent": absent,
         **summary,
-        "off_centre": _summary([row for row in rows if row["centre"] == 0.0]),
+        "hit_minus_centre": photo_bootstrap(rows),
+        "off_centre": _summary(off_rows)
+        | {"hit_minus_random": photo_bootstrap(off_rows, baseline="random")},
         "per_category": per_category,
         "edge": float(np.mean([row["edge"] for row in rows])) if rows else None,
         "edge_cells": float(edge_cells(grid).mean()),
@@ -745,6 +805,19 @@ def format_table(result: dict, top: int = 12) -> str:
     hidden = len(result["per_category"]) - top
     if hidden > 0:
         lines.append(f"\n({hidden} more categories in the JSON output)")
+
+    def difference(name, interval):
+        return (
+            f"{name}: {interval['mean']:+.3f} ({100 * interval['level']:.0f} % interval "
+            f"{interval['low']:+.3f} to {interval['high']:+.3f}, {interval['resamples']} "
+            f"resamples of the {interval['photos']} photos)"
+        )
+
+    if result.get("hit_minus_centre"):
+        lines.append("\n" + difference("Hit - centre", result["hit_minus_centre"]))
+    if result.get("off_centre", {}).get("hit_minus_random"):
+        off_centre = result["off_centre"]["hit_minus_random"]
+        lines.append(difference("Off centre, hit - random", off_centre))
     if result.get("edge") is not None:
         lines.append(
             f"\nArgmax on the grid's outer ring: {result['edge']:.3f} of the scored words "

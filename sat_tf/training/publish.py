@@ -176,8 +176,8 @@ GROUNDING_KEYS = coco_grounding.SCORES + ("words", "photos")
 def store_grounding(directory: str, report: dict, about: dict) -> dict:
     """Records a grounding report's overall scores in a preset's metadata.json, under
     "grounding", with what they were measured on (`about`: the COCO folder, beam size,
-    photos scored), the same scores over the off-centre words where the report has them,
-    and returns the metadata written."""
+    photos scored), the same scores over the off-centre words and the interval of hit -
+    centre where the report has them, and returns the metadata written."""
     metadata = preset.read_metadata(directory)
     missing = [k for k in GROUNDING_KEYS if k not in report]
     if missing:
@@ -185,5 +185,7 @@ def store_grounding(directory: str, report: dict, about: dict) -> dict:
     metadata["grounding"] = {**{k: report[k] for k in GROUNDING_KEYS}, **about}
     if "off_centre" in report:
         metadata["grounding"]["off_centre"] = dict(report["off_centre"])
+    if report.get("hit_minus_centre"):
+        metadata["grounding"]["hit_minus_centre"] = dict(report["hit_minus_centre"])
     preset.write_metadata(directory, metadata)
     return metadata
