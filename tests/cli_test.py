@@ -237,6 +237,10 @@ class FlagfileTest(tf.test.TestCase):
             (hard.attention, hard.epochs, soft.attention, soft.epochs), ("hard", 10, "soft", 6)
         )
         self.assertEqual(hard.encoder, soft.encoder)
+        located = configs["flickr8k_grid14_located.flags"]
+        self.assertEqual((located.location_prior, located.dropout), (True, 0.3))
+        self.assertEqual((soft.location_prior, soft.dropout), (False, 0.5))
+        self.assertEqual(located.encoder, soft.encoder)
 
     def test_flagfile_without_absl_lookup_reads_the_same(self):
         # A flagfile given by its path: the lookup is not involved; absl alone agrees.
