@@ -19,6 +19,9 @@ ATTENTIONS = ("soft", "hard", "none")
 ATTENTION_SCORES = ("additive", "dot", "scaled_dot")
 HARD_DECODINGS = ("argmax", "expected")
 START_STATES = ("mean", "learned")
+# --selection_metric -> the key of its validation score in the epoch logs and in
+# `val_history.json`.
+SELECTION_METRICS = {"bleu4": "val_bleu4", "cider": "val_cider"}
 CHOICES = {
     "dataset": DATASETS,
     "attention": ATTENTIONS,
@@ -32,6 +35,7 @@ CHOICES = {
     "reinforce_baseline": ("moving_average", "argmax"),
     "hard_decoding": HARD_DECODINGS,
     "start_state": START_STATES,
+    "selection_metric": tuple(SELECTION_METRICS),
 }
 
 # The settings that decide the model's weights: a workdir or a preset made with other
@@ -197,7 +201,14 @@ class Config:
     epochs: int = _field(3, "Training epochs.")
     steps_per_epoch: int = _field(0, "Batches per epoch; 0 = one pass over the training set.")
     eval_images: int = _field(500, "Validation images captioned after each epoch; 0 = all.")
-    early_stopping_patience: int = _field(0, "Stop after this many epochs without a better BLEU-4.")
+    early_stopping_patience: int = _field(
+        0, "Stop after this many epochs without a better --selection_metric score."
+    )
+    selection_metric: str = _field(
+        "bleu4",
+        "Validation score that picks the best epoch and drives early stopping: bleu4 "
+        "(coco-caption BLEU-4, paper 4.3) or cider (CIDEr-D).",
+    )
 
     beam_size: int = _field(1, "Beam size for evaluation and captioning (1 = greedy).")
     max_decode_length: int = _field(50, "Longest caption generated.")
@@ -218,6 +229,11 @@ class Config:
     def decodes_at_a_cell(self) -> bool:
         """Whether captioning reads one cell per word: hard attention at argmax alpha."""
         return self.attention == "hard" and self.hard_decoding == "argmax"
+
+    @property
+    def selection_key(self) -> str:
+        """The key of the `--selection_metric` score in the epoch logs and the history."""
+        return SELECTION_METRICS[self.selection_metric]
 
     @property
     def effective_crop_fraction(self) -> float:

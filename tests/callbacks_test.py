@@ -1,6 +1,7 @@
 """Tests for sat_tf.training.callbacks: stopping at a non-finite loss, early stopping on
-validation BLEU-4 across an interruption."""
+validation BLEU-4 across an interruption, selecting on CIDEr instead."""
 
+import json
 import os
 from unittest import mock
 
@@ -50,7 +51,7 @@ class StopOnNonFiniteTest(tf.test.TestCase):
 class EarlyStoppingTest(tf.test.TestCase):
     def _callback(self, patience, history):
         model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-        callback = callbacks_lib.EarlyStoppingOnBleu(patience, history)
+        callback = callbacks_lib.EarlyStoppingOnScore(patience, history)
         callback.set_model(model)
         return callback, model
 
@@ -99,6 +100,58 @@ class EarlyStoppingTest(tf.test.TestCase):
         history = workdir_lib.read_history(os.path.join(workdir, "val_history.json"))
         self.assertEqual([h["val_bleu4"] for h in history], [0.5, 0.4])
         self.assertEqual(workdir_lib.backed_up_epoch(workdir), 2)
+
+
+class SelectionOnCiderTest(tf.test.TestCase):
+    def test_early_stopping_counts_the_chosen_score_and_passes_over_older_entries(self):
+        # The first entry predates val_cider; of the others 0.4, 0.6 (best), 0.5.
+        history = [
+            {"epoch": 1, "val_bleu4": 0.9},
+            {"epoch": 2, "val_bleu4": 0.1, "val_cider": 0.4},
+            {"epoch": 3, "val_bleu4": 0.2, "val_cider": 0.6},
+            {"epoch": 4, "val_bleu4": 0.8, "val_cider": 0.5},
+        ]
+        callback = callbacks_lib.EarlyStoppingOnScore(2, history, key="val_cider")
+        callback.set_model(keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)]))
+        self.assertEqual((callback.best, callback.wait), (0.6, 1))
+        callback.model.stop_training = False
+        callback.on_epoch_end(4, {"val_bleu4": 0.95, "val_cider": 0.55})
+        self.assertTrue(callback.model.stop_training)
+
+    def test_a_run_keeps_the_epoch_of_the_best_cider_and_stops_on_it(self):
+        root = self.get_temp_dir()
+        config = Config(
+            data_dir=os.path.join(root, "data"),
+            # As test_stopped_run_is_not_trained_further_when_run_again: the validation
+            # scores are the mock's, BLEU-4 falling where CIDEr rises.
+            **{**TINY, "epochs": 5, "early_stopping_patience": 2, "steps_per_epoch": 1}
+            | {"eval_images": 2, "num_test": 0, "selection_metric": "cider"},
+        )
+        workdir = os.path.join(root, "run")
+        real = scoring.score_captions
+        val_scores = iter([(0.9, 0.5), (0.1, 0.7), (0.95, 0.6), (0.99, 0.65)])
+
+        def scores(*args, full=False, **kwargs):
+            result = real(*args, full=full, **kwargs)
+            if full:
+                return result
+            bleu4, cider = next(val_scores)
+            return {**result, "BLEU-4": bleu4, "CIDEr": cider}
+
+        with mock.patch.object(callbacks_lib, "score_captions", side_effect=scores):
+            train_lib.train_and_evaluate(config, workdir)
+        history = workdir_lib.read_history(os.path.join(workdir, "val_history.json"))
+        self.assertEqual(
+            [(h["val_bleu4"], h["val_cider"]) for h in history],
+            [(0.9, 0.5), (0.1, 0.7), (0.95, 0.6), (0.99, 0.65)],
+        )
+        with open(os.path.join(workdir, workdir_lib.BEST_INFO), encoding="utf-8") as f:
+            best = json.load(f)
+        self.assertEqual(
+            {k: best[k] for k in ("epoch", "selected_on", "val_bleu4", "val_cider")},
+            {"epoch": 2, "selected_on": "val_cider", "val_bleu4": 0.1, "val_cider": 0.7},
+        )
+        self.assertEqual(workdir_lib.backed_up_epoch(workdir), 4)
 
 
 if __name__ == "__main__":

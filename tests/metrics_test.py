@@ -115,6 +115,8 @@ def test_cider_and_rouge_by_hand(no_java):
     assert scores["ROUGE-L"] == pytest.approx(5 / 6, rel=1e-9)
     swapped = metrics.coco_scores(dict(reversed(refs.items())), dict(reversed(hyps.items())))
     assert swapped["CIDEr"] == pytest.approx(scores["CIDEr"], rel=1e-12)
+    # The per-epoch scorer takes the words as given (no tokenizer): the same 5.0.
+    assert metrics.cider(refs, hyps) == pytest.approx(5.0, rel=1e-9)
 
 
 def test_no_java_still_scores_and_marks_meteor_unavailable(no_java):
@@ -261,7 +263,7 @@ def test_python_tokenizer_matches_java_ptb_tokenizer():
     ],
 )
 def test_bad_input_names_the_image(no_java, refs, hyps, match):
-    for fn in (metrics.coco_scores, metrics.paper_bleu, metrics.bleu4):
+    for fn in (metrics.coco_scores, metrics.paper_bleu, metrics.bleu4, metrics.cider):
         with pytest.raises(ValueError, match=match):
             fn(refs, hyps)
 

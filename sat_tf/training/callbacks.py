@@ -1,5 +1,6 @@
-"""The callbacks of the training loop: validation captions and BLEU-4 each epoch, the
-best checkpoint, early stopping on BLEU-4, and stopping at a non-finite loss."""
+"""The callbacks of the training loop: validation captions, BLEU-4 and CIDEr each epoch,
+the best checkpoint and early stopping on one of them (`--selection_metric`), and
+stopping at a non-finite loss."""
 
 import math
 import os
@@ -17,9 +18,10 @@ from sat_tf.training.scoring import caption_records, score_captions
 
 
 class EvaluationCallback(keras.callbacks.Callback):
-    """Captions validation images after each epoch and logs `val_bleu4` (paper §4.3).
+    """Captions validation images after each epoch and logs `val_bleu4` (paper §4.3) and
+    `val_cider`.
 
-    Runs before `BestCheckpoint` in the callback list, so the checkpoint selects on it.
+    Runs before `BestCheckpoint` in the callback list, so the checkpoint selects on them.
     Also writes attention pictures of a few images to TensorBoard.
     """
 
@@ -43,6 +45,7 @@ class EvaluationCallback(keras.callbacks.Callback):
             self.records, results, self.objects, self.grid, self.config.image_size
         )
         logs["val_bleu4"] = scores["BLEU-4"]
+        logs["val_cider"] = scores["CIDEr"]
         for key in ("pointing_accuracy", "phrase_pointing_accuracy", "location_accuracy"):
             if key in scores:
                 logs[f"val_{key}"] = scores[key]
@@ -64,9 +67,10 @@ class EvaluationCallback(keras.callbacks.Callback):
                 tf.summary.image(f"attention/{record.image_id}", picture[None], max_outputs=1)
                 tf.summary.text(f"caption/{record.image_id}", " ".join(res["words"]))
         logging.info(
-            "epoch %d: val BLEU-4 %.4f %s (%.1fs); e.g. %r",
+            "epoch %d: val BLEU-4 %.4f CIDEr %.4f %s (%.1fs); e.g. %r",
             epoch + 1,
             scores["BLEU-4"],
+            scores["CIDEr"],
             {k: round(v, 4) for k, v in scores.items() if k.endswith("accuracy")},
             time.time() - start,
             " ".join(results[0]["words"]),
@@ -84,54 +88,66 @@ class EvaluationCallback(keras.callbacks.Callback):
 
 
 class BestCheckpoint(keras.callbacks.Callback):
-    """Keeps the weights of the epoch with the best `val_bleu4` (paper §4.3).
+    """Keeps the weights of the epoch with the best validation score `key` (`val_bleu4`,
+    paper §4.3, or `val_cider`).
 
-    Writes `best.weights.h5` atomically, then `best.json` with the epoch, the score and
-    the fingerprint of the vocabulary the weights were trained with, which
+    Writes `best.weights.h5` atomically, then `best.json` with the epoch, its validation
+    scores and the fingerprint of the vocabulary the weights were trained with, which
     `load_trained` checks against the workdir's `vocab.txt`.
 
     Args:
       workdir: where the files go.
       vocab: the training vocabulary.
       best: the score to beat (from an interrupted run), or None.
+      key: the score in the epoch logs that selects.
     """
 
-    def __init__(self, workdir, vocab, best=None):
+    def __init__(self, workdir, vocab, best=None, key="val_bleu4"):
         super().__init__()
         self.workdir = workdir
         self.vocab = vocab
         self.best = best
+        self.key = key
 
     def on_epoch_end(self, epoch, logs=None):
-        score = (logs or {}).get("val_bleu4")
+        logs = logs or {}
+        score = logs.get(self.key)
         if score is None or (self.best is not None and score <= self.best):
             return
         self.best = score
         workdir_lib.save_weights_atomically(
             self.model, os.path.join(self.workdir, workdir_lib.BEST_WEIGHTS)
         )
-        workdir_lib.write_best_info(self.workdir, self.vocab, epoch=epoch + 1, val_bleu4=score)
+        scores = {k: logs[k] for k in ("val_bleu4", "val_cider") if k in logs}
+        workdir_lib.write_best_info(
+            self.workdir, self.vocab, epoch=epoch + 1, selected_on=self.key, **scores
+        )
 
 
-class EarlyStoppingOnBleu(keras.callbacks.Callback):
-    """Stops training when `val_bleu4` has not improved for `patience` epochs (§4.3).
+class EarlyStoppingOnScore(keras.callbacks.Callback):
+    """Stops training when the validation score `key` has not improved for `patience`
+    epochs (§4.3).
 
     Unlike `keras.callbacks.EarlyStopping`, it counts the epochs of an interrupted run:
     `history` (the entries of `val_history.json` for the epochs the backup holds) is
     replayed first, so a resumed run stops where the uninterrupted one would have.
+    Entries without the score (written before it was logged) are passed over.
 
     Args:
       patience: epochs without a better score before stopping.
-      history: earlier epochs' entries, each with "epoch" and "val_bleu4".
+      history: earlier epochs' entries, each with "epoch" and scores such as "val_bleu4".
+      key: the score in the epoch logs that counts.
     """
 
-    def __init__(self, patience, history=()):
+    def __init__(self, patience, history=(), key="val_bleu4"):
         super().__init__()
         self.patience = patience
+        self.key = key
         self.best = None
         self.wait = 0
         for entry in sorted(history, key=lambda h: h["epoch"]):
-            self._see(entry["val_bleu4"])
+            if key in entry:
+                self._see(entry[key])
 
     @property
     def exhausted(self):
@@ -145,15 +161,16 @@ class EarlyStoppingOnBleu(keras.callbacks.Callback):
             self.wait += 1
 
     def on_epoch_end(self, epoch, logs=None):
-        score = (logs or {}).get("val_bleu4")
+        score = (logs or {}).get(self.key)
         if score is None:
             return
         self._see(score)
         if self.exhausted:
             logging.info(
-                "early stopping after epoch %d: validation BLEU-4 has not improved on "
+                "early stopping after epoch %d: validation %s has not improved on "
                 "%.4f for %d epochs",
                 epoch + 1,
+                self.key,
                 self.best,
                 self.patience,
             )

@@ -73,7 +73,11 @@ def make(
             description=description,
             trained_with=train_command,
             made_with=make_command,
-            trained_model={"best_epoch": best.get("epoch"), "val_bleu4": best.get("val_bleu4")},
+            trained_model={
+                "best_epoch": best.get("epoch"),
+                "val_bleu4": best.get("val_bleu4"),
+                **{k: best[k] for k in ("val_cider", "selected_on") if k in best},
+            },
         )
         size = sum(os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp))
         if size > preset.MAX_BYTES:

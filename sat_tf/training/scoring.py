@@ -96,7 +96,8 @@ def score_captions(records, results, objects=None, grid=(14, 14), image_size=112
       objects: shapes object metadata keyed by image id, for pointing / location
         accuracy (docs/design.md §6.2).
       grid, image_size: attention grid and image size for pointing accuracy.
-      full: all coco-caption metrics (Java for METEOR) instead of BLEU-4 alone.
+      full: all coco-caption metrics (Java for METEOR) instead of the two that model
+        selection uses, BLEU-4 and CIDEr, on the words as generated.
 
     Returns:
       dict of metric name -> value.
@@ -107,7 +108,7 @@ def score_captions(records, results, objects=None, grid=(14, 14), image_size=112
         scores = metrics.coco_scores(refs, hyps)
         scores.update(metrics.paper_bleu(refs, hyps))
     else:
-        scores = {"BLEU-4": metrics.bleu4(refs, hyps)}
+        scores = {"BLEU-4": metrics.bleu4(refs, hyps), "CIDEr": metrics.cider(refs, hyps)}
     if objects is not None:
         words = [res["words"] for res in results]
         objs = [objects[r.image_id] for r in records]

@@ -1,5 +1,6 @@
 """The training loop: `train_and_evaluate(config, workdir)` trains a model as the config
-says, keeps the best by validation BLEU-4 (paper §4.3), and returns its test metrics.
+says, keeps the best by validation BLEU-4 (paper §4.3; or CIDEr, `--selection_metric`),
+and returns its test metrics.
 """
 
 import math
@@ -52,7 +53,8 @@ def _strategy(config: Config):
 def _callbacks(config, workdir, data, val, grid, done):
     """The callbacks of `fit`, in order, and the early stopper (or None).
 
-    Validation captioning runs before the checkpoint, which selects on its BLEU-4, and
+    Validation captioning runs before the checkpoint, which selects on its
+    `--selection_metric` score, and
     the backup runs last, so that an epoch is backed up only once it is evaluated and
     checkpointed. An interrupted run's history is replayed into the best score so far
     and into the early stopper.
@@ -62,18 +64,20 @@ def _callbacks(config, workdir, data, val, grid, done):
     if val:
         history_path = os.path.join(workdir, workdir_lib.HISTORY_FILE)
         history = workdir_lib.read_history(history_path)
-        best_so_far = None
+        key, best_so_far = config.selection_key, None
         if os.path.exists(os.path.join(workdir, workdir_lib.BEST_WEIGHTS)):
-            best_so_far = max((h["val_bleu4"] for h in history), default=None)
+            best_so_far = max((h[key] for h in history if key in h), default=None)
         callbacks.append(
             callbacks_lib.EvaluationCallback(
                 val, data.vocab, config, data.objects, grid, log_dir, history_path
             )
         )
-        callbacks.append(callbacks_lib.BestCheckpoint(workdir, data.vocab, best_so_far))
+        callbacks.append(callbacks_lib.BestCheckpoint(workdir, data.vocab, best_so_far, key))
         if config.early_stopping_patience:
             backed_up = [h for h in history if h["epoch"] <= done]
-            stopper = callbacks_lib.EarlyStoppingOnBleu(config.early_stopping_patience, backed_up)
+            stopper = callbacks_lib.EarlyStoppingOnScore(
+                config.early_stopping_patience, backed_up, key
+            )
             callbacks.append(stopper)
     callbacks.append(keras.callbacks.TensorBoard(log_dir, update_freq=50))
     backup = os.path.join(workdir, "backup")
@@ -107,8 +111,8 @@ def _warn_about_the_allocator():
 
 
 def train_and_evaluate(config: Config, workdir: str) -> dict:
-    """Trains a model as `config` says, keeps the best by validation BLEU-4, and returns
-    its test-split metrics.
+    """Trains a model as `config` says, keeps the best by its validation score
+    (`--selection_metric`), and returns its test-split metrics.
 
     Re-running the same command after an interruption resumes from `workdir/backup`.
     """
@@ -159,9 +163,9 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
     )
     if stopper is not None and stopper.exhausted:
         logging.info(
-            "the run in %s stopped early (no better validation BLEU-4 for %d epochs); "
+            "the run in %s stopped early (no better validation %s for %d epochs); "
             "evaluating its best checkpoint",
-            *(workdir, config.early_stopping_patience),
+            *(workdir, config.selection_key, config.early_stopping_patience),
         )
     else:
         model.fit(train_ds, epochs=config.epochs, steps_per_epoch=steps, callbacks=callbacks)

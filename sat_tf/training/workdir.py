@@ -2,7 +2,8 @@
 the trained model from it.
 
 A workdir holds `config.json`, `vocab.txt`, `best.weights.h5` (best validation BLEU-4,
-paper §4.3) with `best.json` (its epoch, score and vocabulary fingerprint),
+paper §4.3, or CIDEr: `--selection_metric`) with `best.json` (its epoch, scores and
+vocabulary fingerprint),
 `val_history.json`, `backup/` (the state `BackupAndRestore` resumes from),
 `tensorboard/`, and the evaluation outputs `captions_<split>.json` and
 `metrics_<split>.json`; a run on cached features (`--use_feature_cache`) also keeps
