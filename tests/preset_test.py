@@ -562,7 +562,9 @@ def tiny_workdir(root):
     config.save(os.path.join(workdir, workdir_lib.CONFIG_FILE))
     vocab.save(os.path.join(workdir, workdir_lib.VOCAB_FILE))
     model.save_weights(os.path.join(workdir, workdir_lib.BEST_WEIGHTS))
-    workdir_lib.write_best_info(workdir, vocab, epoch=3, val_bleu4=0.5)
+    workdir_lib.write_best_info(
+        workdir, vocab, epoch=3, selected_on="val_cider", val_bleu4=0.5, val_cider=1.25
+    )
     return workdir
 
 
@@ -585,7 +587,10 @@ class MakePresetTest(tf.test.TestCase):
         self.assertEqual(preset.verify(os.path.join(presets, "tiny")), metadata)
         self.assertEqual(metadata["trained_with"], "python scripts/train.py x")
         self.assertEqual(metadata["made_with"], "python m.py y")
-        self.assertEqual(metadata["trained_model"], {"best_epoch": 3, "val_bleu4": 0.5})
+        self.assertEqual(
+            metadata["trained_model"],
+            {"best_epoch": 3, "val_bleu4": 0.5, "val_cider": 1.25, "selected_on": "val_cider"},
+        )
         self.assertIn("cpu", metadata["measured_on"])
         scores = metadata["scores"]
         self.assertEqual((scores["split"], scores["dataset"]), ("test", "shapes"))
