@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from sat_tf.config import SELECTION_METRICS
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
 from sat_tf.training import workdir as workdir_lib
@@ -118,7 +119,7 @@ class BestCheckpoint(keras.callbacks.Callback):
         workdir_lib.save_weights_atomically(
             self.model, os.path.join(self.workdir, workdir_lib.BEST_WEIGHTS)
         )
-        scores = {k: logs[k] for k in ("val_bleu4", "val_cider") if k in logs}
+        scores = {k: logs[k] for k in SELECTION_METRICS.values() if k in logs}
         workdir_lib.write_best_info(
             self.workdir, self.vocab, epoch=epoch + 1, selected_on=self.key, **scores
         )

@@ -54,10 +54,9 @@ def _callbacks(config, workdir, data, val, grid, done):
     """The callbacks of `fit`, in order, and the early stopper (or None).
 
     Validation captioning runs before the checkpoint, which selects on its
-    `--selection_metric` score, and
-    the backup runs last, so that an epoch is backed up only once it is evaluated and
-    checkpointed. An interrupted run's history is replayed into the best score so far
-    and into the early stopper.
+    `--selection_metric` score, and the backup runs last, so that an epoch is backed up
+    only once it is evaluated and checkpointed. An interrupted run's history is replayed
+    into the best score so far and into the early stopper.
     """
     log_dir = os.path.join(workdir, "tensorboard")
     callbacks, stopper = [callbacks_lib.StopOnNonFinite(workdir)], None
