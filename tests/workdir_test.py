@@ -1,8 +1,10 @@
-"""Tests for sat_tf.training.workdir: a workdir that holds another model is refused, and a
-run starts from another workdir's weights only where they are this model's."""
+"""Tests for sat_tf.training.workdir: a workdir that holds another model, or best weights
+selected on another validation score, is refused, and a run starts from another workdir's
+weights only where they are this model's."""
 
 import dataclasses
 import os
+import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -33,6 +35,50 @@ class CheckWorkdirTest(tf.test.TestCase):
     def test_hard_gate_is_ignored_for_soft(self):
         workdir = self._workdir(Config(hard_gate=False))
         workdir_lib.check_workdir(Config(), workdir)
+
+
+class ResumeSelectionTest(tf.test.TestCase):
+    """A workdir's best weights are resumed only under the score they were selected on."""
+
+    def _workdir(self, **best_info):
+        workdir = tempfile.mkdtemp(dir=self.get_temp_dir())
+        workdir_lib.check_workdir(Config(), workdir)
+        with open(os.path.join(workdir, workdir_lib.BEST_WEIGHTS), "wb") as f:
+            f.write(b"weights")
+        vocab = Vocab([*SPECIALS, "a"])
+        workdir_lib.write_best_info(workdir, vocab, epoch=2, **best_info)
+        return workdir
+
+    def test_another_score_is_refused_and_the_config_kept(self):
+        cases = [
+            ({"selected_on": "val_bleu4", "val_bleu4": 0.2, "val_cider": 0.5}, "cider", "bleu4"),
+            ({"selected_on": "val_cider", "val_bleu4": 0.2, "val_cider": 0.5}, "bleu4", "cider"),
+            ({"val_bleu4": 0.2}, "cider", "bleu4"),  # written before selected_on existed
+        ]
+        for info, this_run, kept in cases:
+            with self.subTest(info=info, this_run=this_run):
+                workdir = self._workdir(**info)
+                config_path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
+                Config(selection_metric=kept).save(config_path)
+                message = (
+                    f"best.json: best.weights.h5 was selected on val_{kept}, this run selects "
+                    f"on val_{this_run}; resume with --selection_metric={kept} "
+                )
+                with self.assertRaisesRegex(ValueError, message):
+                    workdir_lib.check_workdir(Config(selection_metric=this_run), workdir)
+                self.assertEqual(Config.load(config_path).selection_metric, kept)
+                workdir_lib.check_workdir(Config(selection_metric=kept), workdir)
+
+    def test_weights_not_selected_on_a_score_take_either(self):
+        # A run without a validation split keeps its last epoch, with no scores.
+        workdir = self._workdir()
+        for metric in ("cider", "bleu4"):
+            workdir_lib.check_workdir(Config(selection_metric=metric), workdir)
+
+    def test_a_workdir_without_best_weights_takes_either(self):
+        workdir = self._workdir(selected_on="val_bleu4", val_bleu4=0.2)
+        os.remove(os.path.join(workdir, workdir_lib.BEST_WEIGHTS))
+        workdir_lib.check_workdir(Config(selection_metric="cider"), workdir)
 
 
 # A model on cached (4, 6) features of a 2 x 2 grid, small enough to build in a moment.

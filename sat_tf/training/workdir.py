@@ -14,7 +14,7 @@ import json
 import os
 
 from sat_tf import files, npz_weights
-from sat_tf.config import MODEL_FIELDS, Config
+from sat_tf.config import MODEL_FIELDS, SELECTION_METRICS, Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model.show_attend_tell import build_model
 
@@ -31,6 +31,10 @@ def write_json(path, value):
 
 def check_workdir(config: Config, workdir: str) -> None:
     """Creates the workdir, or checks that its saved config builds the same model.
+
+    A workdir whose `best.weights.h5` was selected on one validation score is resumed
+    only with the same `--selection_metric`: the kept weights and the history's scores
+    of the other would not say which epoch is best.
 
     Raises:
       ValueError: naming each setting that differs, with both values, or when the
@@ -57,7 +61,28 @@ def check_workdir(config: Config, workdir: str) -> None:
                 f"workdir {workdir} holds a different model; use another workdir or the "
                 "same settings:\n  " + "\n  ".join(diff)
             )
+    _check_selection(config, workdir)
     config.save(path)
+
+
+def _check_selection(config: Config, workdir: str) -> None:
+    info_path = os.path.join(workdir, BEST_INFO)
+    if not (os.path.exists(info_path) and os.path.exists(os.path.join(workdir, BEST_WEIGHTS))):
+        return
+    with open(info_path, encoding="utf-8") as f:
+        info = json.load(f)
+    # best.json written before `selected_on` existed was always selected on BLEU-4; one
+    # without validation scores was not selected (the last epoch of a run without a
+    # validation split).
+    selected_on = info.get("selected_on") or ("val_bleu4" if "val_bleu4" in info else None)
+    if selected_on is None or selected_on == config.selection_key:
+        return
+    flags = {key: name for name, key in SELECTION_METRICS.items()}
+    raise ValueError(
+        f"{info_path}: best.weights.h5 was selected on {selected_on}, this run selects on "
+        f"{config.selection_key}; resume with --selection_metric="
+        f"{flags.get(selected_on, selected_on)} or train in another workdir"
+    )
 
 
 def _weight_layout(config: Config) -> tuple[bool, bool]:
