@@ -186,3 +186,50 @@ def decode_step_bytes(shape: Shape, bytes_per_value=4):
         "per_image": bytes_per_value * per_image,
         "total": bytes_per_value * (weights + per_image),
     }
+
+
+def train_step_pass_bytes(shape: Shape, batch: int, steps: int, bytes_per_value=4):
+    """Bytes the fused recurrence streams at every step through the per-image tensors.
+
+    The annotations a (L, D) and the score's projection `W_a a` are read at every word
+    and cannot be batched over t (alpha_t depends on h_{t-1}), so these passes run at
+    memory speed while the products of the step run at the matmul rate. Per caption and
+    step, in values:
+
+      annotations: context `sum_i alpha_i a_i` forward, `d alpha = a dz` backward   2 L D
+      additive score, the fewest passes any schedule needs: read W_a a and write the
+        tanh layer (forward), read the tanh layer and read and write the accumulated
+        gradient of W_a a (backward)                                               5 L A
+      additive score, as `recurrence.py` runs it (one TF op per pass): forward add
+        (2), tanh (2), product with v (1); backward d_scores v (1), TanhGrad (3),
+        accumulation (3), v's gradient (1), U_a h's gradient (1)                   14 L A
+      dot score (both): the score forward and h's gradient backward, each a read of
+        `a W_a`                                                                    2 L n
+
+    Without attention nothing is read per word (the mean context is computed once).
+    Hard attention's fused recurrence makes the same passes (it computes the expected
+    context for every caption and keeps it for some, and its backward pass reads a for
+    all of them), and reads the sampled rows besides (D values).
+
+    Returns:
+      dict: "minimal" and "fused_recurrence" bytes per train step.
+    """
+    L, D, _, n, A, _ = shape._sizes()
+    if shape.attention == "none":
+        return {"minimal": 0, "fused_recurrence": 0}
+    if shape.score == "additive":
+        minimal, current = 2 * L * D + 5 * L * A, 2 * L * D + 14 * L * A
+    else:
+        minimal = current = 2 * L * D + 2 * L * n
+    scale = bytes_per_value * batch * steps
+    return {"minimal": scale * minimal, "fused_recurrence": scale * current}
+
+
+def share_bound(step_flops, pass_bytes, matmul_gflops, read_gbps):
+    """The highest share of the matmul rate a train step can reach when its FLOPs run at
+    the matmul rate and its per-word passes stream at the read bandwidth, one after the
+    other (within a word each waits for the last: scores, softmax, context, gates):
+    t_flops / (t_flops + t_bytes)."""
+    t_flops = step_flops / (matmul_gflops * 1e9)
+    t_bytes = pass_bytes / (read_gbps * 1e9)
+    return t_flops / (t_flops + t_bytes)

@@ -525,6 +525,39 @@ def train_step_cases(p, names=None):
     return results
 
 
+def add_share_bounds(train, read_gbps):
+    """Adds to every timed train case the share of the matmul rate it could reach at
+    most (`flops.share_bound`): its FLOPs at the matmul rate measured alongside, and its
+    per-word passes (`flops.train_step_pass_bytes`: the fewest any schedule needs, and,
+    for the fused recurrence's cases without XLA, the passes its ops make) at
+    `read_gbps`, this run's read bandwidth; bfloat16 annotations are 2 bytes a value."""
+    if not read_gbps:
+        return
+    for cases in train.values():
+        sizes = cases["sizes"]
+        p = {**sizes, "grid": tuple(sizes["grid"])}
+        for name, case in cases.items():
+            if name == "sizes" or "flops_per_step" not in case:
+                continue
+            attention, score, jit, policy, schedule = TRAIN_CASES[name]
+            passes = flops.train_step_pass_bytes(
+                decoder_shape(p, attention, score),
+                p["batch"],
+                p["words"] + 1,
+                bytes_per_value=2 if policy == "mixed_bfloat16" else 4,
+            )
+            matmul = case["matmul_gflops_alongside"]["median"]
+            step_flops = case["flops_per_step"]["total"]
+            bound = case["share_bound"] = {"read_gbps": read_gbps, "pass_bytes": passes}
+            bound["minimal_passes"] = flops.share_bound(
+                step_flops, passes["minimal"], matmul, read_gbps
+            )
+            if schedule == "fused" and not jit:  # the passes the recurrence's ops make
+                bound["fused_recurrence_passes"] = flops.share_bound(
+                    step_flops, passes["fused_recurrence"], matmul, read_gbps
+                )
+
+
 def decode_model(p):
     """The paper-scale soft decoder with `<end>` made impossible (its output bias set to
     -1e4), so that every caption runs the full `words` steps whatever the weights."""
@@ -1071,6 +1104,7 @@ def run(quick, only=CASES, preset_name=None, data_dir=FLICKR8K, limit=0, train_c
     if "memory_bandwidth" in only:
         cases["memory_bandwidth"] = guarded(lambda: case_memory_bandwidth(p))
         bandwidth = cases["memory_bandwidth"].get("read_gbps", {}).get("median")
+        add_share_bounds(train, bandwidth)
     if "decode" in only:
         cases["decode"] = guarded(lambda: case_decode(p, bandwidth))
     if "extract" in only:

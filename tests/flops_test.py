@@ -1,0 +1,117 @@
+"""Tests for bench/flops.py's count of the per-word passes and its share bound: against
+hand-computed values, and the fused recurrence's count against the passes its traced
+while loops make, enumerated op by op."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.framework import function_def_to_graph
+
+from sat_tf.model.decoder import AttentionDecoder
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench"))
+import flops  # noqa: E402
+
+# Sizes whose products B L A and B L D differ from every other tensor's size.
+BATCH, STEPS, LOCATIONS, FEATURES, ATTENTION, HIDDEN, EMBED, VOCAB = 3, 5, 7, 11, 13, 4, 2, 17
+# Ops that move no data (arguments, views, and the TensorArray reads and writes, which
+# keep references), and hard attention's gather, which reads only the rows it picks.
+NO_PASS = ("Placeholder", "Reshape", "Squeeze", "ExpandDims", "Identity", "Shape", "GatherV2")
+
+
+def _shape(attention="soft", score="additive"):
+    return flops.Shape(
+        LOCATIONS, FEATURES, EMBED, HIDDEN, ATTENTION, VOCAB, attention, score, hard_gate=True
+    )
+
+
+def test_pass_bytes_by_hand():
+    # additive: 2 L D + 5 L A = 2*7*11 + 5*7*13 = 154 + 455 = 609 values (minimal), and
+    # 154 + 14*7*13 = 154 + 1274 = 1428 as the recurrence runs it; 4 bytes, B T = 15.
+    assert flops.train_step_pass_bytes(_shape(), BATCH, STEPS) == {
+        "minimal": 4 * 15 * 609,
+        "fused_recurrence": 4 * 15 * 1428,
+    }
+    # dot: 2 L D + 2 L n = 154 + 56 = 210, either way.
+    dot = flops.train_step_pass_bytes(_shape(score="dot"), BATCH, STEPS)
+    assert dot == {"minimal": 4 * 15 * 210, "fused_recurrence": 4 * 15 * 210}
+    none = flops.train_step_pass_bytes(_shape(attention="none"), BATCH, STEPS)
+    assert none == {"minimal": 0, "fused_recurrence": 0}
+
+
+def test_share_bound_by_hand():
+    # 2 GFLOP at 100 GFLOP/s: 0.02 s; 0.3 GB at 10 GB/s: 0.03 s; 0.02 / 0.05.
+    assert flops.share_bound(2e9, 3e8, 100.0, 10.0) == pytest.approx(0.4)
+    assert flops.share_bound(2e9, 0, 100.0, 10.0) == pytest.approx(1.0)
+
+
+def _loop_bodies(graph_def):
+    """(name, FuncGraph) of every while-loop body in `graph_def` and its functions, with
+    the static shapes its While op gives the loop variables."""
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    nodes = list(graph_def.node) + [n for f in functions.values() for n in f.node_def]
+    bodies = []
+    for node in nodes:
+        if node.op not in ("While", "StatelessWhile"):
+            continue
+        body = node.attr["body"].func.name
+        shapes = [tf.TensorShape(s) for s in node.attr["output_shapes"].list.shape]
+        graph = function_def_to_graph.function_def_to_graph(functions[body], input_shapes=shapes)
+        bodies.append((body, graph))
+    return bodies
+
+
+def _per_word_values(graph):
+    """Values of (B, L, A) and (B, L, D) tensors each op of `graph` reads or writes,
+    per caption, as {"LA": count of L A passes, "LD": count of L D passes}."""
+    sizes = {BATCH * LOCATIONS * ATTENTION: "LA", BATCH * LOCATIONS * FEATURES: "LD"}
+    counts = {"LA": 0, "LD": 0}
+    for op in graph.get_operations():
+        if op.type in NO_PASS or op.type.startswith("TensorList"):
+            continue
+        for tensor in list(op.inputs) + list(op.outputs):
+            if tensor.shape.is_fully_defined() and tensor.shape.num_elements() in sizes:
+                counts[sizes[tensor.shape.num_elements()]] += 1
+    return counts
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_fused_recurrence_makes_the_passes_it_is_charged(attention):
+    decoder = AttentionDecoder(
+        VOCAB,
+        embed_dim=EMBED,
+        hidden_dim=HIDDEN,
+        attention_dim=ATTENTION,
+        attention=attention,
+        dropout=0.0,
+        hard_gate=True,
+    )
+    decoder.fused_hard = True
+    decoder.build((None, LOCATIONS, FEATURES))
+    rng = np.random.default_rng(0)
+    features = tf.constant(rng.normal(size=(BATCH, LOCATIONS, FEATURES)), tf.float32)
+    captions = tf.constant(rng.integers(1, VOCAB, size=(BATCH, STEPS)), tf.int32)
+    noise = tf.constant(rng.gumbel(size=(BATCH, STEPS, LOCATIONS)), tf.float32)
+    extra = {"gumbel_noise": noise, "use_expected": tf.constant([True, False, True])}
+
+    @tf.function
+    def gradients(features, captions):
+        with tf.GradientTape() as tape:
+            outputs = decoder(features, captions, **(extra if attention == "hard" else {}))
+            loss = tf.reduce_sum(outputs["logits"]) + tf.reduce_sum(outputs["alpha"] ** 2)
+        return tape.gradient(loss, decoder.trainable_variables)
+
+    graph_def = gradients.get_concrete_function(features, captions).graph.as_graph_def()
+    bodies = _loop_bodies(graph_def)
+    assert len(bodies) == 2, [name for name, _ in bodies]  # forward and backward loops
+    total = {"LA": 0, "LD": 0}
+    for _, graph in bodies:
+        for key, count in _per_word_values(graph).items():
+            total[key] += count
+    assert total == {"LA": 14, "LD": 2}
+    charged = flops.train_step_pass_bytes(_shape(attention), BATCH, STEPS)["fused_recurrence"]
+    per_caption_step = charged // (4 * BATCH * STEPS)
+    assert per_caption_step == 14 * LOCATIONS * ATTENTION + 2 * LOCATIONS * FEATURES
