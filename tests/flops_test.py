@@ -80,15 +80,8 @@ def _per_word_values(graph):
 
 @pytest.mark.parametrize("attention", ["soft", "hard"])
 def test_fused_recurrence_makes_the_passes_it_is_charged(attention):
-    decoder = AttentionDecoder(
-        VOCAB,
-        embed_dim=EMBED,
-        hidden_dim=HIDDEN,
-        attention_dim=ATTENTION,
-        attention=attention,
-        dropout=0.0,
-        hard_gate=True,
-    )
+    sizes = {"embed_dim": EMBED, "hidden_dim": HIDDEN, "attention_dim": ATTENTION}
+    decoder = AttentionDecoder(VOCAB, attention=attention, dropout=0.0, hard_gate=True, **sizes)
     decoder.fused_hard = True
     decoder.build((None, LOCATIONS, FEATURES))
     rng = np.random.default_rng(0)
