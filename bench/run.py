@@ -499,7 +499,7 @@ def case_train_step(p, attention, score, jit, policy="float32", schedule="fused"
 def train_step_cases(p, names=None):
     """The cases `names` (None: all) of TRAIN_CASES at every size of TRAIN_SHAPES, each case of
     SPEEDUP_BASELINES with its speed-up over those of its baselines that ran, measured
-    in the same run."""
+    in the same run, as a ratio of times and as a ratio of shares of the matmul rate."""
     results = {}
     for shape_name, sizes in TRAIN_SHAPES.items():
         shape_p = {**p, **sizes} if p is FULL else p
@@ -520,6 +520,13 @@ def train_step_cases(p, names=None):
                 then = cases[base].get("seconds_per_step", {}).get("median")
                 if mine and then:
                     cases[name]["speedup_over_" + base] = then / mine
+                    # The same ratio with each case's time taken against the matmul
+                    # products of its own rounds: the machine's drift between the two
+                    # cases, minutes apart, cancels (both count the same FLOPs).
+                    cases[name]["speedup_drift_corrected_over_" + base] = (
+                        cases[name]["fraction_of_matmul_rate"]
+                        / cases[base]["fraction_of_matmul_rate"]
+                    )
         if p is not FULL:
             break  # --quick: one small shape
     return results
