@@ -541,8 +541,7 @@ def add_share_bounds(train, read_gbps):
     if not read_gbps:
         return
     for cases in train.values():
-        sizes = cases["sizes"]
-        p = {**sizes, "grid": tuple(sizes["grid"])}
+        p = cases["sizes"]
         for name, case in cases.items():
             if name == "sizes" or "flops_per_step" not in case:
                 continue

@@ -65,8 +65,8 @@ def _loop_bodies(graph_def):
 
 
 def _per_word_values(graph):
-    """Values of (B, L, A) and (B, L, D) tensors each op of `graph` reads or writes,
-    per caption, as {"LA": count of L A passes, "LD": count of L D passes}."""
+    """How many (B, L, A) and (B, L, D) tensors the ops of `graph` read or write: its
+    passes, as {"LA": passes over L A values a caption, "LD": over L D values}."""
     sizes = {BATCH * LOCATIONS * ATTENTION: "LA", BATCH * LOCATIONS * FEATURES: "LD"}
     counts = {"LA": 0, "LD": 0}
     for op in graph.get_operations():
@@ -106,5 +106,5 @@ def test_fused_recurrence_makes_the_passes_it_is_charged(attention):
             total[key] += count
     assert total == {"LA": 14, "LD": 2}
     charged = flops.train_step_pass_bytes(_shape(attention), BATCH, STEPS)["fused_recurrence"]
-    per_caption_step = charged // (4 * BATCH * STEPS)
-    assert per_caption_step == 14 * LOCATIONS * ATTENTION + 2 * LOCATIONS * FEATURES
+    enumerated = total["LA"] * LOCATIONS * ATTENTION + total["LD"] * LOCATIONS * FEATURES
+    assert charged == 4 * BATCH * STEPS * enumerated
