@@ -197,11 +197,12 @@ def train_step_pass_bytes(shape: Shape, batch: int, steps: int, bytes_per_value=
     step, in values:
 
       annotations: context `sum_i alpha_i a_i` forward, `d alpha = a dz` backward   2 L D
-      additive score, the fewest passes any schedule needs: read W_a a and write the
-        tanh layer (forward), read the tanh layer and read and write the accumulated
-        gradient of W_a a (backward)                                               5 L A
-      additive score, as `recurrence.py` runs it (one TF op per pass): forward add
-        (2), tanh (2), product with v (1); backward d_scores v (1), TanhGrad (3),
+      additive score, the fewest passes any schedule needs, which its compiled op
+        (`model/fused_score.py`) makes: read W_a a (forward); read it again to
+        recompute the tanh layer, read and write the accumulated gradient of W_a a
+        (backward)                                                                  4 L A
+      additive score as TensorFlow ops in `recurrence.py` (one op per pass): forward
+        add (2), tanh (2), product with v (1); backward d_scores v (1), TanhGrad (3),
         accumulation (3), v's gradient (1), U_a h's gradient (1)                   14 L A
       dot score (both): the score forward and h's gradient backward, each a read of
         `a W_a`                                                                    2 L n
@@ -212,13 +213,14 @@ def train_step_pass_bytes(shape: Shape, batch: int, steps: int, bytes_per_value=
     all of them), and reads the sampled rows besides (D values).
 
     Returns:
-      dict: "minimal" and "fused_recurrence" bytes per train step.
+      dict: "minimal" (the compiled score's) and "fused_recurrence" (the TensorFlow
+      ops') bytes per train step.
     """
     L, D, _, n, A, _ = shape._sizes()
     if shape.attention == "none":
         return {"minimal": 0, "fused_recurrence": 0}
     if shape.score == "additive":
-        minimal, current = 2 * L * D + 5 * L * A, 2 * L * D + 14 * L * A
+        minimal, current = 2 * L * D + 4 * L * A, 2 * L * D + 14 * L * A
     else:
         minimal = current = 2 * L * D + 2 * L * n
     scale = bytes_per_value * batch * steps

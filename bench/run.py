@@ -126,11 +126,23 @@ TRAIN_SHAPES = {
 # name: (attention, score, jit_compile, Keras dtype policy, schedule). The schedule
 # "autodiff" runs the decoder's autodiff loop instead of the fused recurrence (soft, and
 # hard since stop 29): the baseline each fused case's speed-up is measured against.
+# "fused" runs the additive score through its compiled op where that applies (float32,
+# no XLA: `fused_score.applies`), "fused_ops" as TensorFlow ops; "autodiff_compiled" is
+# the autodiff loop with the compiled score (hard attention's training schedule).
 TRAIN_CASES = {
     "soft_additive": ("soft", "additive", False, "float32", "fused"),
+    "soft_additive_ops": ("soft", "additive", False, "float32", "fused_ops"),
     "soft_additive_autodiff": ("soft", "additive", False, "float32", "autodiff"),
     "hard_additive": ("hard", "additive", False, "float32", "fused"),
+    "hard_additive_ops": ("hard", "additive", False, "float32", "fused_ops"),
     "hard_additive_autodiff": ("hard", "additive", False, "float32", "autodiff"),
+    "hard_additive_autodiff_compiled": (
+        "hard",
+        "additive",
+        False,
+        "float32",
+        "autodiff_compiled",
+    ),
     "soft_dot": ("soft", "dot", False, "float32", "fused"),
     "soft_additive_jit": ("soft", "additive", True, "float32", "fused"),
     "hard_additive_jit": ("hard", "additive", True, "float32", "fused"),
@@ -140,16 +152,24 @@ TRAIN_CASES = {
 }
 # case: the cases its speed-up is measured over (differing in one setting).
 SPEEDUP_BASELINES = {
-    "soft_additive": ("soft_additive_autodiff",),
-    "hard_additive": ("hard_additive_autodiff",),
+    "soft_additive": ("soft_additive_autodiff", "soft_additive_ops"),
+    "soft_additive_ops": ("soft_additive_autodiff",),
+    "hard_additive": ("hard_additive_autodiff", "hard_additive_ops"),
+    "hard_additive_ops": ("hard_additive_autodiff",),
+    "hard_additive_autodiff_compiled": ("hard_additive_autodiff",),
     "soft_additive_jit": ("soft_additive",),
     "hard_additive_jit": ("hard_additive",),
     "soft_additive_bf16": ("soft_additive", "soft_additive_bf16_autodiff"),
     "soft_additive_bf16_autodiff": ("soft_additive_autodiff",),
     "hard_additive_bf16": ("hard_additive",),
 }
+# case: its baseline, also timed in alternating rounds of one process (`case_interleaved`).
+INTERLEAVED = {
+    "soft_additive": "soft_additive_ops",
+    "hard_additive_autodiff_compiled": "hard_additive_autodiff",
+}
 # Cases whose per-op profile the report carries (a profiled run of three steps).
-PROFILED = ("soft_additive", "hard_additive", "soft_additive_bf16", "hard_additive_bf16")
+PROFILED = ("soft_additive", "hard_additive", "soft_additive_ops", "soft_additive_bf16")
 PROFILE_OPS = 12
 DECODER_SIZES = (
     "grid",
@@ -453,16 +473,7 @@ def case_train_step(p, attention, score, jit, policy="float32", schedule="fused"
     during the run moves both alike; the median over rounds is reported. `policy` is the
     Keras dtype policy the model is built under (the matmul yardstick stays float32).
     """
-    keras.mixed_precision.set_global_policy(policy)
-    try:
-        model = feature_model(p, attention, score)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-    if schedule == "autodiff":
-        model.decoder.uses_recurrence = lambda: False
-    else:
-        model.decoder.fused_hard = True  # hard attention's fused recurrence is opt-in
-    step = blocking(tf.function(model.train_step, jit_compile=jit), train_batch(p))
+    model, step = train_step_fn(p, attention, score, jit, policy, schedule)
     product, product_gflop = matmul_product(p)
     try:
         for _ in range(p["warmup"]):
@@ -491,15 +502,48 @@ def case_train_step(p, attention, score, jit, policy="float32", schedule="fused"
         "parameters": int(sum(np.prod(v.shape) for v in model.trainable_weights)),
         "parameters_analytic": decoder_shape(p, attention, score).parameters(),
     }
+    report["compiled_score"] = model.decoder._uses_compiled_score()
     if profile:
         report["profile"] = op_profile(step)
     return report
 
 
+def train_step_fn(p, attention, score, jit, policy="float32", schedule="fused"):
+    """(model, its train step on `train_batch(p)` as a blocking call) for one case."""
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        model = feature_model(p, attention, score)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    if schedule.startswith("autodiff"):
+        model.decoder.uses_recurrence = lambda: False
+    else:
+        model.decoder.fused_hard = True  # hard attention's fused recurrence is opt-in
+    # XLA cannot compile the score's op (a custom op without an XLA kernel).
+    model.decoder.compiled_score = schedule in ("fused", "autodiff_compiled") and not jit
+    return model, blocking(tf.function(model.train_step, jit_compile=jit), train_batch(p))
+
+
+def case_interleaved(p, name, base):
+    """The speed-up of case `name` over case `base` from steps timed in alternating
+    rounds of one process (base, then name, twice `repeats` times): the machine's drift
+    between rounds moves both alike, so each round's ratio of times is one sample."""
+    steps = [train_step_fn(p, *TRAIN_CASES[n])[1] for n in (base, name)]
+    for _ in range(p["warmup"]):
+        for step in steps:
+            step()
+    ratios = []
+    for _ in range(2 * p["repeats"]):
+        base_seconds, seconds = (time_calls(step, 0, 1)[0] for step in steps)
+        ratios.append(base_seconds / seconds)
+    return {"base": base, "speedup_by_round": stats(ratios), "speedup": statistics.median(ratios)}
+
+
 def train_step_cases(p, names=None):
     """The cases `names` (None: all) of TRAIN_CASES at every size of TRAIN_SHAPES, each case of
     SPEEDUP_BASELINES with its speed-up over those of its baselines that ran, measured
-    in the same run, as a ratio of times and as a ratio of shares of the matmul rate."""
+    in the same run, as a ratio of times and as a ratio of shares of the matmul rate,
+    and each case of INTERLEAVED also timed against its baseline in alternating rounds."""
     results = {}
     for shape_name, sizes in TRAIN_SHAPES.items():
         shape_p = {**p, **sizes} if p is FULL else p
@@ -512,6 +556,11 @@ def train_step_cases(p, names=None):
                     sp, *s, profile=n in PROFILED
                 )
             )
+        for name, base in INTERLEAVED.items():
+            if name in cases and base in cases:
+                cases[name]["interleaved"] = guarded(
+                    lambda sp=shape_p, n=name, b=base: case_interleaved(sp, n, b)
+                )
         for name, baselines in SPEEDUP_BASELINES.items():
             for base in baselines:
                 if name not in cases or base not in cases:
@@ -535,8 +584,9 @@ def train_step_cases(p, names=None):
 def add_share_bounds(train, read_gbps):
     """Adds to every timed train case the share of the matmul rate it could reach at
     most (`flops.share_bound`): its FLOPs at the matmul rate measured alongside, and its
-    per-word passes (`flops.train_step_pass_bytes`: the fewest any schedule needs, and,
-    for the fused recurrence's cases without XLA, the passes its ops make) at
+    per-word passes (`flops.train_step_pass_bytes`: the fewest any schedule needs, which
+    the compiled score makes, and for the fused recurrence's cases without XLA that run
+    the score as TensorFlow ops, the passes those ops make) at
     `read_gbps`, this run's read bandwidth; bfloat16 annotations are 2 bytes a value."""
     if not read_gbps:
         return
@@ -558,7 +608,7 @@ def add_share_bounds(train, read_gbps):
             bound["minimal_passes"] = flops.share_bound(
                 step_flops, passes["minimal"], matmul, read_gbps
             )
-            if schedule == "fused" and not jit:  # the passes the recurrence's ops make
+            if schedule.startswith("fused") and not jit and not case.get("compiled_score"):
                 bound["fused_recurrence_passes"] = flops.share_bound(
                     step_flops, passes["fused_recurrence"], matmul, read_gbps
                 )

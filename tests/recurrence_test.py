@@ -24,9 +24,10 @@ def _decoder(
     hard_gate=True,
     global_context=False,
     location_prior=False,
+    compiled=False,
 ):
     """A built decoder with random weights (biases too); `dtype` a Keras dtype policy
-    name (None: float32)."""
+    name (None: float32); `compiled`: the additive score through its compiled op."""
     decoder = AttentionDecoder(
         VOCAB,
         embed_dim=EMBED,
@@ -41,6 +42,7 @@ def _decoder(
         dtype=dtype,
     )
     decoder.fused_hard = True  # this file tests the fused recurrence, hard attention's too
+    decoder.compiled_score = compiled
     decoder.build((None, LOCATIONS, FEATURES))
     rng = np.random.default_rng(seed)
     for w in decoder.weights:
@@ -98,10 +100,25 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
             self.assertAllEqual(new["logits"], old["logits"])
             self.assertAllEqual(new["alpha"], old["alpha"])
 
-    @parameterized.product(score=SCORES, function=(False, True), use_alpha=(True, False))
-    def test_gradients_match_autodiff_loop(self, score, function, use_alpha):
+    @parameterized.product(function=(False, True))
+    def test_compiled_score_forward_is_the_autodiff_loop(self, function):
+        # The op sums v . tanh in another order than the tensordot: float32 rounding.
+        features, captions = _inputs(seed=1)
+        decoder = _decoder("additive", seed=1, compiled=True)
+        self.assertTrue(decoder._uses_compiled_score())
+        old, _ = _gradients(decoder, features, captions, autodiff=True, function=function)
+        new, _ = _gradients(decoder, features, captions, autodiff=False, function=function)
+        self.assertAllClose(new["logits"], old["logits"], atol=1e-6, rtol=0.0)
+        self.assertAllClose(new["alpha"], old["alpha"], atol=1e-7, rtol=0.0)
+
+    @parameterized.parameters(
+        *[(score, f, a, False) for score in SCORES for f in (False, True) for a in (True, False)],
+        *[("additive", f, a, True) for f in (False, True) for a in (True, False)],
+    )
+    def test_gradients_match_autodiff_loop(self, score, function, use_alpha, compiled):
         features, captions = _inputs(seed=2)
-        decoder = _decoder(score, seed=2)
+        decoder = _decoder(score, seed=2, compiled=compiled)
+        self.assertEqual(decoder._uses_compiled_score(), compiled)
         names = ["features"] + [v.path for v in decoder.trainable_variables]
         _, old = _gradients(decoder, features, captions, True, use_alpha, function)
         _, new = _gradients(decoder, features, captions, False, use_alpha, function)
@@ -128,12 +145,13 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
         _, new = _gradients(decoder, features, captions, autodiff=False)
         self._assert_gradients_match(names, old, new)
 
-    @parameterized.parameters(*SCORES)
-    def test_gradients_with_location_prior_match_autodiff_loop(self, score):
+    @parameterized.parameters(*[(score, False) for score in SCORES], ("additive", True))
+    def test_gradients_with_location_prior_match_autodiff_loop(self, score, compiled):
         # The per-cell vectors join the projection W_a a, whose gradient the recurrence
         # returns: theirs comes from it, and must not be zero.
         features, captions = _inputs(seed=10)
-        decoder = _decoder(score, seed=10, location_prior=True)
+        decoder = _decoder(score, seed=10, location_prior=True, compiled=compiled)
+        self.assertEqual(decoder._uses_compiled_score(), compiled)
         names = ["features"] + [v.path for v in decoder.trainable_variables]
         self.assertTrue(any(name.endswith("/location") for name in names), names)
         _, old = _gradients(decoder, features, captions, autodiff=True)
@@ -241,12 +259,14 @@ class HardAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
         return (tf.function(run) if function else run)(features, captions)
 
     @parameterized.parameters(
-        *[(score, False, mix) for score in SCORES for mix in ("some", "none", "all")],
-        *[(score, True, "some") for score in SCORES],  # in a graph too
+        *[(score, False, mix, False) for score in SCORES for mix in ("some", "none", "all")],
+        *[(score, True, "some", False) for score in SCORES],  # in a graph too
+        *[("additive", function, "some", True) for function in (False, True)],
     )
-    def test_outputs_and_gradients_match_autodiff_loop(self, score, function, mix):
+    def test_outputs_and_gradients_match_autodiff_loop(self, score, function, mix, compiled):
         features, captions = _inputs(seed=5)
-        decoder = _decoder(score, seed=5, attention="hard")
+        decoder = _decoder(score, seed=5, attention="hard", compiled=compiled)
+        self.assertEqual(decoder._uses_compiled_score(), compiled)
         self.assertTrue(decoder.uses_recurrence())
         rng = np.random.default_rng(5)
         noise = tf.constant(rng.gumbel(size=(BATCH, STEPS, LOCATIONS)), tf.float32)
@@ -261,6 +281,28 @@ class HardAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
         for name, expected_grad, actual in zip(names, old[1], new[1], strict=True):
             scale = max(1.0, float(np.abs(expected_grad).max()))
             self.assertAllClose(actual, expected_grad, atol=1e-5 * scale, rtol=0.0, msg=name)
+
+    @parameterized.parameters(False, True)
+    def test_autodiff_loop_with_the_compiled_score_matches_the_reference(self, function):
+        # Hard attention's training schedule: the autodiff loop with the additive score
+        # through its compiled op and the gradient fused_score registers for it.
+        features, captions = _inputs(seed=6)
+        decoder = _decoder("additive", seed=6, attention="hard", compiled=True)
+        decoder.fused_hard = False
+        self.assertFalse(decoder.uses_recurrence())
+        self.assertTrue(decoder._uses_compiled_score())
+        rng = np.random.default_rng(6)
+        noise = tf.constant(rng.gumbel(size=(BATCH, STEPS, LOCATIONS)), tf.float32)
+        expected = tf.constant([True, False, True])
+        old = self._run(decoder, features, captions, True, noise, expected, function)
+        new = self._run(decoder, features, captions, False, noise, expected, function)
+        for key in ("logits", "alpha", "log_p_s", "entropy"):
+            self.assertAllClose(new[0][key], old[0][key], atol=2e-5, rtol=1e-5, msg=key)
+        names = ["features"] + [v.path for v in decoder.trainable_variables]
+        for name, expected_grad, actual in zip(names, old[1], new[1], strict=True):
+            scale = max(1.0, float(np.abs(expected_grad).max()))
+            self.assertAllClose(actual, expected_grad, atol=1e-5 * scale, rtol=0.0, msg=name)
+            self.assertGreater(np.abs(expected_grad).max(), 0.0, name)
 
     def test_samples_follow_the_noise_and_argmax_without_it(self):
         features, captions = _inputs(seed=6)

@@ -26,6 +26,9 @@ h-dependent projections share one product over the fused kernel. Soft attention 
 float32 or bfloat16 runs the fused recurrence of `recurrence.py`, whose hand-written
 backward pass computes the kernel gradients once over all steps; hard attention (its
 fused recurrence is opt-in, `fused_hard`), the ablation and float16 run the autodiff loop.
+In training in float32 on a CPU both run the additive score through its compiled op
+(`fused_score`, `compiled_score`); decoding never does, so exported graphs hold only
+TensorFlow's own ops.
 """
 
 import keras
@@ -33,7 +36,7 @@ import tensorflow as tf
 
 from sat_tf.config import ATTENTIONS, HARD_DECODINGS, START_STATES
 from sat_tf.model import attention as attention_lib
-from sat_tf.model import recurrence, step
+from sat_tf.model import fused_score, recurrence, step
 
 
 @keras.saving.register_keras_serializable(package="sat_tf")
@@ -120,6 +123,10 @@ class AttentionDecoder(keras.layers.Layer):
         # shapes than the loop in five seeds (BUILD_NOTES, stop 30). Until that is
         # understood it runs only where this is set (the benchmark and the tests).
         self.fused_hard = False
+        # The fused recurrence runs the additive score through its compiled op
+        # (`fused_score`) where that applies (float32, CPU, the op builds); the trainer
+        # turns it off under XLA, which cannot compile it.
+        self.compiled_score = True
 
         self.embedding = keras.layers.Embedding(vocab_size, embed_dim, name="embedding")
         self.init_h = keras.layers.Dense(hidden_dim, activation="tanh", name="init_h")
@@ -187,11 +194,18 @@ class AttentionDecoder(keras.layers.Layer):
     def _gate_bias(self):
         return self._read(self.beta.bias) if self.beta is not None else None
 
-    def _score_fn(self):
-        """The score's per-step function on its own weights; None without attention."""
+    def _score_fn(self, compiled=False):
+        """The score's per-step function on its own weights; None without attention.
+        `compiled`: the additive score's compiled op (`fused_score`), for training only:
+        graphs that are exported must not hold it."""
         if self.f_att is None:
             return None
         kernels = [self._read(k) for k in self.f_att.step_kernels()]
+        if compiled:
+            return lambda projected, score_in, h: (
+                fused_score.scores(projected, score_in, *kernels),
+                None,
+            )
         return lambda projected, score_in, h: self.f_att.step_scores(
             projected, score_in, h, *kernels
         )
@@ -300,8 +314,9 @@ class AttentionDecoder(keras.layers.Layer):
             the sampled locations; without it the decoder attends at `argmax alpha`.
           use_expected: hard attention only: (B,) bool, sequences that use the expected
             context instead of a sample (paper §4.1).
-          autodiff: run the autodiff loop instead of the fused recurrence: the
-            reference its hand-written backward pass is checked against.
+          autodiff: run the autodiff loop, with the score as TensorFlow ops, instead of
+            the fused recurrence: the reference its hand-written backward pass and the
+            compiled score are checked against.
           state: `initial_state(features)`, when the caller has it (hard attention's
             training computes it once for the sampled pass and the argmax baseline's);
             None computes it.
@@ -334,6 +349,7 @@ class AttentionDecoder(keras.layers.Layer):
                 hard=hard,
                 gumbel_noise=gumbel_noise,
                 use_expected=use_expected,
+                compiled_score=self._uses_compiled_score(),
             )
             outputs = self._outputs(embedded, hs, zs, alphas, state, training)
             if hard:
@@ -346,12 +362,22 @@ class AttentionDecoder(keras.layers.Layer):
                 outputs["entropy"] = -tf.reduce_sum(tf.math.xlogy(alpha, alpha), axis=-1)
             return outputs
         return self._autodiff_loop(
-            embedded, word_gates, state, training, gumbel_noise, use_expected
+            embedded,
+            word_gates,
+            state,
+            training,
+            gumbel_noise,
+            use_expected,
+            compiled=not autodiff and self._uses_compiled_score(),
         )
 
-    def _autodiff_loop(self, embedded, word_gates, state, training, gumbel_noise, use_expected):
+    def _autodiff_loop(
+        self, embedded, word_gates, state, training, gumbel_noise, use_expected, compiled
+    ):
         """`call` through a `tf.while_loop` that autodiff differentiates (`gumbel_noise`
-        time-major, (T, B, L))."""
+        time-major, (T, B, L)); `compiled`: the additive score through its compiled op
+        and the gradient `fused_score` registers (never when `call` asks for the
+        autodiff loop as the reference)."""
         steps = tf.shape(word_gates)[0]
         features, projected = state["features"], state.get("projected")
         hard = self.attention == "hard"
@@ -359,7 +385,7 @@ class AttentionDecoder(keras.layers.Layer):
         hidden_kernel = tf.concat(self._hidden_kernels(), axis=1)
         gate_bias = self._gate_bias()
         context_kernel = self._read(self.lstm_context.kernel)
-        score = self._score_fn()
+        score = self._score_fn(compiled)
 
         def body(t, h, c, hs, zs, alphas, *hard_arrays):
             noise = gumbel_noise[t] if gumbel_noise is not None else None
@@ -414,6 +440,11 @@ class AttentionDecoder(keras.layers.Layer):
         fused_hard = self.attention == "hard" and self.hard_gate and self.fused_hard
         attention = self.attention == "soft" or fused_hard
         return attention and self.compute_dtype in ("float32", "bfloat16")
+
+    def _uses_compiled_score(self):
+        """Whether the fused recurrence runs the additive score's compiled op."""
+        additive = self.attention_score == "additive"
+        return self.compiled_score and additive and fused_score.applies(self.compute_dtype)
 
     def _outputs(self, embedded, hs, zs, alphas, state, training):
         """Logits and alpha from the time-major (T, B, .) states of the recurrence."""

@@ -32,7 +32,7 @@ autodiff loop of the same policy runs them. float16 keeps the autodiff loop.
 import tensorflow as tf
 
 from sat_tf.model import attention as attention_lib
-from sat_tf.model import step
+from sat_tf.model import fused_score, step
 from sat_tf.model.step import lstm_cell
 
 
@@ -77,6 +77,7 @@ def attention_recurrence(
     hard=False,
     gumbel_noise=None,
     use_expected=None,
+    compiled_score=False,
 ):
     """Runs the attention LSTM over all T steps (paper §3.1.2, §4.1, §4.2).
 
@@ -101,6 +102,10 @@ def attention_recurrence(
       gumbel_noise: hard only: (T, B, L) float32 standard Gumbel noise that fixes the
         sampled locations; None attends at `argmax alpha`.
       use_expected: hard only: (B,) bool, captions that take the expected context.
+      compiled_score: run the additive score and its gradient through the compiled op
+        of `fused_score` (float32; the caller checks `fused_score.applies`): the same
+        math as `AdditiveScore.step_scores` in two passes over `W_a a` a step instead
+        of about fourteen, and (B, A) kept per step instead of the (B, L, A) tanh layer.
 
     Returns:
       hs (T, B, n), zs (T, B, D) the gated contexts, alphas (T, B, L), and for hard
@@ -114,6 +119,8 @@ def attention_recurrence(
     if additive:
         kernels += (score_kernel,)
     score_layer = attention_lib.AdditiveScore if additive else attention_lib.DotScore
+    if compiled_score and (not additive or gates_x.dtype != tf.float32):
+        raise ValueError("compiled_score runs the additive score in float32 only")
     if not hard and (gumbel_noise is not None or use_expected is not None):
         raise ValueError("gumbel_noise and use_expected are for hard attention only")
     # The share of each caption's context that is the expected one: 1 (soft), 0 (a
@@ -138,6 +145,8 @@ def attention_recurrence(
         dtype = gates_x.dtype
 
         def score(projected, score_in, h):
+            if compiled_score:  # keeps U_a h, from which the backward op recomputes
+                return fused_score.scores(projected, score_in, kernels[3]), score_in
             return score_layer.step_scores(projected, score_in, h, *kernels[3:])
 
         def body(t, h, c, arrays, pres):
@@ -168,8 +177,9 @@ def attention_recurrence(
         types = (dtype, dtype, alpha_type, dtype, dtype, dtype, dtype)
         types += (tf.int32,) if hard else ()
         arrays = tuple(tf.TensorArray(t, size=steps) for t in types)
-        # The tanh layers of the additive score, (B, L, A) per step and by far the most
-        # memory kept, stay unstacked: stacking would copy them.
+        # What the additive score keeps per step: its tanh layer, (B, L, A) and by far
+        # the most memory kept (unstacked: stacking would copy it), or with the compiled
+        # score U_a h (B, A).
         pres = tf.TensorArray(dtype, size=steps) if additive else ()
         _, _, _, arrays, pres = tf.while_loop(
             lambda t, *_: t < steps,
@@ -204,7 +214,14 @@ def attention_recurrence(
                 d_alpha = d_alphas[t] + d_alpha_context
                 d_scores = alpha * (d_alpha - tf.reduce_sum(alpha * d_alpha, -1, keepdims=True))
                 d_scores = tf.cast(d_scores, dtype)
-                if additive:
+                if compiled_score:
+                    d_projected, d_score_in, d_v = fused_score.scores_grad(
+                        projected, pres.read(t), kernels[3], d_scores, d_projected
+                    )
+                    d_score_kernel += d_v[:, 0]
+                    d_p = layout.join(d_gates, d_score_in, d_beta_logit)
+                    dh = tf.matmul(d_p, hidden_kernel_t)
+                elif additive:
                     pre = pres.read(t)
                     d_pre = tf.raw_ops.TanhGrad(
                         y=pre, dy=d_scores[:, :, None] * kernels[3][:, 0]

@@ -1,0 +1,129 @@
+"""Tests for sat_tf.model.fused_score: the compiled additive score and its gradient
+against `AdditiveScore.step_scores` and autodiff of it, its shape errors, and the build's
+failure report. The recurrence's use of it is tested in recurrence_test.py."""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from sat_tf.model import fused_score
+from sat_tf.model.attention import AdditiveScore
+
+# Uneven sizes (A = 37 is no multiple of a vector width: the tail of every row counts).
+BATCH, CELLS, UNITS = 3, 5, 37
+
+
+def _inputs(seed):
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape):
+        return tf.constant(rng.normal(size=shape), tf.float32)
+
+    return normal(BATCH, CELLS, UNITS), normal(BATCH, UNITS), normal(UNITS, 1)
+
+
+class CompiledScoreTest(tf.test.TestCase):
+    def setUp(self):
+        super().setUp()
+        self.assertIsNotNone(fused_score.load(), "the op did not build (see the log)")
+
+    def test_scores_are_step_scores(self):
+        projected, score_in, v = _inputs(0)
+        want, _ = AdditiveScore.step_scores(projected, score_in, None, v)
+        got = fused_score.scores(projected, score_in, v)
+        self.assertEqual(got.shape, (BATCH, CELLS))
+        self.assertAllClose(got, want, atol=2e-6, rtol=0.0)
+
+    def test_gradients_are_autodiff_of_step_scores_plus_the_running_sum(self):
+        projected, score_in, v = _inputs(1)
+        rng = np.random.default_rng(1)
+        d_scores = rng.normal(size=(BATCH, CELLS)).astype(np.float32)
+        d_scores[1, 2] = 0.0  # a cell nothing flows back from: the op skips its tanh
+        d_scores[2] = 0.0  # and a whole image
+        d_scores = tf.constant(d_scores)
+        running = tf.constant(rng.normal(size=(BATCH, CELLS, UNITS)), tf.float32)
+        with tf.GradientTape() as tape:
+            tape.watch([projected, score_in, v])
+            scores, _ = AdditiveScore.step_scores(projected, score_in, None, v)
+        want = tape.gradient(scores, [projected, score_in, v], output_gradients=d_scores)
+        got = fused_score.scores_grad(projected, score_in, v, d_scores, running)
+        self.assertAllClose(got[0], running + want[0], atol=1e-6, rtol=0.0)
+        self.assertAllClose(got[1], want[1], atol=1e-5, rtol=0.0)
+        self.assertAllClose(got[2], want[2], atol=1e-5, rtol=0.0)
+        # Where nothing flows back, the running sum passes through unchanged.
+        self.assertAllEqual(got[0][2], running[2])
+        self.assertAllEqual(got[0][1, 2], running[1, 2])
+
+    def test_the_running_sum_over_steps_in_a_loop(self):
+        # As the recurrence's backward loop uses it: the sum over T steps, each with its
+        # own U_a h and d_scores, equals the sum of the per-step autodiff gradients.
+        projected, _, v = _inputs(2)
+        rng = np.random.default_rng(2)
+        steps = 4
+        score_ins = tf.constant(rng.normal(size=(steps, BATCH, UNITS)), tf.float32)
+        d_scores = tf.constant(rng.normal(size=(steps, BATCH, CELLS)), tf.float32)
+
+        @tf.function
+        def summed():
+            def body(t, total):
+                grads = fused_score.scores_grad(projected, score_ins[t], v, d_scores[t], total)
+                return t + 1, grads[0]
+
+            return tf.while_loop(lambda t, _: t < steps, body, (0, tf.zeros_like(projected)))[1]
+
+        want = 0.0
+        for t in range(steps):
+            with tf.GradientTape() as tape:
+                tape.watch(projected)
+                scores, _ = AdditiveScore.step_scores(projected, score_ins[t], None, v)
+            want += tape.gradient(scores, projected, output_gradients=d_scores[t])
+        self.assertAllClose(summed(), want, atol=1e-5, rtol=0.0)
+
+    def test_shape_errors_name_the_input(self):
+        projected, score_in, v = _inputs(3)
+        for args, name in [
+            ((projected[0], score_in, v), "projected"),
+            ((projected, score_in[:, :-1], v), "score_in"),
+            ((projected, score_in, v[:-1]), "v must be"),
+        ]:
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, name):
+                fused_score.scores(*args)
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "d_projected_sum"):
+            fused_score.scores_grad(projected, score_in, v, tf.zeros([BATCH, CELLS]), projected[:1])
+
+    def test_applies_to_float32_only(self):
+        self.assertTrue(fused_score.applies("float32"))
+        self.assertFalse(fused_score.applies("bfloat16"))
+        self.assertFalse(fused_score.applies(tf.float16))
+
+
+class BuildTest(tf.test.TestCase):
+    def test_a_missing_compiler_is_reported_with_the_source(self):
+        path = os.path.join(self.get_temp_dir(), "op.so")
+        old = os.environ.get("CXX")
+        os.environ["CXX"] = "/nonexistent/g++"
+        try:
+            with self.assertRaisesRegex(RuntimeError, "additive_score.cc needs a C"):
+                fused_score.build(path)
+        finally:
+            if old is None:
+                del os.environ["CXX"]
+            else:
+                os.environ["CXX"] = old
+        self.assertFalse(os.path.exists(path))
+        self.assertEqual(os.listdir(self.get_temp_dir()), [])
+
+    def test_a_compile_error_is_reported_with_the_compilers_message(self):
+        path = os.path.join(self.get_temp_dir(), "op.so")
+        old = fused_score.SOURCE
+        bad = os.path.join(self.get_temp_dir(), "bad.cc")
+        with open(bad, "w") as f:
+            f.write("this is not C++;\n")
+        fused_score.SOURCE = bad
+        try:
+            with self.assertRaisesRegex(RuntimeError, "(?s)building .*bad.cc failed.*error"):
+                fused_score.build(path)
+        finally:
+            fused_score.SOURCE = old
+        self.assertEqual(sorted(os.listdir(self.get_temp_dir())), ["bad.cc"])
