@@ -26,9 +26,9 @@ h-dependent projections share one product over the fused kernel. Soft attention 
 float32 or bfloat16 runs the fused recurrence of `recurrence.py`, whose hand-written
 backward pass computes the kernel gradients once over all steps; hard attention (its
 fused recurrence is opt-in, `fused_hard`), the ablation and float16 run the autodiff loop.
-In training in float32 on a CPU both run the additive score through its compiled op
-(`fused_score`, `compiled_score`); decoding never does, so exported graphs hold only
-TensorFlow's own ops.
+Under teacher forcing in float32 on a CPU both run the additive score through its
+compiled op (`fused_score`, `compiled_score`); decoding never does, so exported graphs
+hold only TensorFlow's own ops.
 """
 
 import keras
