@@ -123,9 +123,10 @@ class AttentionDecoder(keras.layers.Layer):
         # shapes than the loop in five seeds (BUILD_NOTES, stop 30). Until that is
         # understood it runs only where this is set (the benchmark and the tests).
         self.fused_hard = False
-        # The fused recurrence runs the additive score through its compiled op
-        # (`fused_score`) where that applies (float32, CPU, the op builds); the trainer
-        # turns it off under XLA, which cannot compile it.
+        # Teacher forcing runs the additive score through its compiled op
+        # (`fused_score`) where that applies (float32, no GPU, the op builds). The bench
+        # turns it off to time the TensorFlow ops, and for its XLA cases: XLA cannot
+        # compile a custom op (the trainer compiles the train step only on GPUs).
         self.compiled_score = True
 
         self.embedding = keras.layers.Embedding(vocab_size, embed_dim, name="embedding")
@@ -442,7 +443,7 @@ class AttentionDecoder(keras.layers.Layer):
         return attention and self.compute_dtype in ("float32", "bfloat16")
 
     def _uses_compiled_score(self):
-        """Whether the fused recurrence runs the additive score's compiled op."""
+        """Whether `call` runs the additive score's compiled op (either schedule)."""
         additive = self.attention_score == "additive"
         return self.compiled_score and additive and fused_score.applies(self.compute_dtype)
 

@@ -104,8 +104,9 @@ def attention_recurrence(
       use_expected: hard only: (B,) bool, captions that take the expected context.
       compiled_score: run the additive score and its gradient through the compiled op
         of `fused_score` (float32; the caller checks `fused_score.applies`): the same
-        math as `AdditiveScore.step_scores` in two passes over `W_a a` a step instead
-        of about fourteen, and (B, A) kept per step instead of the (B, L, A) tanh layer.
+        math as `AdditiveScore.step_scores` in four passes over `W_a a` a step (a read
+        forward; a read and the running sum's read and write backward) instead of
+        fourteen, and (B, A) kept per step instead of the (B, L, A) tanh layer.
 
     Returns:
       hs (T, B, n), zs (T, B, D) the gated contexts, alphas (T, B, L), and for hard
