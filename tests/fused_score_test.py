@@ -3,6 +3,7 @@ against `AdditiveScore.step_scores` and autodiff of it, its shape errors, and th
 failure report. The recurrence's use of it is tested in recurrence_test.py."""
 
 import os
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -99,6 +100,15 @@ class CompiledScoreTest(tf.test.TestCase):
 
 
 class BuildTest(tf.test.TestCase):
+    def test_a_build_is_one_readable_library(self):
+        path = os.path.join(self.get_temp_dir(), "built", "op.so")
+        fused_score.build(path)
+        self.assertEqual(os.listdir(os.path.dirname(path)), ["op.so"])
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o755)
+        if sys.platform.startswith("linux"):  # loading it would register the ops twice
+            with open(path, "rb") as f:
+                self.assertEqual(f.read(4), b"\x7fELF")
+
     def test_a_missing_compiler_is_reported_with_the_source(self):
         path = os.path.join(self.get_temp_dir(), "op.so")
         old = os.environ.get("CXX")

@@ -89,6 +89,7 @@ def build(path):
             raise RuntimeError(
                 f"building {SOURCE} failed ({' '.join(command[:6])} ...):\n" + done.stderr[-2000:]
             )
+        os.chmod(partial, 0o755)  # mkstemp's file is the owner's only
         os.replace(partial, path)
     except FileNotFoundError as e:  # no compiler
         raise RuntimeError(f"building {SOURCE} needs a C++ compiler: {e}") from e
