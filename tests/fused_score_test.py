@@ -4,6 +4,7 @@ failure report. The recurrence's use of it is tested in recurrence_test.py."""
 
 import os
 import sys
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -111,29 +112,18 @@ class BuildTest(tf.test.TestCase):
 
     def test_a_missing_compiler_is_reported_with_the_source(self):
         path = os.path.join(self.get_temp_dir(), "op.so")
-        old = os.environ.get("CXX")
-        os.environ["CXX"] = "/nonexistent/g++"
-        try:
+        with mock.patch.dict(os.environ, {"CXX": "/nonexistent/g++"}):
             with self.assertRaisesRegex(RuntimeError, "additive_score.cc needs a C"):
                 fused_score.build(path)
-        finally:
-            if old is None:
-                del os.environ["CXX"]
-            else:
-                os.environ["CXX"] = old
         self.assertFalse(os.path.exists(path))
         self.assertEqual(os.listdir(self.get_temp_dir()), [])
 
     def test_a_compile_error_is_reported_with_the_compilers_message(self):
         path = os.path.join(self.get_temp_dir(), "op.so")
-        old = fused_score.SOURCE
         bad = os.path.join(self.get_temp_dir(), "bad.cc")
         with open(bad, "w") as f:
             f.write("this is not C++;\n")
-        fused_score.SOURCE = bad
-        try:
+        with mock.patch.object(fused_score, "SOURCE", bad):
             with self.assertRaisesRegex(RuntimeError, "(?s)building .*bad.cc failed.*error"):
                 fused_score.build(path)
-        finally:
-            fused_score.SOURCE = old
         self.assertEqual(sorted(os.listdir(self.get_temp_dir())), ["bad.cc"])

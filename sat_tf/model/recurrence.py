@@ -220,8 +220,6 @@ def attention_recurrence(
                         projected, pres.read(t), kernels[3], d_scores, d_projected
                     )
                     d_score_kernel += d_v[:, 0]
-                    d_p = layout.join(d_gates, d_score_in, d_beta_logit)
-                    dh = tf.matmul(d_p, hidden_kernel_t)
                 elif additive:
                     pre = pres.read(t)
                     d_pre = tf.raw_ops.TanhGrad(
@@ -229,7 +227,9 @@ def attention_recurrence(
                     )  # (B, L, A)
                     d_projected += d_pre
                     d_score_kernel += tf.cast(tf.einsum("bl,bla->a", d_scores, pre), alpha_type)
-                    d_p = layout.join(d_gates, tf.reduce_sum(d_pre, 1), d_beta_logit)
+                    d_score_in = tf.reduce_sum(d_pre, 1)
+                if additive:
+                    d_p = layout.join(d_gates, d_score_in, d_beta_logit)
                     dh = tf.matmul(d_p, hidden_kernel_t)
                 else:
                     d_p = layout.join(d_gates, None, d_beta_logit)

@@ -31,29 +31,40 @@ using ::tensorflow::shape_inference::ShapeHandle;
 using Row = Eigen::Map<Eigen::ArrayXf>;
 using ConstRow = Eigen::Map<const Eigen::ArrayXf>;
 
+// The ranks of the inputs both ops share: projected (B, L, A), score_in (B, A), v (A,).
+absl::Status SharedInputRanks(InferenceContext* c, ShapeHandle* projected,
+                              ShapeHandle* score_in, ShapeHandle* v) {
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, projected));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, score_in));
+  return c->WithRank(c->input(2), 1, v);
+}
+
 absl::Status ScoreShape(InferenceContext* c) {
   ShapeHandle projected, score_in, v;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &projected));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &score_in));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &v));
+  TF_RETURN_IF_ERROR(SharedInputRanks(c, &projected, &score_in, &v));
   c->set_output(0, c->Matrix(c->Dim(projected, 0), c->Dim(projected, 1)));
   return absl::OkStatus();
 }
 
 absl::Status ScoreGradShape(InferenceContext* c) {
   ShapeHandle projected, score_in, v;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &projected));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &score_in));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &v));
+  TF_RETURN_IF_ERROR(SharedInputRanks(c, &projected, &score_in, &v));
   c->set_output(0, projected);
   c->set_output(1, score_in);
   c->set_output(2, v);
   return absl::OkStatus();
 }
 
-// Checks the shapes of (projected, score_in, v) against each other; sets B, L, A.
-absl::Status CheckShapes(OpKernelContext* ctx, int64_t* batch, int64_t* cells,
-                         int64_t* units) {
+// The inputs both ops share, their sizes and their data.
+struct ScoreInputs {
+  int64_t batch, cells, units;  // B, L, A
+  const float* projected;       // (B, L, A)
+  const float* score_in;        // (B, A)
+  const float* v;               // (A,)
+};
+
+// Reads inputs 0-2 of `ctx` into `inputs`, after checking their shapes against each other.
+absl::Status ReadScoreInputs(OpKernelContext* ctx, ScoreInputs* inputs) {
   const Tensor& projected = ctx->input(0);
   const Tensor& score_in = ctx->input(1);
   const Tensor& v = ctx->input(2);
@@ -61,19 +72,23 @@ absl::Status CheckShapes(OpKernelContext* ctx, int64_t* batch, int64_t* cells,
     return absl::InvalidArgumentError("projected must be (B, L, A); got shape " +
                                       projected.shape().DebugString());
   }
-  *batch = projected.dim_size(0);
-  *cells = projected.dim_size(1);
-  *units = projected.dim_size(2);
-  if (score_in.dims() != 2 || score_in.dim_size(0) != *batch ||
-      score_in.dim_size(1) != *units) {
+  const int64_t batch = projected.dim_size(0), units = projected.dim_size(2);
+  if (score_in.dims() != 2 || score_in.dim_size(0) != batch ||
+      score_in.dim_size(1) != units) {
     return absl::InvalidArgumentError(
-        "score_in must be (B, A) = (" + std::to_string(*batch) + ", " +
-        std::to_string(*units) + "); got shape " + score_in.shape().DebugString());
+        "score_in must be (B, A) = (" + std::to_string(batch) + ", " +
+        std::to_string(units) + "); got shape " + score_in.shape().DebugString());
   }
-  if (v.dims() != 1 || v.dim_size(0) != *units) {
-    return absl::InvalidArgumentError("v must be (A,) = (" + std::to_string(*units) +
+  if (v.dims() != 1 || v.dim_size(0) != units) {
+    return absl::InvalidArgumentError("v must be (A,) = (" + std::to_string(units) +
                                       ",); got shape " + v.shape().DebugString());
   }
+  *inputs = {batch,
+             projected.dim_size(1),
+             units,
+             projected.flat<float>().data(),
+             score_in.flat<float>().data(),
+             v.flat<float>().data()};
   return absl::OkStatus();
 }
 
@@ -88,18 +103,17 @@ class AdditiveScoreOp : public OpKernel {
   explicit AdditiveScoreOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    int64_t batch, cells, units;
-    OP_REQUIRES_OK(ctx, CheckShapes(ctx, &batch, &cells, &units));
+    ScoreInputs inputs;
+    OP_REQUIRES_OK(ctx, ReadScoreInputs(ctx, &inputs));
+    const int64_t cells = inputs.cells, units = inputs.units;
     Tensor* scores = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, cells}), &scores));
-    const float* projected = ctx->input(0).flat<float>().data();
-    const float* score_in = ctx->input(1).flat<float>().data();
-    const ConstRow v(ctx->input(2).flat<float>().data(), units);
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({inputs.batch, cells}), &scores));
+    const ConstRow v(inputs.v, units);
     float* out = scores->flat<float>().data();
-    ShardOver(ctx, batch * cells, 30 * units, [&](int64_t begin, int64_t end) {
+    ShardOver(ctx, inputs.batch * cells, 30 * units, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        const ConstRow row(projected + r * units, units);
-        const ConstRow hidden(score_in + (r / cells) * units, units);
+        const ConstRow row(inputs.projected + r * units, units);
+        const ConstRow hidden(inputs.score_in + (r / cells) * units, units);
         out[r] = ((row + hidden).tanh() * v).sum();
       }
     });
@@ -114,8 +128,9 @@ class AdditiveScoreGradOp : public OpKernel {
   explicit AdditiveScoreGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    int64_t batch, cells, units;
-    OP_REQUIRES_OK(ctx, CheckShapes(ctx, &batch, &cells, &units));
+    ScoreInputs inputs;
+    OP_REQUIRES_OK(ctx, ReadScoreInputs(ctx, &inputs));
+    const int64_t batch = inputs.batch, cells = inputs.cells, units = inputs.units;
     const Tensor& d_scores = ctx->input(3);
     const Tensor& sum_in = ctx->input(4);
     OP_REQUIRES(ctx,
@@ -139,9 +154,9 @@ class AdditiveScoreGradOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT,
                                            TensorShape({batch, units}), &d_v_rows));
 
-    const float* projected = ctx->input(0).flat<float>().data();
-    const float* score_in = ctx->input(1).flat<float>().data();
-    const ConstRow v(ctx->input(2).flat<float>().data(), units);
+    const float* projected = inputs.projected;
+    const float* score_in = inputs.score_in;
+    const ConstRow v(inputs.v, units);
     const float* d_score = d_scores.flat<float>().data();
     const float* in = sum_in.flat<float>().data();
     float* out = sum_out->flat<float>().data();
