@@ -158,6 +158,49 @@ def train_step_flops(shape: Shape, batch: int, steps: int, optimizer_flops_per_p
     }
 
 
+def train_step_products(shape: Shape, batch: int, steps: int):
+    """The matrix products a teacher-forced train step cannot do without, at their shapes,
+    in the fewest calls any schedule needs (`bench/run.py`'s `step_products` times them).
+
+    Products whose input depends on the previous step run once a step on B rows: the
+    hidden projection [U | U_a | w_beta] h_{t-1} and the context half of the gates Z z_t,
+    forward, and the gradients of their inputs (dh, dz) backward. Everything else runs
+    once on all rows: the start state and W_a a (B L rows; the annotations are inputs,
+    so only the weights' gradients), the embedding half of the gates and the deep output
+    (B T rows), and every weight's gradient, summed over the steps in one product.
+    The attention's reads of a and W_a a (the score, the context and their gradients)
+    are memory passes (`train_step_pass_bytes`), not listed here.
+
+    Returns:
+      list of (name, rows, inner, cols, transpose_a, transpose_b, calls): a
+      (rows, inner) by (inner, cols) product, called `calls` times a step. A gradient
+      product takes its operands transposed, as TensorFlow's gradient of a product does.
+    """
+    L, D, m, n, A, V = shape._sizes()
+    B, T = batch, steps
+    width = shape.hidden_projection_width()
+    products = []
+
+    def product(name, rows, inner, cols, calls=1, input_grad=True, recurrent=False):
+        """A forward (rows, inner) x (inner, cols) product and its gradients."""
+        weight_rows = B * T if recurrent else rows
+        products.append((name, rows, inner, cols, False, False, calls))
+        products.append((name + " dW", inner, weight_rows, cols, True, False, 1))
+        if input_grad:
+            products.append((name + " dX", rows, cols, inner, False, True, calls))
+
+    product("init_h, init_c", B, D, 2 * n, input_grad=False)
+    if shape.attention != "none":
+        product("W_a a", B * L, D, A if shape.score == "additive" else n, input_grad=False)
+    product("embedding gates", B * T, m, 4 * n)
+    product("hidden projection", B, n, width, calls=T, recurrent=True)
+    product("context gates", B, D, 4 * n, calls=T, recurrent=True)
+    product("L_h", B * T, n, m)
+    product("L_z", B * T, D, m)
+    product("L_o", B * T, m, V)
+    return products
+
+
 def decode_step_bytes(shape: Shape, bytes_per_value=4):
     """Bytes one greedy step at batch 1 must read (`AttentionDecoder.step`).
 
@@ -227,11 +270,15 @@ def train_step_pass_bytes(shape: Shape, batch: int, steps: int, bytes_per_value=
     return {"minimal": scale * minimal, "fused_recurrence": scale * current}
 
 
-def share_bound(step_flops, pass_bytes, matmul_gflops, read_gbps):
+def share_bound(step_flops, pass_bytes, matmul_gflops, read_gbps, product_seconds=None):
     """The highest share of the matmul rate a train step can reach when its FLOPs run at
     the matmul rate and its per-word passes stream at the read bandwidth, one after the
     other (within a word each waits for the last: scores, softmax, context, gates):
-    t_flops / (t_flops + t_bytes)."""
+    t_flops / (t_flops + t_bytes). With `product_seconds` (the step's products timed
+    alone at their own shapes, `train_step_products`) the step takes at least those
+    seconds plus its passes, and the share is that of `step_flops` in that time."""
     t_flops = step_flops / (matmul_gflops * 1e9)
+    if product_seconds is not None:
+        return t_flops / (product_seconds + pass_bytes / (read_gbps * 1e9))
     t_bytes = pass_bytes / (read_gbps * 1e9)
     return t_flops / (t_flops + t_bytes)

@@ -7,12 +7,14 @@
 Cases: the machine's float32 matmul rate and memory bandwidth (the yardsticks), the
 training step at paper scale (VGG19 features L=196 x D=512 as in paper §4.3, m=512,
 n=1024, A=512, V=10,000 words + 4 special tokens, B=64 captions of 16 words) with its
-analytic FLOPs (`flops.py`), decoding latency and throughput, encoder throughput, the
-input pipeline against the training step, the exported SavedModel / TFLite file, and
-peak resident memory. Two cases run on a preset (--preset, else the shipped one) and,
-where its dataset is at --data_dir, on its test photos: `tflite` (the float and int8
-TFLite files against the SavedModel: size, greedy batch-1 latency, BLEU-4 and CIDEr,
-agreement) and `float16` (greedy decoding with float16 compute against float32).
+analytic FLOPs (`flops.py`), the step's matrix products timed alone at their shapes
+(the most of the matmul rate the step could reach), decoding latency and throughput,
+encoder throughput, the input pipeline against the training step, the exported
+SavedModel / TFLite file, and peak resident memory. Two cases run on a preset
+(--preset, else the shipped one) and, where its dataset is at --data_dir, on its test
+photos: `tflite` (the float and int8 TFLite files against the SavedModel: size, greedy
+batch-1 latency, BLEU-4 and CIDEr, agreement) and `float16` (greedy decoding with
+float16 compute against float32).
 Every timing is a median over repeats after warm-up, with min, max and interquartile
 range; a case that fails reports its error instead. The machine's load average is
 recorded: on a shared machine the spread shows how far to trust a median. Never run as
@@ -22,6 +24,7 @@ a test.
 import argparse
 import io
 import json
+import math
 import os
 import resource
 import statistics
@@ -43,7 +46,7 @@ from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.datasets import Record
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.show_attend_tell import build_model
-from sat_tf.training import publish
+from sat_tf.training import optimizers, publish
 
 SPECIALS = len(vocab_lib.SPECIALS)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,6 +55,7 @@ CASES = (
     "matmul",
     "train_step",
     "annotation_pass",
+    "step_products",
     "memory_bandwidth",
     "decode",
     "extract",
@@ -128,10 +132,13 @@ TRAIN_SHAPES = {
 # hard since stop 29): the baseline each fused case's speed-up is measured against.
 # "fused" runs the additive score through its compiled op where that applies (float32,
 # no XLA: `fused_score.applies`), "fused_ops" as TensorFlow ops; "autodiff_compiled" is
-# the autodiff loop with the compiled score (hard attention's training schedule).
+# the autodiff loop with the compiled score (hard attention's training schedule). An
+# optional sixth value "keras" takes Keras's own Adam instead of the package's
+# (`training/optimizers.py`: each variable's update one fused kernel).
 TRAIN_CASES = {
     "soft_additive": ("soft", "additive", False, "float32", "fused"),
     "soft_additive_ops": ("soft", "additive", False, "float32", "fused_ops"),
+    "soft_additive_keras_adam": ("soft", "additive", False, "float32", "fused", "keras"),
     "soft_additive_autodiff": ("soft", "additive", False, "float32", "autodiff"),
     "hard_additive": ("hard", "additive", False, "float32", "fused"),
     "hard_additive_ops": ("hard", "additive", False, "float32", "fused_ops"),
@@ -152,7 +159,7 @@ TRAIN_CASES = {
 }
 # case: the cases its speed-up is measured over (differing in one setting).
 SPEEDUP_BASELINES = {
-    "soft_additive": ("soft_additive_autodiff", "soft_additive_ops"),
+    "soft_additive": ("soft_additive_autodiff", "soft_additive_ops", "soft_additive_keras_adam"),
     "soft_additive_ops": ("soft_additive_autodiff",),
     "hard_additive": ("hard_additive_autodiff", "hard_additive_ops"),
     "hard_additive_ops": ("hard_additive_autodiff",),
@@ -163,10 +170,11 @@ SPEEDUP_BASELINES = {
     "soft_additive_bf16_autodiff": ("soft_additive_autodiff",),
     "hard_additive_bf16": ("hard_additive",),
 }
-# case: its baseline, also timed in alternating rounds of one process (`case_interleaved`).
+# case: its baselines, each also timed against it in alternating rounds of one process
+# (`case_interleaved`).
 INTERLEAVED = {
-    "soft_additive": "soft_additive_ops",
-    "hard_additive_autodiff_compiled": "hard_additive_autodiff",
+    "soft_additive": ("soft_additive_ops", "soft_additive_keras_adam"),
+    "hard_additive_autodiff_compiled": ("hard_additive_autodiff",),
 }
 # Cases whose per-op profile the report carries (a profiled run of three steps).
 PROFILED = ("soft_additive", "hard_additive", "soft_additive_ops", "soft_additive_bf16")
@@ -274,8 +282,9 @@ def decoder_shape(p, attention="soft", score="additive"):
     )
 
 
-def feature_model(p, attention="soft", score="additive"):
-    """A `build_model` captioner on cached (L, D) features, as train_lib builds it."""
+def feature_model(p, attention="soft", score="additive", optimizer="fused"):
+    """A `build_model` captioner on cached (L, D) features, as train_lib builds it
+    (`optimizer="keras"`: with Keras's own Adam)."""
     config = Config(
         use_feature_cache=True,
         vocab_size=p["vocab_words"],
@@ -287,11 +296,11 @@ def feature_model(p, attention="soft", score="additive"):
         # Hard attention samples from the first step: the warm-up steps would time the
         # expected-context path instead.
         hard_warmup_steps=0,
+        lr_schedule="constant",
     )
     locations = p["grid"][0] * p["grid"][1]
     model = build_model(config, p["vocab_words"] + SPECIALS, (locations, p["feature_dim"]))
-    optimizer = keras.optimizers.Adam(config.learning_rate, global_clipnorm=config.clip_norm)
-    model.compile(optimizer=optimizer)
+    model.compile(optimizer=optimizers.build(config, fused=optimizer != "keras"))
     model.optimizer.build(model.trainable_variables)
     return model
 
@@ -465,7 +474,9 @@ def _region(node):
     return "gradients outside the loops" if backward else "forward outside the loops"
 
 
-def case_train_step(p, attention, score, jit, policy="float32", schedule="fused", profile=False):
+def case_train_step(
+    p, attention, score, jit, policy="float32", schedule="fused", optimizer="fused", profile=False
+):
     """The train step, timed in rounds that alternate with three matmul products.
 
     Its share of the float32 matmul rate is taken within each round (step GFLOP/s over
@@ -473,7 +484,7 @@ def case_train_step(p, attention, score, jit, policy="float32", schedule="fused"
     during the run moves both alike; the median over rounds is reported. `policy` is the
     Keras dtype policy the model is built under (the matmul yardstick stays float32).
     """
-    model, step = train_step_fn(p, attention, score, jit, policy, schedule)
+    model, step = train_step_fn(p, attention, score, jit, policy, schedule, optimizer)
     product, product_gflop = matmul_product(p)
     try:
         for _ in range(p["warmup"]):
@@ -508,11 +519,11 @@ def case_train_step(p, attention, score, jit, policy="float32", schedule="fused"
     return report
 
 
-def train_step_fn(p, attention, score, jit, policy="float32", schedule="fused"):
+def train_step_fn(p, attention, score, jit, policy="float32", schedule="fused", optimizer="fused"):
     """(model, its train step on `train_batch(p)` as a blocking call) for one case."""
     keras.mixed_precision.set_global_policy(policy)
     try:
-        model = feature_model(p, attention, score)
+        model = feature_model(p, attention, score, optimizer)
     finally:
         keras.mixed_precision.set_global_policy("float32")
     if schedule.startswith("autodiff"):
@@ -556,11 +567,12 @@ def train_step_cases(p, names=None):
                     sp, *s, profile=n in PROFILED
                 )
             )
-        for name, base in INTERLEAVED.items():
-            if name in cases and base in cases:
-                cases[name]["interleaved"] = guarded(
-                    lambda sp=shape_p, n=name, b=base: case_interleaved(sp, n, b)
-                )
+        for name, bases in INTERLEAVED.items():
+            for base in bases:
+                if name in cases and base in cases:
+                    cases[name]["interleaved" + ("" if base == bases[0] else "_" + base)] = guarded(
+                        lambda sp=shape_p, n=name, b=base: case_interleaved(sp, n, b)
+                    )
         for name, baselines in SPEEDUP_BASELINES.items():
             for base in baselines:
                 if name not in cases or base not in cases:
@@ -581,21 +593,122 @@ def train_step_cases(p, names=None):
     return results
 
 
-def add_share_bounds(train, read_gbps):
+def product_loop(rows, inner, cols, transpose_a, transpose_b, calls, min_gflop=2.0):
+    """(a blocking call of `repeats` x `calls` products of one shape in a `tf.while_loop`
+    (one after the other, as a recurrence runs them), `repeats`): its operands stored as
+    TensorFlow's gradient of a product reads them, and repeated until a call holds
+    `min_gflop`, so that the call's own overhead does not count."""
+    repeats = max(1, math.ceil(min_gflop * 1e9 / (2 * rows * inner * cols * calls)))
+    calls *= repeats
+    a = tf.random.normal([inner, rows] if transpose_a else [rows, inner])
+    b = tf.random.normal([cols, inner] if transpose_b else [inner, cols])
+
+    def body(i, out):
+        return i + 1, tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+
+    loop = tf.function(
+        lambda: tf.reduce_sum(
+            tf.while_loop(
+                lambda i, _: i < calls, body, (0, tf.zeros([rows, cols])), parallel_iterations=1
+            )[1]
+        )
+    )
+    return blocking(loop), repeats
+
+
+def case_step_products(p, attention="soft", score="additive"):
+    """The train step's matrix products (`flops.train_step_products`) timed alone at their
+    shapes, in rounds that alternate with the matmul yardstick: the seconds a step needs
+    for its products alone, whatever runs around them, and their rate over the
+    yardstick's (the products' efficiency at their shapes). A gradient product is timed
+    with its operands transposed, as TensorFlow's gradient reads them, and with them
+    stored the other way (a schedule can transpose a kernel once, outside the loop, as
+    the fused recurrence does); each counts at the faster of the two."""
+    shape = decoder_shape(p, attention, score)
+    listed = flops.train_step_products(shape, p["batch"], p["words"] + 1)
+    layouts = [[spec[1:]] for spec in listed]
+    for forms, (_, r, k, c, ta, tb, calls) in zip(layouts, listed, strict=True):
+        if ta or tb:
+            forms.append((r, k, c, False, False, calls))
+    loops = [[product_loop(*form) for form in forms] for forms in layouts]
+    product, product_gflop = matmul_product(p)
+    for _ in range(p["warmup"]):
+        for forms in loops:
+            for loop, _ in forms:
+                loop()
+        product()
+    rounds, per_product = [], [[[] for _ in forms] for forms in loops]
+    for _ in range(p["repeats"]):
+        total = 0.0
+        for times, forms in zip(per_product, loops, strict=True):
+            for form_times, (loop, count) in zip(times, forms, strict=True):
+                form_times.append(time_calls(loop, 0, 1)[0] / count)
+            total += min(form_times[-1] for form_times in times)
+        yardstick = time_calls(product, 0, 1, number=3)[0]
+        rounds.append((total, product_gflop / yardstick))
+    gflop = sum(2 * r * k * c * calls for _, r, k, c, _, _, calls in listed) / 1e9
+    seconds = [total for total, _ in rounds]
+
+    def entry(spec, times):
+        name, r, k, c, ta, tb, calls = spec
+        medians = [statistics.median(form_times) for form_times in times]
+        report = {
+            "name": name,
+            "shape": [r, k, c],
+            "transposed": [ta, tb],
+            "calls": calls,
+            "seconds": min(medians),
+            "gflops": 2 * r * k * c * calls / min(medians) / 1e9,
+        }
+        if len(medians) > 1:
+            report["seconds_transposed"], report["seconds_stored_transposed"] = medians
+        return report
+
+    return {
+        "attention": attention,
+        "score": score,
+        "seconds": stats(seconds),
+        "gflop": gflop,
+        "gflops": rate(seconds, gflop),
+        "fraction_of_matmul_rate_by_round": stats(
+            [gflop / total / yardstick for total, yardstick in rounds]
+        ),
+        "matmul_gflops_alongside": stats([yardstick for _, yardstick in rounds]),
+        "products": [entry(*pair) for pair in zip(listed, per_product, strict=True)],
+    }
+
+
+def step_products_cases(p):
+    """`case_step_products` for soft attention with the additive score at every size of
+    TRAIN_SHAPES (one with --quick)."""
+    results = {}
+    for shape_name, sizes in TRAIN_SHAPES.items():
+        shape_p = {**p, **sizes} if p is FULL else p
+        results[shape_name] = guarded(lambda sp=shape_p: case_step_products(sp))
+        if p is not FULL:
+            break
+    return results
+
+
+def add_share_bounds(train, read_gbps, products=None):
     """Adds to every timed train case the share of the matmul rate it could reach at
     most (`flops.share_bound`): its FLOPs at the matmul rate measured alongside, and its
     per-word passes (`flops.train_step_pass_bytes`: the fewest any schedule needs, which
     the compiled score makes, and for the fused recurrence's cases without XLA that run
     the score as TensorFlow ops, the passes those ops make) at
-    `read_gbps`, this run's read bandwidth; bfloat16 annotations are 2 bytes a value."""
+    `read_gbps`, this run's read bandwidth; bfloat16 annotations are 2 bytes a value.
+    With `products` (`step_products_cases`), the float32 soft additive cases get a
+    tighter one, `products_at_their_shapes`: the products' measured seconds instead of
+    their FLOPs at the 2048-square rate, and the fewest passes."""
     if not read_gbps:
         return
-    for cases in train.values():
+    for scale, cases in train.items():
         p = cases["sizes"]
+        timed = (products or {}).get(scale, {})
         for name, case in cases.items():
             if name == "sizes" or "flops_per_step" not in case:
                 continue
-            attention, score, jit, policy, schedule = TRAIN_CASES[name]
+            attention, score, jit, policy, schedule = TRAIN_CASES[name][:5]
             passes = flops.train_step_pass_bytes(
                 decoder_shape(p, attention, score),
                 p["batch"],
@@ -608,6 +721,14 @@ def add_share_bounds(train, read_gbps):
             bound["minimal_passes"] = flops.share_bound(
                 step_flops, passes["minimal"], matmul, read_gbps
             )
+            if "seconds" in timed and (attention, score, policy) == ("soft", "additive", "float32"):
+                bound["products_at_their_shapes"] = flops.share_bound(
+                    step_flops,
+                    passes["minimal"],
+                    timed["matmul_gflops_alongside"]["median"],
+                    read_gbps,
+                    product_seconds=timed["seconds"]["median"],
+                )
             if schedule.startswith("fused") and not jit and not case.get("compiled_score"):
                 bound["fused_recurrence_passes"] = flops.share_bound(
                     step_flops, passes["fused_recurrence"], matmul, read_gbps
@@ -1139,7 +1260,11 @@ def run(quick, only=CASES, preset_name=None, data_dir=FLICKR8K, limit=0, train_c
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in p.items()},
         "train_cases": {
             name: dict(
-                zip(("attention", "score", "jit_compile", "policy", "schedule"), s, strict=True)
+                zip(
+                    ("attention", "score", "jit_compile", "policy", "schedule", "optimizer"),
+                    (*s, "fused")[:6],
+                    strict=True,
+                )
             )
             for name, s in TRAIN_CASES.items()
             if train_cases is None or name in train_cases
@@ -1156,11 +1281,13 @@ def run(quick, only=CASES, preset_name=None, data_dir=FLICKR8K, limit=0, train_c
         cases["peak_rss_mb_after_train_step"] = peak_rss_mb()
     if "annotation_pass" in only:
         cases["annotation_pass"] = guarded(lambda: case_annotation_pass(p, train))
+    if "step_products" in only:
+        cases["step_products"] = step_products_cases(p)
     bandwidth = None
     if "memory_bandwidth" in only:
         cases["memory_bandwidth"] = guarded(lambda: case_memory_bandwidth(p))
         bandwidth = cases["memory_bandwidth"].get("read_gbps", {}).get("median")
-        add_share_bounds(train, bandwidth)
+        add_share_bounds(train, bandwidth, cases.get("step_products"))
     if "decode" in only:
         cases["decode"] = guarded(lambda: case_decode(p, bandwidth))
     if "extract" in only:

@@ -48,6 +48,45 @@ def test_share_bound_by_hand():
     assert flops.share_bound(2e9, 0, 100.0, 10.0) == pytest.approx(1.0)
 
 
+def test_share_bound_with_the_products_timed_by_hand():
+    # 2 GFLOP at 100 GFLOP/s is 0.02 s of the yardstick; the products took 0.04 s and the
+    # passes 0.3 GB at 10 GB/s 0.03 s: 0.02 / 0.07.
+    got = flops.share_bound(2e9, 3e8, 100.0, 10.0, product_seconds=0.04)
+    assert got == pytest.approx(0.02 / 0.07)
+
+
+@pytest.mark.parametrize("score", ["additive", "dot"])
+def test_step_products_are_the_counted_products_but_the_passes(score):
+    """The listed products add up to the train step's counted product FLOPs (three times
+    the forward's), less what is not a product a schedule must make: the gradients of
+    the annotations (inputs) through the start state and W_a a, and the score and
+    context reads of every word, forward and backward (memory passes)."""
+    shape = _shape(score=score)
+    listed = flops.train_step_products(shape, BATCH, STEPS)
+    total = sum(2 * r * k * c * calls for _, r, k, c, _, _, calls in listed)
+    L, D, n, A, T = LOCATIONS, FEATURES, HIDDEN, ATTENTION, STEPS
+    width = A if score == "additive" else n
+    counted = flops.train_step_flops(shape, BATCH, T)["forward_matmul"]
+    not_products = BATCH * (2 * 2 * D * n + 2 * L * D * width)
+    not_products += 3 * BATCH * T * (2 * L * width + 2 * L * D)
+    assert total == 3 * counted - not_products
+
+
+def test_step_products_by_hand():
+    listed = {p[0]: p[1:] for p in flops.train_step_products(_shape(), BATCH, STEPS)}
+    W = flops.HiddenLayout(4 * HIDDEN, ATTENTION, True).width
+    # One product a word on B rows, its input gradient too; its weight gradient once,
+    # over all B T rows, from the stored (B T, n) inputs, transposed.
+    assert listed["hidden projection"] == (BATCH, HIDDEN, W, False, False, STEPS)
+    assert listed["hidden projection dX"] == (BATCH, W, HIDDEN, False, True, STEPS)
+    assert listed["hidden projection dW"] == (HIDDEN, BATCH * STEPS, W, True, False, 1)
+    assert listed["W_a a"] == (BATCH * LOCATIONS, FEATURES, ATTENTION, False, False, 1)
+    assert "W_a a dX" not in listed and "init_h, init_c dX" not in listed
+    assert listed["L_o dX"] == (BATCH * STEPS, VOCAB, EMBED, False, True, 1)
+    none = {p[0] for p in flops.train_step_products(_shape("none"), BATCH, STEPS)}
+    assert "W_a a" not in none and "context gates" in none
+
+
 def _loop_bodies(graph_def):
     """(name, FuncGraph) of every while-loop body in `graph_def` and its functions, with
     the static shapes its While op gives the loop variables."""

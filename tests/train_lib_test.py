@@ -10,14 +10,13 @@ import subprocess
 import sys
 from unittest import mock
 
-import keras
 import pytest
 import tensorflow as tf
 from fixtures import TINY, TRAINED, run_main, trained_run
 
 from sat_tf.cli import train as train_cli
 from sat_tf.config import Config
-from sat_tf.training import prepare, scoring, train_lib
+from sat_tf.training import optimizers, prepare, scoring, train_lib
 from sat_tf.training import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -202,7 +201,7 @@ def _final_state(workdir):
     as "adam_1" or "show_attend_tell_1")."""
     model, _, config = workdir_lib.load_trained(workdir)
     steps = config.epochs * config.steps_per_epoch
-    model.compile(optimizer=train_lib._optimizer(config, total_steps=steps))
+    model.compile(optimizer=optimizers.build(config, total_steps=steps))
     model.optimizer.build(model.trainable_variables)
     model.load_weights(os.path.join(workdir, "backup", "latest.weights.h5"))
     return [(v.path, v.numpy()) for v in model.weights + model.optimizer.variables]
@@ -281,36 +280,6 @@ def _epochs_printed(text):
     return [
         w.split("/")[0] for p, w in zip(words, words[1:], strict=False) if p == "Epoch" and "/" in w
     ]
-
-
-class OptimizerTest(tf.test.TestCase):
-    def test_rmsprop_is_the_original_codes_variant(self):
-        config = Config(optimizer="rmsprop", learning_rate=1e-4, lr_schedule="constant")
-        optimizer = train_lib._optimizer(config)
-        got = optimizer.get_config()
-        self.assertAllClose(
-            [got["learning_rate"], got["rho"], got["momentum"], got["epsilon"]],
-            [1e-4, 0.95, 0.9, 1e-4],
-        )
-        self.assertTrue(got["centered"])
-
-    def test_adam_with_clipping(self):
-        config = Config(optimizer="adam", learning_rate=2e-4, clip_norm=5.0, lr_schedule="constant")
-        optimizer = train_lib._optimizer(config)
-        self.assertIsInstance(optimizer, keras.optimizers.Adam)
-        self.assertAllClose(optimizer.get_config()["global_clipnorm"], 5.0)
-
-    def test_cosine_schedule_decays_to_zero_over_the_run(self):
-        config = Config(learning_rate=1e-3, lr_schedule="cosine")
-        optimizer = train_lib._optimizer(config, total_steps=100)
-        rate = optimizer._get_current_learning_rate
-        self.assertAllClose(float(rate()), 1e-3)
-        optimizer.iterations.assign(50)
-        self.assertAllClose(float(rate()), 0.5e-3)  # (1 + cos(pi / 2)) / 2
-        optimizer.iterations.assign(100)
-        self.assertAllClose(float(rate()), 0.0, atol=1e-9)
-        with self.assertRaisesRegex(ValueError, "cosine needs the number of training steps"):
-            train_lib._optimizer(config)
 
 
 class TrainJitTest(tf.test.TestCase):

@@ -15,31 +15,10 @@ from sat_tf.config import Config
 from sat_tf.data import feature_cache, image_io, input_pipeline
 from sat_tf.model.show_attend_tell import build_model
 from sat_tf.training import callbacks as callbacks_lib
+from sat_tf.training import optimizers
 from sat_tf.training import workdir as workdir_lib
 from sat_tf.training.prepare import cached_features, prepare_data
 from sat_tf.training.scoring import evaluate
-
-
-def _optimizer(config: Config, total_steps=None):
-    """The optimizer of `config`; `total_steps` (epochs x steps) sets the cosine decay."""
-    clip = config.clip_norm or None
-    rate = config.learning_rate
-    if config.lr_schedule == "cosine":
-        if not total_steps:
-            raise ValueError("--lr_schedule=cosine needs the number of training steps")
-        rate = keras.optimizers.schedules.CosineDecay(config.learning_rate, total_steps)
-    if config.optimizer == "rmsprop":
-        # The original code's RMSProp (Graves 2013: centred, momentum 0.9, decay 0.95,
-        # epsilon 1e-4 inside the square root, as Keras puts it); BUILD_NOTES.md.
-        return keras.optimizers.RMSprop(
-            rate,
-            rho=0.95,
-            momentum=0.9,
-            epsilon=1e-4,
-            centered=True,
-            global_clipnorm=clip,
-        )
-    return keras.optimizers.Adam(rate, global_clipnorm=clip)
 
 
 def _strategy(config: Config):
@@ -148,7 +127,8 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
     with _strategy(config).scope():
         model = build_model(config, len(data.vocab), feature_shape, grid)
         model.compile(
-            optimizer=_optimizer(config, config.epochs * steps), jit_compile=_train_jit(config)
+            optimizer=optimizers.build(config, config.epochs * steps),
+            jit_compile=_train_jit(config),
         )
         if config.init_from and not done:  # a resumed run restores its own backup
             workdir_lib.load_initial_weights(model, config, data.vocab, config.init_from)
