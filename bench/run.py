@@ -623,7 +623,8 @@ def case_step_products(p, attention="soft", score="additive"):
     yardstick's (the products' efficiency at their shapes). A gradient product is timed
     with its operands transposed, as TensorFlow's gradient reads them, and with them
     stored the other way (a schedule can transpose a kernel once, outside the loop, as
-    the fused recurrence does); each counts at the faster of the two."""
+    the fused recurrence does; that transposition is not timed); each counts at the
+    faster of the two."""
     shape = decoder_shape(p, attention, score)
     listed = flops.train_step_products(shape, p["batch"], p["words"] + 1)
     layouts = [[spec[1:]] for spec in listed]

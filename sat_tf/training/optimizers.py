@@ -13,7 +13,7 @@ the fused kernel does not fit (Adam with `amsgrad`, RMSProp without momentum, a 
 under a distribution strategy, the sparse gradient of a lookup: `_fusable`) the Keras
 update runs instead.
 
-bench/run.py times the step with each (`soft_additive_keras_optimizer`); BUILD_NOTES.md,
+bench/run.py times the step with each (`soft_additive_keras_adam`); BUILD_NOTES.md,
 "The optimizer's update as one kernel".
 """
 
