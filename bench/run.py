@@ -550,14 +550,22 @@ def case_interleaved(p, name, base):
     return {"base": base, "speedup_by_round": stats(ratios), "speedup": statistics.median(ratios)}
 
 
+def train_shapes(p):
+    """(name, sizes) of every shape of TRAIN_SHAPES, each applied to `p`; with --quick
+    only the first name, at `p`'s own small sizes."""
+    for shape_name, sizes in TRAIN_SHAPES.items():
+        yield shape_name, ({**p, **sizes} if p is FULL else p)
+        if p is not FULL:
+            return
+
+
 def train_step_cases(p, names=None):
     """The cases `names` (None: all) of TRAIN_CASES at every size of TRAIN_SHAPES, each case of
     SPEEDUP_BASELINES with its speed-up over those of its baselines that ran, measured
     in the same run, as a ratio of times and as a ratio of shares of the matmul rate,
     and each case of INTERLEAVED also timed against its baseline in alternating rounds."""
     results = {}
-    for shape_name, sizes in TRAIN_SHAPES.items():
-        shape_p = {**p, **sizes} if p is FULL else p
+    for shape_name, shape_p in train_shapes(p):
         cases = results[shape_name] = {"sizes": {k: shape_p[k] for k in DECODER_SIZES}}
         for name, settings in TRAIN_CASES.items():
             if names is not None and name not in names:
@@ -588,8 +596,6 @@ def train_step_cases(p, names=None):
                         cases[name]["fraction_of_matmul_rate"]
                         / cases[base]["fraction_of_matmul_rate"]
                     )
-        if p is not FULL:
-            break  # --quick: one small shape
     return results
 
 
@@ -682,13 +688,10 @@ def case_step_products(p, attention="soft", score="additive"):
 def step_products_cases(p):
     """`case_step_products` for soft attention with the additive score at every size of
     TRAIN_SHAPES (one with --quick)."""
-    results = {}
-    for shape_name, sizes in TRAIN_SHAPES.items():
-        shape_p = {**p, **sizes} if p is FULL else p
-        results[shape_name] = guarded(lambda sp=shape_p: case_step_products(sp))
-        if p is not FULL:
-            break
-    return results
+    return {
+        shape_name: guarded(lambda sp=shape_p: case_step_products(sp))
+        for shape_name, shape_p in train_shapes(p)
+    }
 
 
 def add_share_bounds(train, read_gbps, products=None):
