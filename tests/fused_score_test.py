@@ -110,6 +110,37 @@ class BuildTest(tf.test.TestCase):
             with open(path, "rb") as f:
                 self.assertEqual(f.read(4), b"\x7fELF")
 
+    def test_a_compiler_that_refuses_march_native_gets_a_second_build_without_it(self):
+        # A stand-in compiler: it logs each command line, fails on -march=native as an
+        # old compiler does, and otherwise writes the output file.
+        folder = self.get_temp_dir()
+        calls = os.path.join(folder, "calls.txt")
+        compiler = os.path.join(folder, "cxx")
+        with open(compiler, "w") as f:
+            f.write(
+                "#!/bin/sh\n"
+                f'echo "$*" >> {calls}\n'
+                'case " $* " in *" -march=native "*)\n'
+                "  echo \"error: bad value ('native') for '-march=' switch\" >&2; exit 1;;\n"
+                "esac\n"
+                'while [ "$1" != "-o" ]; do shift; done\n'
+                'echo built > "$2"\n'
+            )
+        os.chmod(compiler, 0o755)
+        path = os.path.join(folder, "built", "op.so")
+        with mock.patch.dict(os.environ, {"CXX": compiler}):
+            with self.assertLogs(level="WARNING") as logs:
+                fused_score.build(path)
+        self.assertIn("bad value ('native')", "\n".join(logs.output))
+        with open(path) as f:
+            self.assertEqual(f.read(), "built\n")
+        self.assertEqual(os.listdir(os.path.dirname(path)), ["op.so"])
+        with open(calls) as f:
+            first, second = f.read().splitlines()
+        # The same command (the same partial output file) without the flag.
+        self.assertIn(" -march=native ", f" {first} ")
+        self.assertEqual(first.replace(" -march=native", ""), second)
+
     def test_a_missing_compiler_is_reported_with_the_source(self):
         path = os.path.join(self.get_temp_dir(), "op.so")
         with mock.patch.dict(os.environ, {"CXX": "/nonexistent/g++"}):

@@ -44,13 +44,13 @@ def _cpu_flags():
     return platform.machine()
 
 
-def _compile_command(output):
+def _compile_command(output, native=True):
     return [
         os.environ.get("CXX", "g++"),
         "-shared",
         "-fPIC",
         "-O3",
-        "-march=native",
+        *(["-march=native"] if native else []),
         "-w",
         *tf.sysconfig.get_compile_flags(),
         SOURCE,
@@ -76,26 +76,50 @@ def library_path():
 def build(path):
     """Compiles the op into `path` (atomically: concurrent builds leave one whole file).
 
+    It builds for this CPU (`-march=native`) and, where the compiler or assembler
+    refuses that (an older toolchain than the CPU, a compiler without the flag), once
+    more for the compiler's default target, logging why.
+
     Raises:
       RuntimeError: naming the command and the compiler's message, when it fails.
     """
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd, partial = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
     os.close(fd)
-    command = _compile_command(partial)
     try:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"building {SOURCE} failed ({' '.join(command[:6])} ...):\n" + done.stderr[-2000:]
+        failed = _compile(partial, native=True)
+        if failed:
+            logging.warning(
+                "building %s for this CPU (-march=native) failed; building it without "
+                "-march=native. The compiler said:\n%s",
+                SOURCE,
+                failed,
             )
+            failed = _compile(partial, native=False)
+            if failed:
+                raise RuntimeError(failed)
         os.chmod(partial, 0o755)  # mkstemp's file is the owner's only
         os.replace(partial, path)
-    except FileNotFoundError as e:  # no compiler
-        raise RuntimeError(f"building {SOURCE} needs a C++ compiler: {e}") from e
     finally:
         if os.path.exists(partial):
             os.remove(partial)
+
+
+def _compile(output, native):
+    """Runs the compiler; returns None, or what went wrong (the command and the
+    compiler's message).
+
+    Raises:
+      RuntimeError: when there is no compiler.
+    """
+    command = _compile_command(output, native)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    except FileNotFoundError as e:
+        raise RuntimeError(f"building {SOURCE} needs a C++ compiler: {e}") from e
+    if done.returncode == 0:
+        return None
+    return f"building {SOURCE} failed ({' '.join(command[:6])} ...):\n" + done.stderr[-2000:]
 
 
 @functools.cache
