@@ -5,6 +5,7 @@ import itertools
 import json
 import os
 import re
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -83,7 +84,13 @@ def test_existing_dataset_is_reused_and_other_params_regenerate(tmp_path):
     shapes.generate(str(tmp_path), seed=1, num_train=4, num_val=1, num_test=1)
     assert os.path.exists(tmp_path / "images" / "00002.png")
 
-    shapes.generate(str(tmp_path), seed=1, num_train=5, num_val=1, num_test=1)
+    with mock.patch.object(shapes.logging, "warning") as warning:
+        shapes.generate(str(tmp_path), seed=1, num_train=5, num_val=1, num_test=1)
+    # Replacing a dataset of other settings names what changed (a run still reading the
+    # folder would read the new images).
+    warning.assert_called_once()
+    assert "num_train 4 -> 5" in warning.call_args[0][0] % warning.call_args[0][1:]
+    assert "seed" not in warning.call_args[0][2]
     data = _load(path)
     assert len(data["images"]) == 7
     assert data["params"]["num_train"] == 5

@@ -16,6 +16,7 @@ import json
 import os
 
 import numpy as np
+from absl import logging
 from PIL import Image
 
 from sat_tf import files
@@ -108,6 +109,7 @@ def generate(
     if _is_complete(json_path, image_dir, params):
         return json_path
     if os.path.exists(json_path):
+        _warn_of_other_params(json_path, params)
         os.remove(json_path)
     os.makedirs(image_dir, exist_ok=True)
 
@@ -147,6 +149,26 @@ def generate(
     data = {"dataset": "shapes", "params": params, "images": images}
     files.write_json(json_path, data, separators=(",", ":"))
     return json_path
+
+
+def _warn_of_other_params(json_path: str, params: dict):
+    """Logs which settings differ when a dataset of other settings is replaced in place:
+    a run still reading the folder (its validation and test images are read from disk
+    every time) would read the new images against its old captions."""
+    try:
+        with open(json_path, encoding="utf-8") as f:
+            old = json.load(f).get("params") or {}
+    except (OSError, ValueError, AttributeError):
+        return
+    changed = {k: (old.get(k), v) for k, v in params.items() if old.get(k) != v}
+    if changed:
+        logging.warning(
+            "replacing the shapes dataset in %s (was -> now: %s): a run or evaluation "
+            "still using this folder now reads the new images against its old captions; "
+            "give concurrent runs of other seeds or sizes their own --data_dir",
+            os.path.dirname(json_path),
+            ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()),
+        )
 
 
 def _is_complete(json_path: str, image_dir: str, params: dict) -> bool:
