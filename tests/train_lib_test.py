@@ -235,12 +235,6 @@ class ResumeTest(tf.test.TestCase):
             train_cli.main, "sat-train", *_train_flags(f"{root}/whole", data_dir)
         )
         self.assertEqual(code, 0, stderr[-3000:])
-        # Hard attention: the selected weights scored at both decodings on validation.
-        with open(os.path.join(root, "whole", train_lib.HARD_DECODINGS_FILE)) as f:
-            both = json.load(f)
-        self.assertCountEqual(both, ["argmax", "expected"])
-        for scores in both.values():
-            self.assertBetween(scores["BLEU-4"], 0.0, 1.0)
 
         workdir = os.path.join(root, "killed")
         flags = _train_flags(workdir, data_dir)
@@ -286,67 +280,6 @@ def _epochs_printed(text):
     return [
         w.split("/")[0] for p, w in zip(words, words[1:], strict=False) if p == "Epoch" and "/" in w
     ]
-
-
-class CompareHardDecodingsTest(tf.test.TestCase):
-    """`compare_hard_decodings` with captioning and scoring replaced by stand-ins that
-    score whichever decoding the decoder is set to when it captions."""
-
-    def _compare(self, bleu, own="expected", fail_on=None):
-        model = mock.Mock()
-        model.decoder.hard_decoding = own
-        seen = []
-
-        def caption(model_, records, vocab, config):
-            decoding = model_.decoder.hard_decoding
-            seen.append(decoding)
-            if decoding == fail_on:
-                raise RuntimeError("captioning failed")
-            return decoding
-
-        def score(records, results):
-            return {"BLEU-4": bleu[results], "CIDEr": 10 * bleu[results]}
-
-        workdir = self.get_temp_dir()
-        config = Config(attention="hard", hard_decoding=own)
-        with (
-            mock.patch.object(train_lib, "caption_records", caption),
-            mock.patch.object(train_lib, "score_captions", score),
-            self.assertLogs(level="WARNING") as logs,
-        ):
-            try:
-                scores = train_lib.compare_hard_decodings(model, ["r"], None, config, workdir)
-            finally:
-                # The decoder is set back to its own decoding, also after a failure.
-                self.assertEqual(model.decoder.hard_decoding, own)
-            train_lib.logging.warning("end")  # assertLogs needs one record
-        self.assertEqual(sorted(seen), ["argmax", "expected"])
-        with open(os.path.join(workdir, train_lib.HARD_DECODINGS_FILE), encoding="utf-8") as f:
-            self.assertEqual(json.load(f), scores)
-        return scores, [line for line in logs.output if "hard attention" in line]
-
-    def test_warns_where_the_other_decoding_is_clearly_ahead(self):
-        scores, warnings = self._compare({"expected": 0.3244, "argmax": 0.8494})
-        self.assertEqual(scores["argmax"], {"BLEU-4": 0.8494, "CIDEr": 8.494})
-        self.assertLen(warnings, 1)
-        self.assertIn("--hard_decoding=argmax", warnings[0])
-        self.assertIn("0.8494 against 0.3244 at the expected context", warnings[0])
-
-    def test_silent_within_the_margin_or_when_its_own_decoding_is_ahead(self):
-        margin = train_lib.HARD_DECODING_MARGIN
-        for bleu, own in (
-            ({"expected": 0.80, "argmax": 0.80 + margin - 0.001}, "expected"),
-            ({"expected": 0.85, "argmax": 0.32}, "expected"),
-            ({"expected": 0.80 - margin - 0.001, "argmax": 0.80}, "argmax"),
-        ):
-            _, warnings = self._compare(bleu, own)
-            self.assertEqual(warnings, [], (bleu, own))
-        _, warnings = self._compare({"expected": 0.80 + margin + 0.001, "argmax": 0.80}, "argmax")
-        self.assertIn("--hard_decoding=expected", warnings[0])
-
-    def test_the_decoder_keeps_its_decoding_when_captioning_fails(self):
-        with self.assertRaisesRegex(RuntimeError, "captioning failed"):
-            self._compare({"expected": 0.8, "argmax": 0.8}, "expected", fail_on="argmax")
 
 
 class TrainJitTest(tf.test.TestCase):

@@ -11,21 +11,14 @@ import tensorflow as tf
 from absl import logging
 
 import sat_tf
-from sat_tf.config import HARD_DECODINGS, Config
+from sat_tf.config import Config
 from sat_tf.data import feature_cache, image_io, input_pipeline
 from sat_tf.model.show_attend_tell import build_model
 from sat_tf.training import callbacks as callbacks_lib
 from sat_tf.training import optimizers
 from sat_tf.training import workdir as workdir_lib
 from sat_tf.training.prepare import cached_features, prepare_data
-from sat_tf.training.scoring import caption_records, evaluate, score_captions
-
-# Hard attention's validation scores at each decoding (`compare_hard_decodings`), and
-# how far ahead on BLEU-4 another decoding must be for a warning: well above the
-# differences where both decodings work (at most 0.007 on Flickr8k, 0.022 on shapes;
-# BUILD_NOTES, stops 30 and 31).
-HARD_DECODINGS_FILE = "val_hard_decodings.json"
-HARD_DECODING_MARGIN = 0.05
+from sat_tf.training.scoring import evaluate
 
 
 def _strategy(config: Config):
@@ -161,49 +154,6 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
     else:
         workdir_lib.save_weights_atomically(model, best)
         workdir_lib.write_best_info(workdir, data.vocab, epoch=config.epochs)
-    if config.attention == "hard" and val:
-        compare_hard_decodings(model, val, data.vocab, config, workdir)
     if not data.splits["test"]:
         return {}
     return evaluate(model, data, config, workdir, "test")
-
-
-def compare_hard_decodings(model, records, vocab, config: Config, workdir: str) -> dict:
-    """Hard attention: the validation BLEU-4 and CIDEr of the selected weights at each
-    `--hard_decoding`, written to `HARD_DECODINGS_FILE`; warns, naming the flag, where a
-    decoding the model does not use is ahead on BLEU-4 by more than
-    `HARD_DECODING_MARGIN`.
-
-    The expected context is the default (the original code's; ahead on Flickr8k), but a
-    model can learn captions that only the argmax decoding reads well: a shapes seed
-    reached validation BLEU-4 0.32 at the expected context and 0.85 at argmax (BUILD_NOTES,
-    stop 48), and its epoch was selected at the expected context.
-
-    Returns:
-      {decoding: {"BLEU-4": ..., "CIDEr": ...}}.
-    """
-    scores = {}
-    try:
-        for decoding in HARD_DECODINGS:
-            model.decoder.hard_decoding = decoding  # each captioning call traces anew
-            found = score_captions(records, caption_records(model, records, vocab, config))
-            scores[decoding] = {"BLEU-4": found["BLEU-4"], "CIDEr": found["CIDEr"]}
-    finally:
-        model.decoder.hard_decoding = config.hard_decoding
-    workdir_lib.write_json(os.path.join(workdir, HARD_DECODINGS_FILE), scores)
-    own = scores[config.hard_decoding]["BLEU-4"]
-    for decoding, other in scores.items():
-        if other["BLEU-4"] > own + HARD_DECODING_MARGIN:
-            logging.warning(
-                "hard attention: on validation the %s decoding reaches BLEU-4 %.4f against "
-                "%.4f at the %s context this model captions with (its epoch was selected "
-                "there); caption, evaluate and export it with --hard_decoding=%s "
-                "(sat-caption, sat-evaluate, sat-export). Scores in %s.",
-                decoding,
-                other["BLEU-4"],
-                own,
-                config.hard_decoding,
-                decoding,
-                os.path.join(workdir, HARD_DECODINGS_FILE),
-            )
-    return scores
