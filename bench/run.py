@@ -529,7 +529,7 @@ def train_step_fn(p, attention, score, jit, policy="float32", schedule="fused", 
     if schedule.startswith("autodiff"):
         model.decoder.uses_recurrence = lambda: False
     else:
-        model.decoder.fused_hard = True  # hard attention's fused recurrence is opt-in
+        model.decoder.fused_hard = True  # the default, set for the fused cases all the same
     # XLA cannot compile the score's op (a custom op without an XLA kernel).
     model.decoder.compiled_score = schedule in ("fused", "autodiff_compiled") and not jit
     return model, blocking(tf.function(model.train_step, jit_compile=jit), train_batch(p))

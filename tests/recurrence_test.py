@@ -195,10 +195,11 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_bfloat16_runs_the_recurrence_and_float16_the_autodiff_loop(self):
         self.assertTrue(_decoder("additive").uses_recurrence())
-        # Hard attention only where asked (`fused_hard`, set by `_decoder`), and gated.
-        self.assertFalse(
-            AttentionDecoder(VOCAB, attention="hard", hard_gate=True).uses_recurrence()
-        )
+        # Gated hard attention by default; not where `fused_hard` is unset, nor ungated.
+        self.assertTrue(AttentionDecoder(VOCAB, attention="hard", hard_gate=True).uses_recurrence())
+        unset = AttentionDecoder(VOCAB, attention="hard", hard_gate=True)
+        unset.fused_hard = False
+        self.assertFalse(unset.uses_recurrence())
         self.assertTrue(_decoder("additive", attention="hard").uses_recurrence())
         self.assertFalse(_decoder("additive", attention="hard", hard_gate=False).uses_recurrence())
         self.assertTrue(AttentionDecoder(VOCAB, dtype="mixed_bfloat16").uses_recurrence())

@@ -251,7 +251,8 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         def run():
             return (tf.function(objective_and_gradients) if graph else objective_and_gradients)()
 
-        self.assertFalse(model.decoder.uses_recurrence())  # the loop unless asked
+        model.decoder.fused_hard = False
+        self.assertFalse(model.decoder.uses_recurrence())  # the loop where asked
         autodiff, autodiff_grads = run()
         model.decoder.fused_hard = True
         self.assertTrue(model.decoder.uses_recurrence())

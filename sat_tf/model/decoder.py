@@ -24,8 +24,9 @@ step in three schedules: `step` (decoding, one word at a time), and under teache
 (`W_a a`, the embedding half of the gates, the deep output over all steps) and the
 h-dependent projections share one product over the fused kernel. Soft attention in
 float32 or bfloat16 runs the fused recurrence of `recurrence.py`, whose hand-written
-backward pass computes the kernel gradients once over all steps; hard attention (its
-fused recurrence is opt-in, `fused_hard`), the ablation and float16 run the autodiff loop.
+backward pass computes the kernel gradients once over all steps, and so does gated hard
+attention (`fused_hard`, on by default since stop 48); ungated hard attention, the ablation
+and float16 run the autodiff loop.
 Under teacher forcing in float32 on a CPU both run the additive score through its
 compiled op (`fused_score`, `compiled_score`); decoding never does, so exported graphs
 hold only TensorFlow's own ops.
@@ -118,11 +119,12 @@ class AttentionDecoder(keras.layers.Layer):
                 "has no score"
             )
         self.location_prior = bool(location_prior)
-        # Gated hard attention has a fused recurrence too, checked against the autodiff
-        # loop, but training through it reached lower shape-word pointing and BLEU-4 on
-        # shapes than the loop in five seeds (BUILD_NOTES, stop 30). Until that is
-        # understood it runs only where this is set (the benchmark and the tests).
-        self.fused_hard = False
+        # Gated hard attention trains through the fused recurrence (checked against the
+        # autodiff loop). It was opt-in from stop 30 to 47 while shapes pointing leaned
+        # to the loop; stop 48 found that part of that evidence had read another seed's
+        # images and measured four more pairs: no lean (BUILD_NOTES, stop 48). False
+        # selects the autodiff loop (tests and the bench's baseline cases).
+        self.fused_hard = True
         # Teacher forcing runs the additive score through its compiled op
         # (`fused_score`) where that applies (float32, no GPU, the op builds). The bench
         # turns it off to time the TensorFlow ops, and for its XLA cases: XLA cannot
@@ -436,7 +438,7 @@ class AttentionDecoder(keras.layers.Layer):
 
     def uses_recurrence(self):
         """Whether `call` runs `recurrence.attention_recurrence`: soft attention, or hard
-        attention gated by beta (`hard_gate`) where `fused_hard` is set, in float32 or
+        attention gated by beta (`hard_gate`) unless `fused_hard` is unset, in float32 or
         bfloat16 (`mixed_bfloat16`). float16 keeps the autodiff loop."""
         fused_hard = self.attention == "hard" and self.hard_gate and self.fused_hard
         attention = self.attention == "soft" or fused_hard
