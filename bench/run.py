@@ -132,7 +132,8 @@ TRAIN_SHAPES = {
 # hard since stop 29): the baseline each fused case's speed-up is measured against.
 # "fused" runs the additive score through its compiled op where that applies (float32,
 # no XLA: `fused_score.applies`), "fused_ops" as TensorFlow ops; "autodiff_compiled" is
-# the autodiff loop with the compiled score (hard attention's training schedule). An
+# the autodiff loop with the compiled score (hard attention's training schedule until
+# stop 47; since then the schedule of `fused_hard` unset). An
 # optional sixth value "keras" takes Keras's own Adam instead of the package's
 # (`training/optimizers.py`: each variable's update one fused kernel).
 TRAIN_CASES = {

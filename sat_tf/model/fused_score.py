@@ -6,7 +6,7 @@ on CPUs whose products are fast that streaming is most of the step. The kernels 
 `kernels/additive_score.cc` compute the same scores in one pass and their gradient in
 one more, updating the running sum of `W_a a`'s gradient over the steps in place; the
 fused recurrence (`recurrence.py`) runs them when the decoder asks for it. The decoder's
-autodiff loop (hard attention's training schedule) runs the scores too, through the
+autodiff loop (ungated hard attention's training schedule) runs the scores too, through the
 gradient registered here, which starts each step's sum at zero (TensorFlow adds the
 steps up).
 
