@@ -3,6 +3,7 @@ against `AdditiveScore.step_scores` and autodiff of it, its shape errors, and th
 failure report. The recurrence's use of it is tested in recurrence_test.py."""
 
 import os
+import shlex
 import sys
 from unittest import mock
 
@@ -119,7 +120,7 @@ class BuildTest(tf.test.TestCase):
         with open(compiler, "w") as f:
             f.write(
                 "#!/bin/sh\n"
-                f'echo "$*" >> {calls}\n'
+                f'echo "$*" >> {shlex.quote(calls)}\n'
                 'case " $* " in *" -march=native "*)\n'
                 "  echo \"error: bad value ('native') for '-march=' switch\" >&2; exit 1;;\n"
                 "esac\n"
