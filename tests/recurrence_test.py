@@ -196,10 +196,10 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
     def test_bfloat16_runs_the_recurrence_and_float16_the_autodiff_loop(self):
         self.assertTrue(_decoder("additive").uses_recurrence())
         # Gated hard attention by default; not where `fused_hard` is unset, nor ungated.
-        self.assertTrue(AttentionDecoder(VOCAB, attention="hard", hard_gate=True).uses_recurrence())
-        unset = AttentionDecoder(VOCAB, attention="hard", hard_gate=True)
-        unset.fused_hard = False
-        self.assertFalse(unset.uses_recurrence())
+        gated = AttentionDecoder(VOCAB, attention="hard", hard_gate=True)
+        self.assertTrue(gated.uses_recurrence())
+        gated.fused_hard = False
+        self.assertFalse(gated.uses_recurrence())
         self.assertTrue(_decoder("additive", attention="hard").uses_recurrence())
         self.assertFalse(_decoder("additive", attention="hard", hard_gate=False).uses_recurrence())
         self.assertTrue(AttentionDecoder(VOCAB, dtype="mixed_bfloat16").uses_recurrence())

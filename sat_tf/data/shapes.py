@@ -106,10 +106,11 @@ def generate(
     }
     json_path = os.path.join(out_dir, "dataset_shapes.json")
     image_dir = os.path.join(out_dir, "images")
-    if _is_complete(json_path, image_dir, params):
+    existing = _read_dataset(json_path)
+    if _is_complete(existing, image_dir, params):
         return json_path
     if os.path.exists(json_path):
-        _warn_of_other_params(json_path, params)
+        _warn_of_other_params(existing, out_dir, params)
         os.remove(json_path)
     os.makedirs(image_dir, exist_ok=True)
 
@@ -151,34 +152,40 @@ def generate(
     return json_path
 
 
-def _warn_of_other_params(json_path: str, params: dict):
-    """Logs which settings differ when a dataset of other settings is replaced in place:
-    a run still reading the folder (its validation and test images are read from disk
-    every time) would read the new images against its old captions."""
+def _read_dataset(json_path: str):
+    """The dataset JSON's content (a dict), or None where it is missing or unreadable."""
     try:
         with open(json_path, encoding="utf-8") as f:
-            old = json.load(f).get("params") or {}
-    except (OSError, ValueError, AttributeError):
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _warn_of_other_params(existing, out_dir: str, params: dict):
+    """Logs which settings differ when a dataset of other settings (`existing`, from
+    `_read_dataset`) is replaced in place: a run still reading the folder (its validation
+    and test images are read from disk every time) would read the new images against its
+    old captions."""
+    if existing is None:
         return
+    old = existing.get("params")
+    old = old if isinstance(old, dict) else {}
     changed = {k: (old.get(k), v) for k, v in params.items() if old.get(k) != v}
     if changed:
         logging.warning(
             "replacing the shapes dataset in %s (was -> now: %s): a run or evaluation "
             "still using this folder now reads the new images against its old captions; "
             "give concurrent runs of other seeds or sizes their own --data_dir",
-            os.path.dirname(json_path),
+            out_dir,
             ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()),
         )
 
 
-def _is_complete(json_path: str, image_dir: str, params: dict) -> bool:
-    """True if `json_path` was written with `params` and all its images exist."""
-    try:
-        with open(json_path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return False
-    if not isinstance(data, dict) or data.get("params") != params:
+def _is_complete(data, image_dir: str, params: dict) -> bool:
+    """True if the dataset JSON's content `data` (from `_read_dataset`) was written with
+    `params` and all its images exist."""
+    if data is None or data.get("params") != params:
         return False
     try:
         names = [entry["filename"] for entry in data["images"]]
