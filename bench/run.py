@@ -44,6 +44,7 @@ from sat_tf.config import Config
 from sat_tf.data import input_pipeline
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.datasets import Record
+from sat_tf.model import reinforce as reinforce_lib
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.show_attend_tell import build_model
 from sat_tf.training import optimizers, publish
@@ -133,7 +134,10 @@ TRAIN_SHAPES = {
 # "fused" runs the additive score through its compiled op where that applies (float32,
 # no XLA: `fused_score.applies`), "fused_ops" as TensorFlow ops; "autodiff_compiled" is
 # the autodiff loop with the compiled score (hard attention's training schedule until
-# stop 47; since then the schedule of `fused_hard` unset). An
+# stop 47; since then the schedule of `fused_hard` unset). "fused_whole_baseline" is
+# "fused" with hard attention's argmax baseline decoding every caption of the batch,
+# as it did until stop 49, instead of the sampled ones alone
+# (`reinforce.sampled_argmax_reward`). An
 # optional sixth value "keras" takes Keras's own Adam instead of the package's
 # (`training/optimizers.py`: each variable's update one fused kernel).
 TRAIN_CASES = {
@@ -143,6 +147,7 @@ TRAIN_CASES = {
     "soft_additive_autodiff": ("soft", "additive", False, "float32", "autodiff"),
     "hard_additive": ("hard", "additive", False, "float32", "fused"),
     "hard_additive_ops": ("hard", "additive", False, "float32", "fused_ops"),
+    "hard_additive_whole_baseline": ("hard", "additive", False, "float32", "fused_whole_baseline"),
     "hard_additive_autodiff": ("hard", "additive", False, "float32", "autodiff"),
     "hard_additive_autodiff_compiled": (
         "hard",
@@ -162,7 +167,12 @@ TRAIN_CASES = {
 SPEEDUP_BASELINES = {
     "soft_additive": ("soft_additive_autodiff", "soft_additive_ops", "soft_additive_keras_adam"),
     "soft_additive_ops": ("soft_additive_autodiff",),
-    "hard_additive": ("hard_additive_autodiff", "hard_additive_ops"),
+    "hard_additive": (
+        "hard_additive_autodiff",
+        "hard_additive_ops",
+        "hard_additive_whole_baseline",
+        "hard_additive_autodiff_compiled",
+    ),
     "hard_additive_ops": ("hard_additive_autodiff",),
     "hard_additive_autodiff_compiled": ("hard_additive_autodiff",),
     "soft_additive_jit": ("soft_additive",),
@@ -176,6 +186,7 @@ SPEEDUP_BASELINES = {
 INTERLEAVED = {
     "soft_additive": ("soft_additive_ops", "soft_additive_keras_adam"),
     "hard_additive_autodiff_compiled": ("hard_additive_autodiff",),
+    "hard_additive": ("hard_additive_whole_baseline", "hard_additive_autodiff_compiled"),
 }
 # Cases whose per-op profile the report carries (a profiled run of three steps).
 PROFILED = ("soft_additive", "hard_additive", "soft_additive_ops", "soft_additive_bf16")
@@ -515,6 +526,16 @@ def case_train_step(
         "parameters_analytic": decoder_shape(p, attention, score).parameters(),
     }
     report["compiled_score"] = model.decoder._uses_compiled_score()
+    defaults = Config()
+    if attention == "hard" and defaults.reinforce_baseline == "argmax":
+        # The FLOP count has one forward pass; the argmax baseline's pass adds another,
+        # without gradient, over the sampled captions (expected share 1 - hard_mix_prob)
+        # or, for "fused_whole_baseline", over every caption.
+        rows = 1.0 if schedule == "fused_whole_baseline" else 1.0 - defaults.hard_mix_prob
+        executed = counts["total"] + rows * counts["forward"]
+        report["fraction_of_matmul_rate_with_baseline_pass"] = (
+            report["fraction_of_matmul_rate"] * executed / counts["total"]
+        )
     if profile:
         report["profile"] = op_profile(step)
     return report
@@ -532,8 +553,43 @@ def train_step_fn(p, attention, score, jit, policy="float32", schedule="fused", 
     else:
         model.decoder.fused_hard = True  # the default, set for the fused cases all the same
     # XLA cannot compile the score's op (a custom op without an XLA kernel).
-    model.decoder.compiled_score = schedule in ("fused", "autodiff_compiled") and not jit
-    return model, blocking(tf.function(model.train_step, jit_compile=jit), train_batch(p))
+    compiled = ("fused", "fused_whole_baseline", "autodiff_compiled")
+    model.decoder.compiled_score = schedule in compiled and not jit
+    train_step = model.train_step
+    if schedule == "fused_whole_baseline":
+        train_step = traced_with(reinforce_lib, "sampled_argmax_reward", whole_batch_argmax_reward)(
+            train_step
+        )
+    return model, blocking(tf.function(train_step, jit_compile=jit), train_batch(p))
+
+
+def whole_batch_argmax_reward(decoder, features, captions, mask, to_go, sampled, reward, state):
+    """`reinforce.sampled_argmax_reward` as it was until stop 49: the argmax baseline's
+    pass decodes every caption of the batch whenever any sampled (the same values at the
+    sampled rows; the others are never read)."""
+    return tf.cond(
+        tf.reduce_any(sampled > 0),
+        lambda: reinforce_lib.argmax_reward(decoder, features, captions, mask, to_go, state),
+        lambda: tf.zeros_like(reward),
+    )
+
+
+def traced_with(module, name, replacement):
+    """Wraps a function so that `module.name` is `replacement` while it runs: under
+    `tf.function`, while it is traced, so its graph holds the replacement."""
+
+    def wrap(function):
+        def wrapped(*args):
+            original = getattr(module, name)
+            setattr(module, name, replacement)
+            try:
+                return function(*args)
+            finally:
+                setattr(module, name, original)
+
+        return wrapped
+
+    return wrap
 
 
 def case_interleaved(p, name, base):

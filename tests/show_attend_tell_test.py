@@ -2,6 +2,7 @@
 shapes encoder."""
 
 import os
+from unittest import mock
 
 import fixtures
 import keras
@@ -9,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
+from sat_tf.model import reinforce as reinforce_lib
 from sat_tf.model import search
 from sat_tf.model.decoder import AttentionDecoder
 from sat_tf.model.encoder import ImageEncoder
@@ -332,6 +334,44 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         )["logits"]
         expected_only = _numpy_word_log_likelihood(logits.numpy(), batch["caption"]).sum(-1)
         self.assertAllClose(unsampled["objective"], -expected_only, atol=1e-4)
+
+    @parameterized.parameters(True, False)
+    def test_argmax_baseline_decodes_the_sampled_captions_alone(self, to_go):
+        # Four captions, the 1st and 3rd sampled: the second pass decodes those two, and
+        # their baselines equal the whole batch's pass at their rows; the others get 0.
+        model = _model("hard", hard_gate=True)
+        rng = np.random.default_rng(9)
+        for w in model.trainable_weights:
+            w.assign(rng.normal(size=w.shape).astype(np.float32))
+        features = rng.normal(size=(4, LOCATIONS, FEATURES)).astype(np.float32)
+        captions = np.array(
+            [[1, 5, 6, 7, 2], [1, 8, 9, 2, 0], [1, 3, 2, 0, 0], [1, 4, 4, 5, 2]], np.int32
+        )
+        mask = tf.cast(captions[:, 1:] != 0, tf.float32)
+        sampled = tf.constant([1.0, 0.0, 1.0, 0.0])
+        reward = tf.zeros([4, 4] if to_go else [4])
+        state = model.decoder.initial_state(features)
+        whole = reinforce_lib.argmax_reward(model.decoder, features, captions, mask, to_go)
+        decoded, argmax_reward = [], reinforce_lib.argmax_reward
+
+        def recording(decoder, features, *args):
+            decoded.append(features.shape[0])
+            return argmax_reward(decoder, features, *args)
+
+        with mock.patch.object(reinforce_lib, "argmax_reward", recording):
+            got = reinforce_lib.sampled_argmax_reward(
+                model.decoder, features, captions, mask, to_go, sampled, reward, state
+            )
+            none = reinforce_lib.sampled_argmax_reward(
+                model.decoder, features, captions, mask, to_go, 0.0 * sampled, reward, state
+            )
+        self.assertEqual(decoded, [2])
+        self.assertEqual(got.shape, reward.shape)
+        self.assertAllClose(tf.gather(got, [0, 2]), tf.gather(whole, [0, 2]), atol=1e-5)
+        self.assertAllEqual(tf.gather(got, [1, 3]), tf.zeros_like(tf.gather(got, [1, 3])))
+        first = tf.reshape(tf.gather(whole, [0, 2]), [2, -1])[:, 0]  # the whole caption's
+        self.assertGreater(float(tf.reduce_min(tf.abs(first))), 0.1)
+        self.assertAllEqual(none, tf.zeros_like(reward))
 
     def test_evaluate_metrics(self):
         batch = _batch(seed=3)

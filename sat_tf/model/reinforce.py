@@ -134,6 +134,29 @@ def argmax_reward(decoder, features, captions, mask, to_go, state=None):
     return tf.stop_gradient(losses.reinforce_reward(word_ll, to_go))
 
 
+def sampled_argmax_reward(decoder, features, captions, mask, to_go, sampled, reward, state):
+    """`argmax_reward` of the captions that used a sample, 0 for the others: shaped like
+    `reward` ((B,) or (B, T)).
+
+    Only sampled captions read their baseline (`losses.reinforce_surrogate` weighs the
+    advantage by `sampled`), so the second pass decodes those rows alone: with
+    `hard_mix_prob` 0.5 about half the batch, and none in the warm-up. Each row of the
+    pass depends on its own row only (no dropout, no batch statistics), so the rows it
+    returns equal those of the whole batch's pass.
+    """
+    rows = tf.where(sampled > 0)[:, 0]  # (S,) int64
+
+    def decode():
+        def pick(x):
+            return tf.gather(x, rows)
+
+        picked = None if state is None else tf.nest.map_structure(pick, state)
+        values = argmax_reward(decoder, pick(features), pick(captions), pick(mask), to_go, picked)
+        return tf.scatter_nd(rows[:, None], values, tf.shape(reward, out_type=tf.int64))
+
+    return tf.cond(tf.size(rows) > 0, decode, lambda: tf.zeros_like(reward))
+
+
 def hard_terms(
     settings, decoder, baselines, features, captions, mask, word_ll, outputs, sampled, state=None
 ):
@@ -159,11 +182,8 @@ def hard_terms(
     words = tf.reduce_sum(mask, axis=1)
     slots = baseline_slots(words, mask if settings.to_go else None)
     if settings.reinforce_baseline == "argmax":
-        # Skipped when no caption sampled (the warm-up): nothing would use it.
-        baseline = tf.cond(
-            tf.reduce_any(sampled > 0),
-            lambda: argmax_reward(decoder, features, captions, mask, settings.to_go, state),
-            lambda: tf.zeros_like(reward),
+        baseline = sampled_argmax_reward(
+            decoder, features, captions, mask, settings.to_go, sampled, reward, state
         )
     else:
         baseline = tf.gather(baselines, slots)
