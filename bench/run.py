@@ -22,6 +22,7 @@ a test.
 """
 
 import argparse
+import dataclasses
 import io
 import json
 import math
@@ -137,7 +138,8 @@ TRAIN_SHAPES = {
 # stop 47; since then the schedule of `fused_hard` unset). "fused_whole_baseline" is
 # "fused" with hard attention's argmax baseline decoding every caption of the batch,
 # as it did until stop 49, instead of the sampled ones alone
-# (`reinforce.sampled_argmax_reward`). An
+# (`reinforce.sampled_argmax_reward`); "fused_moving_average" is "fused" with the
+# paper's moving-average baseline, which needs no second pass. An
 # optional sixth value "keras" takes Keras's own Adam instead of the package's
 # (`training/optimizers.py`: each variable's update one fused kernel).
 TRAIN_CASES = {
@@ -148,6 +150,7 @@ TRAIN_CASES = {
     "hard_additive": ("hard", "additive", False, "float32", "fused"),
     "hard_additive_ops": ("hard", "additive", False, "float32", "fused_ops"),
     "hard_additive_whole_baseline": ("hard", "additive", False, "float32", "fused_whole_baseline"),
+    "hard_additive_moving_average": ("hard", "additive", False, "float32", "fused_moving_average"),
     "hard_additive_autodiff": ("hard", "additive", False, "float32", "autodiff"),
     "hard_additive_autodiff_compiled": (
         "hard",
@@ -174,6 +177,7 @@ SPEEDUP_BASELINES = {
         "hard_additive_autodiff_compiled",
     ),
     "hard_additive_ops": ("hard_additive_autodiff",),
+    "hard_additive_moving_average": ("hard_additive",),
     "hard_additive_autodiff_compiled": ("hard_additive_autodiff",),
     "soft_additive_jit": ("soft_additive",),
     "hard_additive_jit": ("hard_additive",),
@@ -187,6 +191,7 @@ INTERLEAVED = {
     "soft_additive": ("soft_additive_ops", "soft_additive_keras_adam"),
     "hard_additive_autodiff_compiled": ("hard_additive_autodiff",),
     "hard_additive": ("hard_additive_whole_baseline", "hard_additive_autodiff_compiled"),
+    "hard_additive_moving_average": ("hard_additive",),
 }
 # Cases whose per-op profile the report carries (a profiled run of three steps).
 PROFILED = ("soft_additive", "hard_additive", "soft_additive_ops", "soft_additive_bf16")
@@ -527,7 +532,8 @@ def case_train_step(
     }
     report["compiled_score"] = model.decoder._uses_compiled_score()
     defaults = Config()
-    if attention == "hard" and defaults.reinforce_baseline == "argmax":
+    argmax = defaults.reinforce_baseline == "argmax" and schedule != "fused_moving_average"
+    if attention == "hard" and argmax:
         # The FLOP count has one forward pass; the argmax baseline's pass adds another,
         # without gradient, over the sampled captions (expected share 1 - hard_mix_prob)
         # or, for "fused_whole_baseline", over every caption.
@@ -553,8 +559,10 @@ def train_step_fn(p, attention, score, jit, policy="float32", schedule="fused", 
     else:
         model.decoder.fused_hard = True  # the default, set for the fused cases all the same
     # XLA cannot compile the score's op (a custom op without an XLA kernel).
-    compiled = ("fused", "fused_whole_baseline", "autodiff_compiled")
+    compiled = ("fused", "fused_whole_baseline", "fused_moving_average", "autodiff_compiled")
     model.decoder.compiled_score = schedule in compiled and not jit
+    if schedule == "fused_moving_average":
+        model.settings = dataclasses.replace(model.settings, reinforce_baseline="moving_average")
     train_step = model.train_step
     if schedule == "fused_whole_baseline":
         train_step = traced_with(reinforce_lib, "sampled_argmax_reward", whole_batch_argmax_reward)(
