@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import traceback
+from unittest import mock
 
 import flops
 import keras
@@ -531,13 +532,12 @@ def case_train_step(
         "parameters_analytic": decoder_shape(p, attention, score).parameters(),
     }
     report["compiled_score"] = model.decoder._uses_compiled_score()
-    defaults = Config()
-    argmax = defaults.reinforce_baseline == "argmax" and schedule != "fused_moving_average"
-    if attention == "hard" and argmax:
+    settings = model.settings
+    if attention == "hard" and settings.reinforce_baseline == "argmax":
         # The FLOP count has one forward pass; the argmax baseline's pass adds another,
         # without gradient, over the sampled captions (expected share 1 - hard_mix_prob)
         # or, for "fused_whole_baseline", over every caption.
-        rows = 1.0 if schedule == "fused_whole_baseline" else 1.0 - defaults.hard_mix_prob
+        rows = 1.0 if schedule == "fused_whole_baseline" else 1.0 - settings.hard_mix_prob
         executed = counts["total"] + rows * counts["forward"]
         report["fraction_of_matmul_rate_with_baseline_pass"] = (
             report["fraction_of_matmul_rate"] * executed / counts["total"]
@@ -565,9 +565,10 @@ def train_step_fn(p, attention, score, jit, policy="float32", schedule="fused", 
         model.settings = dataclasses.replace(model.settings, reinforce_baseline="moving_average")
     train_step = model.train_step
     if schedule == "fused_whole_baseline":
-        train_step = traced_with(reinforce_lib, "sampled_argmax_reward", whole_batch_argmax_reward)(
-            train_step
-        )
+        # Patched while the step runs, so while `tf.function` traces it: the graph holds
+        # the whole-batch pass.
+        patch = mock.patch.object(reinforce_lib, "sampled_argmax_reward", whole_batch_argmax_reward)
+        train_step = patch(train_step)
     return model, blocking(tf.function(train_step, jit_compile=jit), train_batch(p))
 
 
@@ -580,24 +581,6 @@ def whole_batch_argmax_reward(decoder, features, captions, mask, to_go, sampled,
         lambda: reinforce_lib.argmax_reward(decoder, features, captions, mask, to_go, state),
         lambda: tf.zeros_like(reward),
     )
-
-
-def traced_with(module, name, replacement):
-    """Wraps a function so that `module.name` is `replacement` while it runs: under
-    `tf.function`, while it is traced, so its graph holds the replacement."""
-
-    def wrap(function):
-        def wrapped(*args):
-            original = getattr(module, name)
-            setattr(module, name, replacement)
-            try:
-                return function(*args)
-            finally:
-                setattr(module, name, original)
-
-        return wrapped
-
-    return wrap
 
 
 def case_interleaved(p, name, base):
