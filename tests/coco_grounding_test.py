@@ -1,5 +1,6 @@
-"""Tests for sat_tf.evaluation.coco_grounding and scripts/grounding.py: hand-made COCO
-annotations, photos and attention maps whose scores are worked out by hand below."""
+"""Tests for sat_tf.evaluation.coco_grounding, coco_photos and scripts/grounding.py:
+hand-made COCO annotations, photos and attention maps whose scores are worked out by hand
+below."""
 
 import json
 import os
@@ -16,11 +17,14 @@ from sat_tf.config import Config
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import coco_grounding as cg
-from sat_tf.evaluation.coco_grounding import Mention
+from sat_tf.evaluation import coco_photos as cp
+from sat_tf.evaluation.coco_photos import Mention
 from sat_tf.model.show_attend_tell import build_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEV_SET = os.path.join(ROOT, "..", "shared", "data", "coco-mini-train")
+DEV_SET = os.environ.get(
+    "SAT_TF_COCO_MINI", os.path.join(ROOT, "..", "shared", "data", "coco-mini-train")
+)
 
 # Photo 1 is 100 x 60 with two person boxes and a dog; photo 2 is 200 x 120 with a cat.
 # Person A [x 10..40, y 10..50], person B [x 30..60, y 30..50] (they overlap in
@@ -61,15 +65,15 @@ def _write_coco(folder, annotations=ANNOTATIONS, name="val2017"):
 @pytest.fixture
 def photos(tmp_path):
     _write_coco(str(tmp_path))
-    return cg.load_coco_dir(str(tmp_path))
+    return cp.load_coco_dir(str(tmp_path))
 
 
 def test_synonyms_name_coco_categories():
-    assert len(cg.COCO_CATEGORIES) == len(set(cg.COCO_CATEGORIES)) == 80
-    assert set(cg.SYNONYMS.values()) <= set(cg.COCO_CATEGORIES)
-    for name in set(cg.COCO_CATEGORIES) - {"orange"}:
-        assert cg.SYNONYMS[name] == name
-    assert all(len(key.split()) <= 2 for key in cg.SYNONYMS)
+    assert len(cp.COCO_CATEGORIES) == len(set(cp.COCO_CATEGORIES)) == 80
+    assert set(cp.SYNONYMS.values()) <= set(cp.COCO_CATEGORIES)
+    for name in set(cp.COCO_CATEGORIES) - {"orange"}:
+        assert cp.SYNONYMS[name] == name
+    assert all(len(key.split()) <= 2 for key in cp.SYNONYMS)
     for word, category in [
         ("woman", "person"),
         ("kids", "person"),
@@ -81,27 +85,27 @@ def test_synonyms_name_coco_categories():
         ("table", "dining table"),
         ("oranges", "orange"),
     ]:
-        assert cg.SYNONYMS[word] == category
+        assert cp.SYNONYMS[word] == category
     # A colour far more often than the fruit; glass is windows as often as a wine glass.
-    assert "orange" not in cg.SYNONYMS and "glass" not in cg.SYNONYMS
+    assert "orange" not in cp.SYNONYMS and "glass" not in cp.SYNONYMS
 
 
 def test_category_mentions_match_phrases_before_words():
     words = "a man and a puppy eat a hot dog at the dining table near a teddy bear".split()
-    assert cg.category_mentions(words) == [
+    assert cp.category_mentions(words) == [
         Mention(1, "man", "person"),
         Mention(4, "puppy", "dog"),
         Mention(8, "hot dog", "hot dog"),
         Mention(12, "dining table", "dining table"),
         Mention(16, "teddy bear", "teddy bear"),
     ]
-    assert cg.category_mentions("a bear on a dirt bike and a bike".split()) == [
+    assert cp.category_mentions("a bear on a dirt bike and a bike".split()) == [
         Mention(1, "bear", "bear"),
         Mention(5, "dirt bike", "motorcycle"),
         Mention(8, "bike", "bicycle"),
     ]
-    assert cg.category_mentions(["an", "orange", "shirt"]) == []
-    assert cg.category_mentions([]) == []
+    assert cp.category_mentions(["an", "orange", "shirt"]) == []
+    assert cp.category_mentions([]) == []
 
 
 def test_read_instances(photos, tmp_path):
@@ -421,7 +425,7 @@ def test_bad_annotations_name_the_file(tmp_path, annotations, message):
     with open(path, "w", encoding="utf-8") as f:
         json.dump(annotations, f)
     with pytest.raises(ValueError, match=message) as error:
-        cg.load_coco_dir(str(tmp_path))
+        cp.load_coco_dir(str(tmp_path))
     assert path in str(error.value)
 
 
@@ -430,19 +434,19 @@ def test_unreadable_or_missing_files_are_named(tmp_path):
     with open(path, "w", encoding="utf-8") as f:
         f.write('{"images": [')
     with pytest.raises(ValueError, match="cannot be read as JSON") as error:
-        cg.load_coco_dir(str(tmp_path))
+        cp.load_coco_dir(str(tmp_path))
     assert path in str(error.value)
     with pytest.raises(ValueError, match="does not exist"):
-        cg.read_instances(str(tmp_path / "nothing.json"), str(tmp_path))
+        cp.read_instances(str(tmp_path / "nothing.json"), str(tmp_path))
     _write_coco(str(tmp_path))
     os.remove(tmp_path / "val2017" / "two.png")
     with pytest.raises(ValueError, match=r"(?s)1 photo\(s\) .* missing .*two.png"):
-        cg.load_coco_dir(str(tmp_path))
+        cp.load_coco_dir(str(tmp_path))
     with pytest.raises(ValueError, match="does not exist"):
-        cg.load_coco_dir(str(tmp_path / "elsewhere"))
+        cp.load_coco_dir(str(tmp_path / "elsewhere"))
     _write_coco(str(tmp_path), name="train2017")
     with pytest.raises(ValueError, match="one annotations/instances_\\*.json, found 2"):
-        cg.load_coco_dir(str(tmp_path))
+        cp.load_coco_dir(str(tmp_path))
 
 
 def test_photo_turned_by_exif_is_refused(tmp_path):
@@ -452,10 +456,12 @@ def test_photo_turned_by_exif_is_refused(tmp_path):
     exif[0x0112] = 6  # turned 90 degrees clockwise when shown upright
     image.save(tmp_path / "val2017" / "one.jpg", exif=exif)
     with pytest.raises(ValueError, match=r"1 photo\(s\) .* EXIF orientation .*one.jpg"):
-        cg.load_coco_dir(str(tmp_path))
+        cp.load_coco_dir(str(tmp_path))
 
 
-@pytest.mark.skipif(not os.path.isdir(DEV_SET), reason="no ../shared/data/coco-mini-train")
+@pytest.mark.skipif(
+    not os.path.isdir(DEV_SET), reason=f"no COCO photos at {DEV_SET} (set SAT_TF_COCO_MINI)"
+)
 def test_script_on_the_shipped_preset(tmp_path, capsys):
     # In this process, through the command's main (as sat-grounding runs it).
     output = tmp_path / "grounding.json"
@@ -471,14 +477,19 @@ def test_script_on_the_shipped_preset(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err[-2000:]
     assert "| **all** |" in out
+    assert "Naming (present: a box): main-object recall" in out
     result = json.loads(output.read_text())
+    named = result["naming"]
+    assert named["photos"] == len(named["per_photo"]) == 3
+    assert named["mentions"] == sum(len(p["named"]) for p in named["per_photo"])
+    assert named["with_references"]["absent_mentions"] <= named["absent_mentions"]
     assert result["photos"] == len(result["captions"]) == 3
     assert result["geometry"] == {"image_size": 224, "crop_fraction": 1.0, "grid": [7, 7]}
     assert result["words"] == len(result["scored"])
     for row in result["scored"]:
         assert 0 <= row["hit"] <= 1 and 0 <= row["mass"] <= 1
         caption = next(c["caption"] for c in result["captions"] if c["image_id"] == row["image_id"])
-        assert cg.SYNONYMS[row["word"]] == row["category"]
+        assert cp.SYNONYMS[row["word"]] == row["category"]
         assert row["word"].split()[-1] == caption.split()[row["index"]]
     refused = grounding_cli.main(args[:2] + ["--workdir=runs/x"])
     assert refused == 1

@@ -12,8 +12,12 @@ photos in <name>/) with a trained workdir's best weights, a preset, or a SavedMo
 export (its `serving_default` signature, fed the photo files' bytes as a client would),
 and scores each generated word that names a category present in the photo
 (`sat_tf.evaluation.coco_grounding`): argmax hit, attention mass in the boxes, and the
-centre-cell, uniform-random and area-share baselines, overall and per category. Prints a
-table; --output writes it all (with every caption and scored word) as JSON.
+centre-cell, uniform-random and area-share baselines, overall and per category. Then
+whether the captions name what is in the photos (`sat_tf.evaluation.naming`): the share
+naming the photo's largest boxed object (main-object recall) and CHAIR_i / CHAIR_s, the
+share of mentioned objects / of captions naming a category the photo has no box of (and
+again counting the categories its human captions name as present, when the folder has
+them). Prints tables; --output writes it all (with every caption and scored word) as JSON.
 
 With --captions=reference the words scored are not the model's but the COCO folder's
 human captions (annotations/captions_<name>.json, five a photo in COCO), each fed to
@@ -32,7 +36,7 @@ from absl import flags
 from sat_tf import api, export_model, files, preset
 from sat_tf.cli.flags_lib import define_model_source, define_override, load_model, override, run
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.evaluation import coco_grounding
+from sat_tf.evaluation import coco_grounding, coco_photos, naming
 from sat_tf.training import publish
 
 FLAGS = flags.FlagValues()
@@ -106,7 +110,7 @@ def _reference_grounding(captioner, photos, coco_dir):
       (the result, whose "photos" counts the photos with captions and "references" the
       captions, and per caption {"image_id", "file", "caption"}).
     """
-    references = coco_grounding.read_reference_captions(coco_dir, photos)
+    references = coco_photos.read_reference_captions(coco_dir, photos)
     known = set(captioner.vocab.words)
     rows, captions, alphas, written = [], [], [], []
     for photo in photos:
@@ -164,6 +168,25 @@ def _export_captioner(path, beam_size):
     return caption_batch, geometry, about
 
 
+def _naming(photos, captions, coco_dir):
+    """`naming` of the generated captions against the boxes, printed, and under
+    "with_references" against the boxes and the human captions' objects (Rohrbach et
+    al.'s CHAIR) when the folder holds its captions file."""
+    words = [c["caption"].split() for c in captions]
+    result = naming.naming(photos, words)
+    print("\n" + naming.format_naming(result, title="Naming (present: a box)"))
+    try:
+        references = coco_photos.read_reference_captions(coco_dir, photos)
+    except ValueError:
+        return result
+    also = naming.reference_categories(references)
+    result["with_references"] = naming.naming(photos, words, also_present=also)
+    result["with_references"].pop("per_photo")
+    title = "Naming (present: a box or named by a human caption)"
+    print(naming.format_naming(result["with_references"], title=title))
+    return result
+
+
 def _main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -180,7 +203,7 @@ def _main(argv):
         raise ValueError("--store_in_preset records the scores of generated captions only")
     if FLAGS.num_photos < 0 or FLAGS.batch_size < 1:
         raise ValueError("--num_photos must be >= 0 and --batch_size >= 1")
-    photos = coco_grounding.load_coco_dir(FLAGS.coco_dir)
+    photos = coco_photos.load_coco_dir(FLAGS.coco_dir)
     if FLAGS.num_photos:
         photos = photos[: FLAGS.num_photos]
     reference = FLAGS.captions == "reference"
@@ -219,6 +242,8 @@ def _main(argv):
         f"{FLAGS.coco_dir}: {seconds:.1f} s"
     )
     print(coco_grounding.format_table(result))
+    if not reference:
+        result["naming"] = _naming(photos, captions, FLAGS.coco_dir)
     if FLAGS.output:
         files.write_json(
             FLAGS.output,
