@@ -213,6 +213,12 @@ class Config:
     beam_size: int = _field(1, "Beam size for evaluation and captioning (1 = greedy).")
     max_decode_length: int = _field(50, "Longest caption generated.")
     length_penalty: float = _field(0.0, "Beam length normalisation exponent; 0 = off.")
+    block_repeats: bool = _field(
+        True, "Captioning never emits a word a third time in a row, nor a trigram twice."
+    )
+    block_bad_endings: bool = _field(
+        False, "Captioning never ends a caption on a, the, with, of, ... (tokens.BAD_ENDINGS)."
+    )
 
     strategy: str = _field("default", "tf.distribute strategy.")
     mixed_precision: str = _field("", "Keras mixed precision policy ('' = float32).")

@@ -60,9 +60,10 @@ class PathStep:
     other numbers. `numpy_step` is the same function in NumPy for the references below.
     """
 
-    def __init__(self, seed, vocab_size=VOCAB, table_size=997):
+    def __init__(self, seed, vocab_size=VOCAB, table_size=997, end_logit=0.0):
         rng = np.random.default_rng(seed)
         logits = 2.0 * rng.normal(size=(table_size, vocab_size))
+        logits[:, END] += end_logit
         log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
         self.log_table = log_probs.astype(np.float32)
         self.alpha_table = rng.random((table_size, LOCATIONS)).astype(np.float32)
@@ -100,19 +101,39 @@ def _pad(tokens, alphas, max_length):
     return out_tokens, out_alphas
 
 
-def _reference_greedy(fn, code, max_length):
+def _blocked(tokens, block_repeats=False, bad_endings=()):
+    """The words that may not follow `tokens`, found by listing the caption's trigrams."""
+    banned = set()
+    if block_repeats and len(tokens) >= 2:
+        if tokens[-1] == tokens[-2]:
+            banned.add(tokens[-1])
+        for i in range(len(tokens) - 2):
+            if (tokens[i], tokens[i + 1]) == (tokens[-2], tokens[-1]):
+                banned.add(tokens[i + 2])
+    if tokens and tokens[-1] in bad_endings:
+        banned.add(END)
+    return banned
+
+
+def _masked(log_probs, banned):
+    log_probs = log_probs.copy()
+    log_probs[list(banned)] = -np.inf
+    return log_probs
+
+
+def _reference_greedy(fn, code, max_length, **blocking):
     """Greedy decoding written with Python loops."""
     tokens, prev = [], START
     for _ in range(max_length):
         log_probs, code, _ = fn.numpy_step(code, prev)
-        prev = int(np.argmax(log_probs))
+        prev = int(np.argmax(_masked(log_probs, _blocked(tokens, **blocking))))
         tokens.append(prev)
         if prev == END:
             break
     return tokens
 
 
-def _reference_beam(fn, code, max_length, beam_size, length_penalty, num_return):
+def _reference_beam(fn, code, max_length, beam_size, length_penalty, num_return, **blocking):
     """Beam search written with Python lists, one image at a time.
 
     Same rules as `search.beam_search`: finished hypotheses stay in the beam and are
@@ -130,6 +151,7 @@ def _reference_beam(fn, code, max_length, beam_size, length_penalty, num_return)
                 candidates.append((score, j * fn.vocab_size, tokens, log_prob, True, code))
                 continue
             log_probs, new_code, _ = fn.numpy_step(code, tokens[-1] if tokens else START)
+            log_probs = _masked(log_probs, _blocked(tokens, **blocking))
             for v in range(fn.vocab_size):
                 new_log_prob = np.float32(log_prob + log_probs[v])
                 score = new_log_prob / _penalty(len(tokens) + 1, length_penalty)
@@ -164,7 +186,7 @@ def _all_sequences(fn, code, max_length, length_penalty):
     return results
 
 
-def _greedy(step_fn, state, batch_size, max_length):
+def _greedy(step_fn, state, batch_size, max_length, **kwargs):
     return search.greedy_decode(
         step_fn,
         state,
@@ -173,6 +195,7 @@ def _greedy(step_fn, state, batch_size, max_length):
         end_id=END,
         max_length=max_length,
         num_locations=LOCATIONS,
+        **kwargs,
     )
 
 
@@ -495,6 +518,105 @@ class BeamSearchTest(tf.test.TestCase, parameterized.TestCase):
             _greedy(fn, state, 1, max_length=0)
         with self.assertRaisesRegex(ValueError, "num_locations=3"):
             _greedy(lambda t, s: (*fn(t, s)[:2], tf.ones([1, 5])), state, 1, max_length=3)
+
+
+# Every step: <end> .02, a .6, b .38. Unblocked, greedy says a forever; blocked, a a b a a,
+# then a (third in a row) and b (trigram a a b again) are banned and <end> comes.
+REPEAT_ROWS = {(0, t, p): _probs(end=0.02, a=0.6, b=0.38) for t in range(8) for p in range(VOCAB)}
+
+BLOCKINGS = [
+    dict(block_repeats=True),
+    dict(bad_endings=(A,)),
+    dict(block_repeats=True, bad_endings=(A, B)),
+]
+
+
+def _search_blocking(blocking):
+    return dict(
+        block_repeats=blocking.get("block_repeats", False),
+        bad_ending_ids=blocking.get("bad_endings", ()),
+    )
+
+
+def _has_repeat(tokens, length):
+    words = [int(w) for w in tokens[:length]]
+    triples = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
+    return len(set(triples)) < len(triples) or any(len(set(x)) == 1 for x in triples)
+
+
+class BlockingTest(tf.test.TestCase, parameterized.TestCase):
+    def test_greedy_repeats_blocked_by_hand(self):
+        fn = TableStep(REPEAT_ROWS, num_images=1, max_length=8)
+        state = fn.initial_state([0])
+        plain = _greedy(fn, state, batch_size=1, max_length=8)
+        blocked = _greedy(fn, state, batch_size=1, max_length=8, block_repeats=True)
+
+        self.assertAllEqual(plain.tokens, [[A] * 8])
+        self.assertAllEqual(blocked.tokens, [[A, A, B, A, A, END, 0, 0]])
+        self.assertAllEqual(blocked.length, [5])
+        self.assertAllClose(blocked.log_prob, [np.log(0.6**4 * 0.38 * 0.02)])
+        self.assertAllClose(blocked.attention[0, :6], fn.alphas(0, [A, A, B, A, A, END]))
+
+    def test_bad_ending_blocked_by_hand(self):
+        fn = TableStep(BEAM_BEATS_GREEDY_ROWS, num_images=1, max_length=3)
+        state = fn.initial_state([0])
+        ends_on_a = _greedy(fn, state, batch_size=1, max_length=3)
+        no_bad_end = _greedy(fn, state, 1, max_length=3, bad_ending_ids=(A,))
+        both = _greedy(fn, state, 1, max_length=3, bad_ending_ids=(A,), block_repeats=True)
+
+        self.assertAllEqual(ends_on_a.tokens, [[A, END, 0]])
+        self.assertAllEqual(no_bad_end.tokens, [[A, A, A]])
+        self.assertAllClose(no_bad_end.log_prob, [np.log(0.5 * 0.35 * 0.45)])
+        self.assertAllEqual(both.tokens, [[A, A, B]])
+        self.assertAllClose(both.log_prob, [np.log(0.5 * 0.35 * 0.35)])
+
+    @parameterized.product(seed=[0, 1, 2], blocking=BLOCKINGS)
+    def test_greedy_matches_reference(self, seed, blocking):
+        fn = PathStep(seed, end_logit=-2.0)
+        codes = np.arange(0, 640, 10, dtype=np.int32)
+        result = _greedy(fn, tf.constant(codes), 64, max_length=8, **_search_blocking(blocking))
+        plain = _greedy(fn, tf.constant(codes), 64, max_length=8)
+
+        self.assertNotAllEqual(result.tokens, plain.tokens)
+        for i, code in enumerate(codes):
+            tokens = _reference_greedy(fn, code, 8, **blocking)
+            log_prob, alphas = fn.path(code, tokens)
+            padded_tokens, padded_alphas = _pad(tokens, alphas, 8)
+            self.assertAllEqual(result.tokens[i], padded_tokens)
+            self.assertAllClose(result.log_prob[i], log_prob)
+            self.assertAllClose(result.attention[i], padded_alphas)
+
+    @parameterized.product(seed=[0, 1], beam_size=[1, 3], blocking=BLOCKINGS)
+    def test_beam_matches_reference(self, seed, beam_size, blocking):
+        fn = PathStep(seed, end_logit=-2.0)
+        codes = np.arange(0, 480, 15, dtype=np.int32)
+        search_blocking = _search_blocking(blocking)
+        beam = _beam(
+            fn, tf.constant(codes), 32, 8, beam_size, length_penalty=0.5, **search_blocking
+        )
+        plain = _beam(fn, tf.constant(codes), 32, 8, beam_size, length_penalty=0.5)
+
+        self.assertNotAllEqual(beam.tokens, plain.tokens)
+        for i, code in enumerate(codes):
+            ((tokens, log_prob),) = _reference_beam(fn, code, 8, beam_size, 0.5, 1, **blocking)
+            padded_tokens, padded_alphas = _pad(tokens, fn.path(code, tokens)[1], 8)
+            self.assertAllEqual(beam.tokens[i], padded_tokens)
+            self.assertAllClose(beam.log_prob[i], log_prob)
+            self.assertAllClose(beam.attention[i], padded_alphas)
+            if blocking.get("block_repeats"):
+                self.assertFalse(_has_repeat(beam.tokens[i].numpy(), beam.length[i]))
+
+    def test_blocked_under_tf_function(self):
+        fn = TableStep(REPEAT_ROWS, num_images=1, max_length=8)
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int32)])
+        def decode(images):
+            state = fn.initial_state(images)
+            return _beam(fn, state, tf.shape(images)[0], 8, 2, block_repeats=True)
+
+        result = decode(tf.constant([0, 0]))
+        self.assertFalse(_has_repeat(result.tokens[0].numpy(), result.length[0]))
+        self.assertAllEqual(result.tokens[0], result.tokens[1])
 
 
 class GraphModeTest(tf.test.TestCase, parameterized.TestCase):

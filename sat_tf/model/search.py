@@ -12,7 +12,7 @@ of a fixed length `max_length` (no `TensorArray`), so that the greedy loop conve
 TFLite with builtin ops only.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import tensorflow as tf
@@ -85,6 +85,54 @@ def _keep_shape(new: tf.Tensor, old: tf.Tensor) -> tf.Tensor:
     return new
 
 
+def _block(
+    log_probs: tf.Tensor,
+    tokens: tf.Tensor,
+    history: tf.Tensor,
+    t: tf.Tensor,
+    *,
+    block_repeats: bool,
+    bad_ending_ids: Sequence[int],
+    end_id: int,
+) -> tf.Tensor:
+    """Sets to -inf the log-probability of the words a caption may not take next.
+
+    With `block_repeats`, a word already emitted twice in a row, and any word that would
+    complete a trigram the caption already holds (self-critical.pytorch's trigram
+    blocking, made hard); with `bad_ending_ids`, `<end>` right after one of those words.
+
+    Args:
+        log_probs: float32 (N, V), the step's log-probabilities.
+        tokens: int32 (N,), the word fed at step t (`<start>` at t = 0).
+        history: int32 (N, T), the words emitted so far in columns < t.
+        t: scalar int32, the step.
+    """
+    num_rows, vocab_size = tf.shape(log_probs)[0], tf.shape(log_probs)[1]
+    banned = tf.zeros_like(log_probs, tf.bool)
+    if block_repeats:
+        before = tf.gather(history, tf.maximum(t - 2, 0), axis=1)  # (N,), y_{t-2}
+        third_in_row = tf.logical_and(t >= 2, before == tokens)
+        # y_{i+2} is banned when (y_i, y_{i+1}) = (y_{t-2}, y_{t-1}) for some i < t - 2.
+        seen = (history[:, :-2] == before[:, None]) & (history[:, 1:-1] == tokens[:, None])
+        seen &= tf.range(history.shape[1] - 2) < t - 2  # (N, T-2)
+        ids = tf.concat(
+            [
+                tf.where(third_in_row, tokens, vocab_size)[:, None],
+                tf.where(seen, history[:, 2:], vocab_size),
+            ],
+            axis=1,
+        )  # (N, T-1), column V for "nothing banned"
+        rows = tf.broadcast_to(tf.range(num_rows)[:, None], tf.shape(ids))
+        hits = tf.scatter_nd(
+            tf.stack([rows, ids], axis=-1), tf.ones_like(ids), [num_rows, vocab_size + 1]
+        )
+        banned |= hits[:, :vocab_size] > 0
+    if bad_ending_ids:
+        bad = tf.reduce_any(tokens[:, None] == tf.constant(bad_ending_ids, tf.int32), axis=1)
+        banned |= bad[:, None] & (tf.range(vocab_size) == end_id)[None]
+    return tf.where(banned, tf.constant(float("-inf"), tf.float32), log_probs)
+
+
 def greedy_decode(
     step_fn: StepFn,
     initial_state: Any,
@@ -94,6 +142,8 @@ def greedy_decode(
     end_id: int,
     max_length: int,
     num_locations: int,
+    block_repeats: bool = False,
+    bad_ending_ids: Sequence[int] = (),
 ) -> DecodeResult:
     """Decodes by taking the most likely word at every step.
 
@@ -110,6 +160,8 @@ def greedy_decode(
         end_id: Id of `<end>`.
         max_length: T, the most tokens emitted per caption, `<end>` included.
         num_locations: L, the number of attention locations.
+        block_repeats: Never emit a word a third time in a row, nor a trigram twice.
+        bad_ending_ids: Words a caption may not end on (`<end>` is banned after them).
 
     Returns:
         A `DecodeResult` with tokens (B, T), length (B,), log_prob (B,) and attention
@@ -121,8 +173,11 @@ def greedy_decode(
     def cond(t, tokens, state, finished, *unused):
         return tf.logical_and(t < max_length, tf.reduce_any(tf.logical_not(finished)))
 
+    blocking = dict(block_repeats=block_repeats, bad_ending_ids=bad_ending_ids, end_id=end_id)
+
     def body(t, tokens, state, finished, token_buf, attention_buf, length, log_prob):
         log_probs, state, alpha = _step(step_fn, tokens, state, num_locations)
+        log_probs = _block(log_probs, tokens, token_buf, t, **blocking)
         alive = tf.logical_not(finished)
         next_tokens = tf.where(alive, tf.argmax(log_probs, axis=-1, output_type=tf.int32), PAD_ID)
         log_prob += tf.where(alive, tf.reduce_max(log_probs, axis=-1), 0.0)
@@ -164,6 +219,8 @@ def beam_search(
     num_locations: int,
     length_penalty: float = 0.0,
     num_return: int = 1,
+    block_repeats: bool = False,
+    bad_ending_ids: Sequence[int] = (),
 ) -> DecodeResult:
     """Batched beam search keeping `beam_size` hypotheses per image.
 
@@ -195,6 +252,8 @@ def beam_search(
         length_penalty: Exponent of the GNMT length penalty; 0 turns it off.
         num_return: n, how many hypotheses to return per image, best first;
             1 <= n <= k.
+        block_repeats: Never emit a word a third time in a row, nor a trigram twice.
+        bad_ending_ids: Words a caption may not end on (`<end>` is banned after them).
 
     Returns:
         A `DecodeResult`. For n = 1: tokens (B, T), length (B,), log_prob (B,),
@@ -219,8 +278,12 @@ def beam_search(
     def cond(t, tokens, state, finished, *unused):
         return tf.logical_and(t < max_length, tf.reduce_any(tf.logical_not(finished)))
 
+    blocking = dict(block_repeats=block_repeats, bad_ending_ids=bad_ending_ids, end_id=end_id)
+
     def body(t, tokens, state, finished, token_buf, attention_buf, length, log_prob):
         log_probs, state, alpha = _step(step_fn, tokens, state, num_locations)
+        history = tf.reshape(token_buf, [-1, max_length])  # (B*k, T)
+        log_probs = _block(log_probs, tokens, history, t, **blocking)
         vocab_size = tf.shape(log_probs)[-1]
         log_probs = tf.reshape(log_probs, [batch_size, k, vocab_size])  # (B, k, V)
         alpha = tf.reshape(alpha, [batch_size, k, num_locations])  # (B, k, L)

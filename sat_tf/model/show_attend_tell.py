@@ -243,8 +243,19 @@ class ShowAttendTell(ResumableModel):
         model.vocab, model.config = vocab, config
         return model
 
-    def generate(self, batch, max_length=40, beam_size=1, length_penalty=0.0):
+    def generate(
+        self,
+        batch,
+        max_length=40,
+        beam_size=1,
+        length_penalty=0.0,
+        block_repeats=False,
+        bad_ending_ids=(),
+    ):
         """Captions a batch in the graph: greedy for beam_size 1, else beam search.
+
+        `block_repeats` and `bad_ending_ids` are `search.greedy_decode`'s: no word a third
+        time in a row, no trigram twice; no caption ending on one of those word ids.
 
         Returns:
           `search.DecodeResult` with tokens (B, T), length (B,), log_prob (B,) and
@@ -258,6 +269,8 @@ class ShowAttendTell(ResumableModel):
             end_id=vocab_lib.END_ID,
             max_length=max_length,
             num_locations=int(features.shape[1]),
+            block_repeats=block_repeats,
+            bad_ending_ids=tuple(bad_ending_ids),
         )
         decoder_step = self.decoder.step
         # `vocab.NEVER_EMITTED` (`<pad>`, `<start>`, `<unk>`) are never emitted; the other
