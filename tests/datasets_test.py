@@ -4,6 +4,7 @@ import collections
 import io
 import json
 import os
+import shutil
 from unittest import mock
 
 import fixtures
@@ -11,7 +12,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 from PIL import Image
 
-from sat_tf.data import datasets
+from sat_tf.data import coco, datasets
 from sat_tf.data.datasets import DatasetError, Record
 
 
@@ -491,6 +492,8 @@ class LoadRecordsTest(tf.test.TestCase, parameterized.TestCase):
     )
     def test_karpathy_layouts(self, dataset, folder, filepath):
         _images(os.path.join(self.root, folder, filepath), "x.jpg", "y.jpg")
+        if dataset == "coco":
+            os.makedirs(os.path.join(self.root, "train2014"))
         extra = {"filepath": filepath} if filepath else {}
         entries = [
             _entry("x.jpg", 0, "train", ["x"], **extra),
@@ -525,6 +528,8 @@ class LoadRecordsTest(tf.test.TestCase, parameterized.TestCase):
             datasets.load_records("shapes", self.root)
 
     def test_on_missing_is_passed(self):
+        for folder in ("train2014", "val2014"):
+            os.makedirs(os.path.join(self.root, folder))
         _karpathy(
             os.path.join(self.root, "dataset_coco.json"),
             [_entry("z.jpg", 0, "train", ["z"], filepath="train2014", cocoid=3)],
@@ -592,7 +597,7 @@ class CocoOfficialLayoutTest(tf.test.TestCase):
             [(str(i), _VAL2014_SPLITS[i]) for i in _VAL2014_IDS],
         )
         self.assertEqual(datasets.split_counts(records), {"train": 5, "val": 2, "test": 2})
-        self.assertIn("official caption files", logs.output[0])
+        self.assertIn("the official COCO 2014 caption files", logs.output[0])
         self.assertIn("not its images", logs.output[0])
         test = datasets.load_records("coco", self.root, splits=["test"])
         self.assertEqual([r.image_id for r in test], ["73", "74"])
@@ -607,7 +612,7 @@ class CocoOfficialLayoutTest(tf.test.TestCase):
 
     def test_split_sizes(self):
         ids = [str(i) for i in range(40504, 0, -1)]
-        split_of = datasets.coco_val2014_splits(ids)
+        split_of = datasets.split_by_image_id(ids)
         self.assertEqual(
             collections.Counter(split_of.values()), {"train": 30504, "val": 5000, "test": 5000}
         )
@@ -616,15 +621,15 @@ class CocoOfficialLayoutTest(tf.test.TestCase):
         self.assertEqual(split_of["10000"], "test")
         self.assertEqual(split_of["10001"], "train")
         # Fewer than 15,000 images: a third (rounded down) each.
-        small = datasets.coco_val2014_splits(str(i) for i in range(14999))
+        small = datasets.split_by_image_id(str(i) for i in range(14999))
         self.assertEqual(
             collections.Counter(small.values()), {"train": 5001, "val": 4999, "test": 4999}
         )
-        self.assertEqual(datasets.coco_val2014_splits(["3", "1"]), {"1": "train", "3": "train"})
+        self.assertEqual(datasets.split_by_image_id(["3", "1"]), {"1": "train", "3": "train"})
         self._write()
         with (
-            mock.patch.object(datasets, "COCO_VAL_IMAGES", 1),
-            mock.patch.object(datasets, "COCO_TEST_IMAGES", 2),
+            mock.patch.object(coco, "COCO_VAL_IMAGES", 1),
+            mock.patch.object(coco, "COCO_TEST_IMAGES", 2),
         ):
             records = datasets.load_records("coco", self.root, splits=["val", "test"])
         self.assertEqual(
@@ -640,21 +645,18 @@ class CocoOfficialLayoutTest(tf.test.TestCase):
         self.assertEqual(records, [Record("5", self._path("val2014", 5), ("karpathy",), "test")])
 
     def test_absent_files_are_named(self):
-        karpathy = os.path.join(self.root, "dataset_coco.json")
-        train = os.path.join(self.root, "annotations", "captions_train2014.json")
-        val = os.path.join(self.root, "annotations", "captions_val2014.json")
-        with self.assertRaises(DatasetError) as cm:
+        with self.assertRaisesRegex(DatasetError, "holds no COCO layout: expected dataset_coco"):
             datasets.load_records("coco", self.root)
-        self.assertIn(
-            f"found neither {karpathy} nor the official caption files {train} and {val}",
-            str(cm.exception),
-        )
-        self.assertIn(f"(absent: {train}, {val})", str(cm.exception))
         self._write()
+        val = os.path.join(self.root, "annotations", "captions_val2014.json")
         os.remove(val)
         with self.assertRaises(DatasetError) as cm:
             datasets.load_records("coco", self.root)
-        self.assertIn(f"(absent: {val});", str(cm.exception))
+        self.assertEqual(
+            str(cm.exception),
+            f"coco: found {os.path.join(self.root, 'val2014')} but not {val}, the other half "
+            "of COCO 2014 val",
+        )
 
     def test_image_in_both_files(self):
         self._write(val_ids=(5, 9, 42))
@@ -682,6 +684,261 @@ class CocoOfficialLayoutTest(tf.test.TestCase):
         )
         val = datasets.load_records("coco", self.root, splits=["val"])
         self.assertEqual([r.image_id for r in val], ["42", "5"])
+
+
+class CocoLayoutTest(tf.test.TestCase):
+    """Which COCO release and source `load_records("coco", ...)` finds, and what it refuses."""
+
+    def setUp(self):
+        super().setUp()
+        self.root = self.get_temp_dir()
+
+    def _official(self, folder, ids):
+        captions = {i: [f"{folder} image {i}", f"second {i}"] for i in ids}
+        jpegs = {i: _jpeg_bytes((i % 256, 0, 0)) for i in ids}
+        return fixtures.write_coco_captions(self.root, folder, captions, jpegs)
+
+    def _path(self, folder, name):
+        return os.path.join(self.root, folder, name)
+
+    def test_file_names_of_both_releases(self):
+        self.assertEqual(coco.image_file_name("val2014", 42), "COCO_val2014_000000000042.jpg")
+        self.assertEqual(coco.image_file_name("train2017", "391895"), "000000391895.jpg")
+
+    def test_2017_official_files(self):
+        self._official("train2017", [30, 9])
+        self._official("val2017", [139, 285, 632, 724, 776, 785])
+        with self.assertLogs(logger="absl", level="INFO") as logs:
+            records = datasets.load_records("coco", self.root)
+        self.assertEqual(
+            records[0],
+            Record(
+                "30",
+                self._path("train2017", "000000000030.jpg"),
+                ("train2017 image 30", "second 30"),
+                "train",
+            ),
+        )
+        # val2017 by id: a third of 6 to val (139, 285), to test (632, 724), the rest train.
+        self.assertEqual(
+            {r.image_id: r.split for r in records},
+            {
+                "30": "train",
+                "9": "train",
+                "139": "val",
+                "285": "val",
+                "632": "test",
+                "724": "test",
+                "776": "train",
+                "785": "train",
+            },
+        )
+        (line,) = [m for m in logs.output if "coco:" in m]
+        self.assertIn(
+            "the official COCO 2017 caption files annotations/captions_train2017.json"
+            " and annotations/captions_val2017.json with train2017/ and val2017/",
+            line,
+        )
+        self.assertIn("val2017 by image id", line)
+        self.assertIn("train2017 -> train", line)
+
+    def test_2017_train_alone_is_split_by_image_id(self):
+        self._official("train2017", [544238, 790, 30752, 37666, 54718, 63217, 551757])
+        with self.assertLogs(logger="absl", level="WARNING") as logs:
+            records = datasets.load_records("coco", self.root)
+        self.assertEqual(
+            {r.image_id: r.split for r in records},
+            {
+                "790": "val",
+                "30752": "val",
+                "37666": "test",
+                "54718": "test",
+                "63217": "train",
+                "544238": "train",
+                "551757": "train",
+            },
+        )
+        self.assertIn("annotations/captions_train2017.json with train2017/ in", logs.output[0])
+        self.assertIn("Splits: train2017 by image id", logs.output[0])
+        self.assertEqual(datasets.split_counts(records), {"train": 3, "val": 2, "test": 2})
+
+    def test_karpathy_split_with_2017_folders(self):
+        # Karpathy's entries keep their 2014 names; the photo is found by its cocoid in
+        # val2017/ or, if not there, in train2017/.
+        _images(self._path("val2017", ""), "000000000042.jpg")
+        _images(self._path("train2017", ""), "000000000009.jpg", "000000391895.jpg")
+        entries = [
+            _entry(
+                "COCO_val2014_000000391895.jpg", 0, "test", ["a"], filepath="val2014", cocoid=391895
+            ),
+            _entry("COCO_val2014_000000000042.jpg", 1, "val", ["b"], filepath="val2014", cocoid=42),
+            _entry(
+                "COCO_train2014_000000000009.jpg",
+                2,
+                "restval",
+                ["c"],
+                filepath="train2014",
+                cocoid=9,
+            ),
+        ]
+        _karpathy(os.path.join(self.root, "dataset_coco.json"), entries, name="coco")
+        with self.assertLogs(logger="absl", level="INFO") as logs:
+            records = datasets.load_records("coco", self.root)
+        self.assertEqual(
+            records,
+            [
+                Record("391895", self._path("train2017", "000000391895.jpg"), ("a",), "test"),
+                Record("42", self._path("val2017", "000000000042.jpg"), ("b",), "val"),
+                Record("9", self._path("train2017", "000000000009.jpg"), ("c",), "train"),
+            ],
+        )
+        (line,) = [m for m in logs.output if "coco:" in m]
+        self.assertIn(
+            "Karpathy's dataset_coco.json with the COCO 2017 images train2017/ and val2017/",
+            line,
+        )
+
+    def test_karpathy_split_with_2014_folders_is_logged(self):
+        _images(self._path("val2014", ""), "COCO_val2014_000000000042.jpg")
+        os.makedirs(self._path("train2014", ""))
+        entry = _entry(
+            "COCO_val2014_000000000042.jpg", 0, "val", ["b"], filepath="val2014", cocoid=42
+        )
+        _karpathy(os.path.join(self.root, "dataset_coco.json"), [entry], name="coco")
+        with self.assertLogs(logger="absl", level="INFO") as logs:
+            (record,) = datasets.load_records("coco", self.root)
+        self.assertEqual(record.image_path, self._path("val2014", "COCO_val2014_000000000042.jpg"))
+        self.assertIn("COCO 2014 images train2014/ and val2014/", "".join(logs.output))
+
+    def test_a_mix_of_releases_is_refused(self):
+        self._official("train2014", [9])
+        self._official("val2014", [42])
+        os.makedirs(self._path("val2017", ""))
+        with self.assertRaises(DatasetError) as cm:
+            datasets.load_records("coco", self.root)
+        self.assertEqual(
+            str(cm.exception),
+            f"coco: {self.root} mixes files of two releases (COCO 2014: train2014, "
+            "annotations/captions_train2014.json, val2014, annotations/captions_val2014.json; "
+            "COCO 2017: val2017); the releases hold the same photos under other names: keep "
+            "one release's files in the folder",
+        )
+        _karpathy(os.path.join(self.root, "dataset_coco.json"), [], name="coco")
+        with self.assertRaisesRegex(
+            DatasetError,
+            r"mixes files of two releases \(COCO 2014: train2014, val2014; COCO "
+            r"2017: val2017\)",
+        ):
+            datasets.load_records("coco", self.root)
+
+    def test_a_missing_half_is_named(self):
+        self._official("train2017", [9])
+        captions = self._official("val2017", [42])
+        shutil.rmtree(self._path("val2017", ""))
+        with self.assertRaises(DatasetError) as cm:
+            datasets.load_records("coco", self.root)
+        self.assertEqual(
+            str(cm.exception),
+            f"coco: found {captions} but not {self._path('val2017', '')[:-1]}, the other "
+            "half of COCO 2017 val",
+        )
+        _karpathy(os.path.join(self.root, "dataset_coco.json"), [], name="coco")
+        karpathy = os.path.join(self.root, "dataset_coco.json")
+        with self.assertRaises(DatasetError) as cm:
+            datasets.load_records("coco", self.root)
+        self.assertEqual(
+            str(cm.exception),
+            f"coco: {karpathy} takes images from both train2017/ and val2017/, but "
+            f"{self._path('val2017', '')[:-1]} does not exist",
+        )
+        shutil.rmtree(self._path("train2017", ""))
+        with self.assertRaisesRegex(DatasetError, "found .*dataset_coco.json but no image folder"):
+            datasets.load_records("coco", self.root)
+
+
+class Flickr30kRawTest(tf.test.TestCase):
+    """Flickr30k from `results_20130124.token` and Flickr30k Entities' split files."""
+
+    def setUp(self):
+        super().setUp()
+        self.root = self.get_temp_dir()
+        self.image_dir = os.path.join(self.root, "flickr30k-images")
+        _images(self.image_dir, "1000092795.jpg", "10002456.jpg", "1000268201.jpg")
+        # The token file as flickr30k.tar.gz has it: "<name>.jpg#<n>\t<caption>".
+        _write(
+            os.path.join(self.root, "results_20130124.token"),
+            "1000092795.jpg#0\tTwo young guys with shaggy hair look at their hands .\n"
+            "1000092795.jpg#1\tTwo young , White males are outside near many bushes .\n"
+            "10002456.jpg#0\tSeveral men in hard hats are operating a giant pulley system .\n"
+            "1000268201.jpg#0\tA child in a pink dress is climbing up a set of stairs .\n",
+        )
+        # Flickr30k Entities' split files: image ids without ".jpg", one a line.
+        for split, ids in (
+            ("train", "1000092795\n"),
+            ("val", "10002456\n"),
+            ("test", "1000268201"),
+        ):
+            _write(os.path.join(self.root, f"{split}.txt"), ids)
+
+    def test_reads_token_file_and_entities_splits(self):
+        records = datasets.load_records("flickr30k", self.root)
+        self.assertEqual(
+            records,
+            [
+                Record(
+                    "1000092795",
+                    os.path.join(self.image_dir, "1000092795.jpg"),
+                    (
+                        "Two young guys with shaggy hair look at their hands .",
+                        "Two young , White males are outside near many bushes .",
+                    ),
+                    "train",
+                ),
+                Record(
+                    "10002456",
+                    os.path.join(self.image_dir, "10002456.jpg"),
+                    ("Several men in hard hats are operating a giant pulley system .",),
+                    "val",
+                ),
+                Record(
+                    "1000268201",
+                    os.path.join(self.image_dir, "1000268201.jpg"),
+                    ("A child in a pink dress is climbing up a set of stairs .",),
+                    "test",
+                ),
+            ],
+        )
+
+    def test_karpathy_json_is_preferred(self):
+        _karpathy(
+            os.path.join(self.root, "dataset_flickr30k.json"),
+            [_entry("10002456.jpg", 7, "test", ["karpathy caption"])],
+            name="flickr30k",
+        )
+        self.assertEqual(
+            datasets.load_records("flickr30k", self.root),
+            [
+                Record(
+                    "7", os.path.join(self.image_dir, "10002456.jpg"), ("karpathy caption",), "test"
+                )
+            ],
+        )
+
+    def test_absent_files_are_named(self):
+        os.remove(os.path.join(self.root, "val.txt"))
+        with self.assertRaises(DatasetError) as cm:
+            datasets.load_records("flickr30k", self.root)
+        self.assertEqual(
+            str(cm.exception),
+            f"flickr30k: found {os.path.join(self.root, 'results_20130124.token')} but not its "
+            f"split file(s) {os.path.join(self.root, 'val.txt')} (from Flickr30k Entities); "
+            f"or use Karpathy's {os.path.join(self.root, 'dataset_flickr30k.json')}",
+        )
+        os.remove(os.path.join(self.root, "results_20130124.token"))
+        with self.assertRaisesRegex(
+            DatasetError, "found neither .*dataset_flickr30k.json nor .*results_20130124.token"
+        ):
+            datasets.load_records("flickr30k", self.root)
 
 
 if __name__ == "__main__":

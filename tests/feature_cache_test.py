@@ -100,7 +100,7 @@ def write_flickr8k(root, raw=False):
 COCO_IDS = {"dog": 9, "cat": 42, "bird": 74, "fish": 30, "frog": 61, "cow": 25}
 COCO_TRAIN2014 = ("dog", "bird")
 # val2014 by id: cow 25, fish 30, cat 42, frog 61; a third of 4 is 1 image each for val
-# and test (datasets.coco_val2014_splits).
+# and test (datasets.split_by_image_id).
 COCO_OFFICIAL_SPLITS = {
     "dog": "train",
     "bird": "train",

@@ -170,17 +170,20 @@ def tiny_model(seed=2, **settings):
 
 
 def coco_file_name(folder: str, image_id: int) -> str:
-    """The official image file name, e.g. `COCO_val2014_000000000042.jpg`."""
+    """The official image file name: `COCO_val2014_000000000042.jpg` in the 2014 folders,
+    `000000000042.jpg` in the 2017 ones."""
+    if folder.endswith("2017"):
+        return f"{image_id:012d}.jpg"
     return f"COCO_{folder}_{image_id:012d}.jpg"
 
 
 def write_coco_captions(root: str, folder: str, captions, jpegs) -> str:
     """Writes `root/annotations/captions_<folder>.json` in the official COCO format and
-    its images `root/<folder>/COCO_<folder>_<id>.jpg`.
+    its images `root/<folder>/<coco_file_name>`.
 
     Args:
       root: The COCO root folder.
-      folder: "train2014" or "val2014".
+      folder: "train2014", "val2014", "train2017" or "val2017".
       captions: {image id (int): [caption, ...]}, in file order; "annotations" lists the
         captions of all images interleaved (first captions first), as the real files mix
         images.
@@ -218,7 +221,7 @@ def write_coco_captions(root: str, folder: str, captions, jpegs) -> str:
                     {"image_id": image_id, "id": 1000 + len(annotations), "caption": texts[k]}
                 )
     data = {
-        "info": {"description": "COCO 2014 Dataset", "year": 2014},
+        "info": {"description": f"COCO {folder[-4:]} Dataset", "year": int(folder[-4:])},
         "licenses": [{"id": 1, "name": "Attribution License", "url": ""}],
         "images": images,
         "annotations": annotations,
