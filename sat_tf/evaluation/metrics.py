@@ -23,10 +23,13 @@ from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.rouge.rouge import Rouge
 
 from sat_tf import files
+from sat_tf.data.tokens import BAD_ENDINGS
 from sat_tf.evaluation import java_tools
 
 BLEU_KEYS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4")
 PAPER_BLEU_KEYS = tuple(f"paper {k} (no BP)" for k in BLEU_KEYS)
+# The keys of `caption_statistics`.
+CAPTION_STATISTICS = ("bad_ending_rate", "repeated_trigram_rate", "distinct_words", "mean_length")
 
 # Xu et al. (2015), Table 1: BLEU-1..4 (without brevity penalty) and METEOR, x100, as
 # printed in the paper.
@@ -244,6 +247,34 @@ def cider(references: Mapping[str, Sequence[str]], hypotheses: Mapping[str, str]
     return float(Cider().compute_score(refs, res)[0])
 
 
+def caption_statistics(hypotheses: Mapping[str, str]) -> dict[str, float]:
+    """What CIDEr optimisation is known to change in captions, reported beside the scores.
+
+    Args:
+      hypotheses: image id -> generated caption (words joined by spaces).
+
+    Returns:
+      "bad_ending_rate": share of captions whose last word is in `tokens.BAD_ENDINGS`
+      ("... with a"); "repeated_trigram_rate": share of captions that hold some word
+      trigram twice; "distinct_words": number of different words over all captions;
+      "mean_length": mean number of words.
+    """
+    captions = [h.split() for h in hypotheses.values()]
+    if not captions:
+        raise ValueError("no captions")
+    bad = sum(bool(words) and words[-1] in BAD_ENDINGS for words in captions)
+    repeated = 0
+    for words in captions:
+        trigrams = list(zip(words, words[1:], words[2:], strict=False))
+        repeated += len(set(trigrams)) < len(trigrams)
+    return {
+        "bad_ending_rate": bad / len(captions),
+        "repeated_trigram_rate": repeated / len(captions),
+        "distinct_words": float(len({w for words in captions for w in words})),
+        "mean_length": statistics.fmean(len(words) for words in captions),
+    }
+
+
 def _cell(scores: Mapping, key: str, digits: int) -> str:
     value = scores.get(key)
     if value is None or not math.isfinite(value):
@@ -302,6 +333,7 @@ SEED_COLUMNS = (
     ("BLEU-4", "BLEU-4"),
     ("METEOR", "METEOR"),
     ("CIDEr", "CIDEr"),
+    ("bad_ending_rate", "bad endings"),
     ("grounding hit", "hit"),
     ("grounding centre", "centre"),
     ("grounding mass", "mass"),

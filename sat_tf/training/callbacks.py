@@ -13,7 +13,7 @@ from absl import logging
 
 from sat_tf.config import SELECTION_METRICS
 from sat_tf.data import image_io
-from sat_tf.evaluation import visualize
+from sat_tf.evaluation import metrics, visualize
 from sat_tf.training import workdir as workdir_lib
 from sat_tf.training.scoring import caption_records, score_captions
 
@@ -47,7 +47,8 @@ class EvaluationCallback(keras.callbacks.Callback):
         )
         logs["val_bleu4"] = scores["BLEU-4"]
         logs["val_cider"] = scores["CIDEr"]
-        for key in ("pointing_accuracy", "phrase_pointing_accuracy", "location_accuracy"):
+        grounding = ("pointing_accuracy", "phrase_pointing_accuracy", "location_accuracy")
+        for key in grounding + metrics.CAPTION_STATISTICS:
             if key in scores:
                 logs[f"val_{key}"] = scores[key]
         history = [
@@ -68,10 +69,14 @@ class EvaluationCallback(keras.callbacks.Callback):
                 tf.summary.image(f"attention/{record.image_id}", picture[None], max_outputs=1)
                 tf.summary.text(f"caption/{record.image_id}", " ".join(res["words"]))
         logging.info(
-            "epoch %d: val BLEU-4 %.4f CIDEr %.4f %s (%.1fs); e.g. %r",
+            "epoch %d: val BLEU-4 %.4f CIDEr %.4f, bad endings %.3f, %d distinct words, "
+            "mean length %.2f %s (%.1fs); e.g. %r",
             epoch + 1,
             scores["BLEU-4"],
             scores["CIDEr"],
+            scores["bad_ending_rate"],
+            scores["distinct_words"],
+            scores["mean_length"],
             {k: round(v, 4) for k, v in scores.items() if k.endswith("accuracy")},
             time.time() - start,
             " ".join(results[0]["words"]),

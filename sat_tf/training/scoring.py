@@ -100,7 +100,8 @@ def score_captions(records, results, objects=None, grid=(14, 14), image_size=112
         selection uses, BLEU-4 and CIDEr, on the words as generated.
 
     Returns:
-      dict of metric name -> value.
+      dict of metric name -> value, with `metrics.caption_statistics` (bad-ending rate,
+      repeated trigrams, distinct words, mean length).
     """
     refs = references(records)
     hyps = {r.image_id: " ".join(res["words"]) for r, res in zip(records, results, strict=True)}
@@ -109,6 +110,7 @@ def score_captions(records, results, objects=None, grid=(14, 14), image_size=112
         scores.update(metrics.paper_bleu(refs, hyps))
     else:
         scores = {"BLEU-4": metrics.bleu4(refs, hyps), "CIDEr": metrics.cider(refs, hyps)}
+    scores.update(metrics.caption_statistics(hyps))
     if objects is not None:
         words = [res["words"] for res in results]
         objs = [objects[r.image_id] for r in records]
