@@ -1,0 +1,215 @@
+"""How unlike a captioner's training photos a photo is: the off-world score.
+
+A captioner trained on Flickr8k knows people and dogs; shown a black frame, a galaxy or
+a microscope slide it still writes a fluent caption about a man, often with a better
+log-probability than a real photo gets. The score here tells such photos apart with the
+encoder's own features and no second model: the Mahalanobis distance of a photo's pooled
+annotation vectors to those of the training photos (Lee et al., 2018, "A Simple Unified
+Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks").
+
+The pooled vector of annotation vectors a_1..a_L is [mean_i a_i, std_i a_i] (2D): the
+mean says what the photo holds, the spread over the L locations how much the frame varies
+(a flat frame has none). Its covariance is fitted as probabilistic PCA (Tipping and
+Bishop, 1999): the K leading principal directions u_k with their variances lambda_k, and
+one variance sigma^2 for the rest, so that the statistics stay small (K x 2D floats) and
+their inverse well conditioned with a few thousand photos:
+
+    d(x)^2 = sum_k (u_k . (x - mu))^2 / lambda_k
+             + (|x - mu|^2 - sum_k (u_k . (x - mu))^2) / sigma^2
+
+A photo is off-world when d exceeds a threshold set at a quantile of d over held-out
+photos of the same data (the validation split). The scoring is core TF ops, so it runs
+in the exported graph.
+"""
+
+import dataclasses
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from sat_tf import files
+from sat_tf.data import datasets, feature_cache
+
+FILE = "off_world.npz"
+NUM_COMPONENTS = 64
+QUANTILE = 0.99
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """The training photos' pooled-feature statistics and the threshold on d.
+
+    Attributes:
+      mean: float32 (2D,), mu.
+      components: float32 (K, 2D), the leading principal directions u_k (orthonormal rows).
+      variances: float32 (K,), lambda_k.
+      noise_variance: sigma^2, the mean variance of the other directions.
+      threshold: the distance above which a photo is off-world; nan before calibration.
+      quantile: the quantile of the held-out photos' distances the threshold sits at.
+      info: what the statistics were computed from (free text fields).
+    """
+
+    mean: np.ndarray
+    components: np.ndarray
+    variances: np.ndarray
+    noise_variance: float
+    threshold: float = float("nan")
+    quantile: float = float("nan")
+    info: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def feature_dim(self) -> int:
+        """D, the width of the annotation vectors the statistics are for."""
+        return self.mean.shape[0] // 2
+
+
+def pool(features: tf.Tensor) -> tf.Tensor:
+    """[mean_i a_i, std_i a_i] of annotation vectors (B, L, D) -> float32 (B, 2D)."""
+    features = tf.cast(features, tf.float32)
+    mean, variance = tf.nn.moments(features, axes=[1])  # (B, D), (B, D)
+    return tf.concat([mean, tf.sqrt(variance)], axis=-1)
+
+
+def fit(pooled: np.ndarray, num_components: int = NUM_COMPONENTS, **info) -> Stats:
+    """Probabilistic PCA of pooled vectors (N, 2D) of the training photos (uncalibrated)."""
+    pooled = np.asarray(pooled, np.float64)
+    num, dim = pooled.shape
+    if not 0 < num_components < min(num, dim):
+        raise ValueError(
+            f"num_components={num_components} must be between 1 and min(photos, width) - 1 "
+            f"= {min(num, dim) - 1}"
+        )
+    mean = pooled.mean(axis=0)
+    centred = pooled - mean
+    eigenvalues, eigenvectors = np.linalg.eigh(centred.T @ centred / (num - 1))
+    order = np.argsort(eigenvalues)[::-1]
+    eigenvalues, eigenvectors = eigenvalues[order], eigenvectors[:, order]
+    rest = eigenvalues[num_components:]
+    return Stats(
+        mean=mean.astype(np.float32),
+        components=eigenvectors[:, :num_components].T.astype(np.float32),
+        variances=eigenvalues[:num_components].astype(np.float32),
+        noise_variance=float(max(rest.mean(), 1e-12)),
+        info={"photos": num, **info},
+    )
+
+
+def distance(pooled: tf.Tensor, stats: Stats) -> tf.Tensor:
+    """d, the PPCA Mahalanobis distance of pooled vectors (B, 2D) -> float32 (B,)."""
+    centred = tf.cast(pooled, tf.float32) - stats.mean  # (B, 2D)
+    projected = tf.matmul(centred, stats.components, transpose_b=True)  # (B, K)
+    along = tf.reduce_sum(tf.square(projected), axis=-1)
+    total = tf.reduce_sum(tf.square(centred), axis=-1)
+    squared = tf.reduce_sum(tf.square(projected) / stats.variances, axis=-1)
+    squared += tf.maximum(total - along, 0.0) / np.float32(stats.noise_variance)
+    return tf.sqrt(squared)
+
+
+def score(features: tf.Tensor, stats: Stats) -> tuple[tf.Tensor, tf.Tensor]:
+    """(d float32 (B,), d > threshold bool (B,)) of annotation vectors (B, L, D)."""
+    d = distance(pool(features), stats)
+    return d, d > np.float32(stats.threshold)
+
+
+def calibrate(stats: Stats, held_out: np.ndarray, quantile: float = QUANTILE) -> Stats:
+    """`stats` with the threshold at `quantile` of the distances of held-out pooled
+    vectors (N, 2D), e.g. the validation photos'."""
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"quantile={quantile} must be between 0 and 1")
+    d = distance(tf.constant(held_out, tf.float32), stats).numpy()
+    info = {**stats.info, "held_out_photos": len(d)}
+    return dataclasses.replace(
+        stats, threshold=float(np.quantile(d, quantile)), quantile=quantile, info=info
+    )
+
+
+def save(stats: Stats, path: str) -> None:
+    """Writes the statistics as an .npz (float32 arrays, info as strings), atomically."""
+    arrays = {
+        "mean": stats.mean,
+        "components": stats.components,
+        "variances": stats.variances,
+        "noise_variance": np.float32(stats.noise_variance),
+        "threshold": np.float32(stats.threshold),
+        "quantile": np.float32(stats.quantile),
+        **{f"info_{k}": np.asarray(str(v)) for k, v in stats.info.items()},
+    }
+    with files.atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def load(path: str) -> Stats:
+    """Reads the statistics `save` wrote.
+
+    Raises:
+      ValueError: for a file that is not such statistics.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+        stats = Stats(
+            mean=arrays["mean"].astype(np.float32),
+            components=arrays["components"].astype(np.float32),
+            variances=arrays["variances"].astype(np.float32),
+            noise_variance=float(arrays["noise_variance"]),
+            threshold=float(arrays["threshold"]),
+            quantile=float(arrays["quantile"]),
+            info={k[5:]: str(v) for k, v in arrays.items() if k.startswith("info_")},
+        )
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{path} is not off-world statistics: {e}") from e
+    k, dim = stats.components.shape
+    if stats.mean.shape != (dim,) or stats.variances.shape != (k,) or dim % 2:
+        raise ValueError(f"{path}: off-world statistics of inconsistent shapes")
+    return stats
+
+
+def load_from(directory: str) -> Stats | None:
+    """The statistics in a preset or workdir folder, None where it has none."""
+    path = os.path.join(directory, FILE)
+    return load(path) if os.path.isfile(path) else None
+
+
+def pooled_features(feature_dir: str, records: Sequence[datasets.Record], **settings) -> np.ndarray:
+    """`pool` of the cached features of `records` (`feature_cache.feature_dataset`, whose
+    `settings` it checks) -> float32 (N, 2D), in record order."""
+    ds, _ = feature_cache.feature_dataset(feature_dir, records, **settings)
+    return np.concatenate([pool(batch).numpy() for batch in ds.batch(128)])
+
+
+def compute(
+    feature_dir: str,
+    records: Sequence[datasets.Record],
+    num_components: int = NUM_COMPONENTS,
+    quantile: float = QUANTILE,
+    **settings,
+) -> tuple[Stats, dict]:
+    """Statistics of the "train" records' cached features, calibrated on the "val" ones.
+
+    Args:
+      feature_dir: the feature cache (`sat-extract-features`) holding every record.
+      records: the dataset's records, in extraction order, with their splits.
+      num_components: K, principal directions kept.
+      quantile: where among the validation photos' distances the threshold sits.
+      **settings: the encoder settings the cache must have been made with.
+
+    Returns:
+      (stats, {split: share of its photos flagged}) for every split of `records`.
+    """
+    by_split = {}
+    for split in ("train", "val", "test"):
+        chosen = [r for r in records if r.split == split]
+        if chosen:
+            by_split[split] = pooled_features(feature_dir, chosen, **settings)
+    if "train" not in by_split or "val" not in by_split:
+        raise ValueError("off-world statistics need a train split and a val split")
+    info = {k: v for k, v in settings.items() if k in ("encoder", "encoder_weights", "image_size")}
+    stats = fit(by_split["train"], num_components, **info)
+    stats = calibrate(stats, by_split["val"], quantile)
+    rates = {
+        split: float(np.mean(distance(tf.constant(p), stats).numpy() > stats.threshold))
+        for split, p in by_split.items()
+    }
+    return stats, rates
