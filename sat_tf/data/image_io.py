@@ -1,8 +1,13 @@
-"""Image bytes to model input: decoding (JPEG, PNG, GIF, BMP, WebP), EXIF orientation
-read with TensorFlow ops, the paper's resize and centre crop (§5.4), and checks that name
-an unreadable file. One `decode_image` serves training, captioning and export.
+"""Image bytes to model input: admission (the pixel count read from the header, before
+anything is decoded), decoding (JPEG, PNG, GIF, BMP, WebP), EXIF orientation read with
+TensorFlow ops, the paper's resize and centre crop (§5.4), and checks that name an
+unreadable file. One `decode_image` serves training, captioning and export; one admission
+rule (`read_header` in Python, `read_header_tf` in a graph, the same walk) guards every
+path that decodes bytes from outside: a small file that declares a huge image (a
+"decompression bomb") is refused with a one-line message before a pixel is allocated.
 """
 
+import dataclasses
 import os
 from collections.abc import Sequence
 
@@ -10,6 +15,32 @@ import tensorflow as tf
 from PIL import Image
 
 _FORMATS = {"JPEG", "MPO", "PNG", "GIF", "BMP", "WEBP"}
+
+# Admission: the image's size read from its header, before any pixel is decoded.
+MAX_IMAGE_PIXELS = 50_000_000
+FORMATS_TEXT = "JPEG, PNG, GIF, BMP or WebP"
+# The status of one image (the SavedModel's `status` output), and each one's name.
+OK, EMPTY, NOT_AN_IMAGE, CORRUPT, TOO_MANY_PIXELS = 0, 1, 2, 3, 4
+STATUS_NAMES = ("ok", "empty", "not an image", "corrupt", "too many pixels")
+# The formats read, by the index `read_header_tf` reports; a WebP file is RIFF....WEBP.
+HEADER_FORMATS = ("JPEG", "PNG", "GIF", "BMP", "WebP")
+_SIGNATURES = ((b"\xff\xd8\xff",), (b"\x89PNG\r\n\x1a\n",), (b"GIF87a", b"GIF89a"), (b"BM",))
+_WEBP = 4
+# JPEG segments, or GIF blocks and sub-blocks, walked at most: a header not found within
+# them is called corrupt (a real JPEG reaches its SOF in a few dozen segments; a GIF has
+# one sub-block per 255 bytes, so 16 MB of GIF fit).
+_MAX_STEPS = 1 << 16
+# Start-of-frame markers of every JPEG coding (baseline, extended, progressive, lossless,
+# arithmetic): C0-CF but DHT (C4), JPG (C8) and DAC (CC).
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+# Formats that are not read but are worth naming when refused.
+_OTHER_FORMATS = (
+    (b"II*\0", "a TIFF image"),
+    (b"MM\0*", "a TIFF image"),
+    (b"%PDF", "a PDF document"),
+    (b"\0\0\1\0", "an ICO icon"),
+    (b"8BPS", "a Photoshop document"),
+)
 
 # EXIF (JEITA CP-3451) in a JPEG: an APP1 segment `FF E1 <u16 length> Exif\0\0` holds a
 # TIFF header (`II` little- or `MM` big-endian, 42, u32 offset of IFD0); IFD0 is a u16
@@ -210,35 +241,31 @@ def _path_problem(path):
     return None
 
 
-def load_image_file(path, image_size, crop_fraction=224 / 256):
-    """Reads and decodes one image file with `decode_image`.
+def load_image_file(path, image_size, crop_fraction=224 / 256, max_image_pixels=MAX_IMAGE_PIXELS):
+    """Reads one image file, admits it (`admit`) and decodes it with `decode_image`.
 
     Args:
       path: image file.
       image_size, crop_fraction: see `decode_image`.
+      max_image_pixels: see `admit`.
 
     Returns:
       float32 tensor (image_size, image_size, 3).
 
     Raises:
-      ValueError: naming the path when it is missing, a directory, empty, or not a
-        decodable JPEG / PNG / GIF / BMP / WebP image.
+      ValueError: naming the path when it is missing or a directory; `ImageError` (a
+        ValueError) when it is empty, not a JPEG / PNG / GIF / BMP / WebP image,
+        truncated or corrupt, or over `max_image_pixels`.
     """
     problem = _path_problem(path)
     if problem:
         raise ValueError(f"image {path!r} {problem}")
     with open(path, "rb") as f:
         data = f.read()
-    if not data:
-        raise ValueError(f"image {path!r} is empty (0 bytes)")
-    try:
-        return decode_image(tf.constant(data), image_size, crop_fraction)
-    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
-        reason = e.message.strip().splitlines()[0]
-        raise ValueError(f"image {path!r} cannot be decoded: {reason}") from None
+    return decode_admitted(data, str(path), image_size, crop_fraction, max_image_pixels)
 
 
-def check_image_files(paths: Sequence[str]) -> None:
+def check_image_files(paths: Sequence[str], max_image_pixels: int = MAX_IMAGE_PIXELS) -> None:
     """Raises ValueError naming every image file that cannot be read or decoded.
 
     Run before training so that a bad file stops the run at once, not mid-epoch. Every
@@ -247,6 +274,7 @@ def check_image_files(paths: Sequence[str]) -> None:
 
     Args:
       paths: image files.
+      max_image_pixels: see `admit`; a file over it is named, never decoded.
 
     Raises:
       ValueError: listing up to 10 bad files, each with its path and what is wrong.
@@ -258,6 +286,12 @@ def check_image_files(paths: Sequence[str]) -> None:
             bad.append(f"{path}: {problem}")
             continue
         try:
+            with open(path, "rb") as f:
+                admit(f.read(), path, max_image_pixels)
+        except ImageError as e:
+            bad.append(str(e))
+            continue
+        try:
             with Image.open(path) as image:
                 if image.format not in _FORMATS:
                     raise ValueError(f"format {image.format} is not one of {sorted(_FORMATS)}")
@@ -267,3 +301,527 @@ def check_image_files(paths: Sequence[str]) -> None:
     if bad:
         listed = "\n  ".join(bad[:10])
         raise ValueError(f"{len(bad)} image file(s) cannot be decoded:\n  {listed}")
+
+
+class ImageError(ValueError):
+    """An image that admission or decoding refuses; the message is one line that names
+    the image and what is wrong with it.
+
+    Attributes:
+      status: `EMPTY`, `NOT_AN_IMAGE`, `CORRUPT` or `TOO_MANY_PIXELS`.
+    """
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageHeader:
+    """What an image's header declares.
+
+    Attributes:
+      format: one of `HEADER_FORMATS`.
+      width, height: the size the decoder allocates (a GIF's logical screen).
+      frames: pictures in the file (GIF; 1 for the others).
+      frame_pixels: pixels of all a GIF's frames, which its decoder holds at once.
+    """
+
+    format: str
+    width: int
+    height: int
+    frames: int = 1
+    frame_pixels: int = 0
+
+    @property
+    def pixels(self) -> int:
+        """The count the limit applies to."""
+        return max(self.width * self.height, self.frame_pixels)
+
+
+def _uint(data, pos, width, little):
+    """The unsigned integer of `width` bytes at `pos`; bytes past the end read as 0."""
+    return int.from_bytes(
+        data[pos : pos + width].ljust(width, b"\0"), "little" if little else "big"
+    )
+
+
+def _jpeg_size(data):
+    """(width, height) of the first start-of-frame segment, walking segment by segment
+    from SOI as libjpeg does; None when the walk meets anything else first."""
+    n, pos = len(data), 2
+    for _ in range(_MAX_STEPS):
+        marker = data[pos + 1] if pos + 1 < n else 0
+        if pos + 4 > n or data[pos] != 0xFF or marker in (0x00, 0xD8, 0xD9, 0xDA):
+            return None
+        if marker == 0xFF:  # a fill byte before the marker
+            pos += 1
+        elif marker in _SOF:
+            return (_uint(data, pos + 7, 2, False), _uint(data, pos + 5, 2, False))
+        elif marker == 0x01 or 0xD0 <= marker <= 0xD7:  # markers without a length
+            pos += 2
+        elif _uint(data, pos + 2, 2, False) < 2:
+            return None
+        else:
+            pos += 2 + _uint(data, pos + 2, 2, False)
+    return None
+
+
+def _gif_frames(data):
+    """(frames, pixels of all frames) of a GIF, walking its blocks as giflib does; None
+    when no frame is found within `_MAX_STEPS`. Like TensorFlow's decoder (which keeps
+    what giflib read before an error), a file cut after a frame began still counts it."""
+    n = len(data)
+    table = data[10] & 0x80 and 3 << ((data[10] & 7) + 1)
+    pos, frames, pixels, in_blocks = 13 + table, 0, 0, False
+    for _ in range(_MAX_STEPS):
+        if pos >= n:
+            break
+        if in_blocks:  # a sub-block: its size, then that many bytes; size 0 ends them
+            in_blocks = data[pos] != 0
+            pos += 1 + data[pos]
+        elif data[pos] == 0x21:  # an extension: its label, then sub-blocks
+            pos, in_blocks = pos + 2, True
+        elif data[pos] == 0x2C and pos + 10 <= n:  # a frame: its descriptor, LZW size
+            frames += 1
+            pixels += _uint(data, pos + 5, 2, True) * _uint(data, pos + 7, 2, True)
+            table = data[pos + 9] & 0x80 and 3 << ((data[pos + 9] & 7) + 1)
+            pos, in_blocks = pos + 11 + table, True
+        else:  # the trailer (0x3B), or a record that ends giflib's reading
+            break
+    else:
+        return None
+    return (frames, pixels) if frames else None
+
+
+def _read_header(data: bytes):
+    """(status, header): status `OK` with an `ImageHeader`, else `EMPTY`,
+    `NOT_AN_IMAGE` (also an animated WebP, which TensorFlow's decoder cannot read) or
+    `CORRUPT` with None. The walk `read_header_tf` repeats in a graph."""
+    if not data:
+        return EMPTY, None
+    index = _read_format(data)
+    if index < 0:
+        return NOT_AN_IMAGE, None
+    frames, frame_pixels = 1, 0
+    if index == 0:
+        size = _jpeg_size(data)
+    elif index == 1:
+        size = data[12:16] == b"IHDR" and (_uint(data, 16, 4, False), _uint(data, 20, 4, False))
+    elif index == 2:
+        size = len(data) >= 13 and (_uint(data, 6, 2, True), _uint(data, 8, 2, True))
+        counted = size and _gif_frames(data)
+        size = counted and size
+        frames, frame_pixels = counted or (1, 0)
+    elif index == 3:
+        width, height = (int.from_bytes(data[i : i + 4], "little", signed=True) for i in (18, 22))
+        size = len(data) >= 26 and width > 0 and (width, abs(height))
+    elif len(data) < 30:
+        size = None
+    else:
+        chunk = data[12:16]
+        if chunk == b"VP8X" and data[20] & 0x02:
+            return NOT_AN_IMAGE, None
+        if chunk == b"VP8 ":
+            size = data[23:26] == b"\x9d\x01\x2a" and (
+                _uint(data, 26, 2, True) & 0x3FFF,
+                _uint(data, 28, 2, True) & 0x3FFF,
+            )
+        elif chunk == b"VP8L":
+            bits = _uint(data, 21, 4, True)
+            size = data[20:21] == b"\x2f" and ((bits & 0x3FFF) + 1, (bits >> 14 & 0x3FFF) + 1)
+        elif chunk == b"VP8X":
+            size = (_uint(data, 24, 3, True) + 1, _uint(data, 27, 3, True) + 1)
+        else:
+            size = None
+    if not size or min(size) == 0:
+        return CORRUPT, None
+    return OK, ImageHeader(HEADER_FORMATS[index], *size, frames, frame_pixels)
+
+
+def _what_it_is(data):
+    """A few words naming a format that is not read (TIFF, SVG, text ...), or ''."""
+    for signature, what in _OTHER_FORMATS:
+        if data.startswith(signature):
+            return what
+    if data[4:8] == b"ftyp":
+        return "a HEIF, AVIF or MP4 file"
+    head = data[:512]
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:  # a character cut at the 512th byte still is text
+        text = head[: e.start].decode("utf-8") if e.start >= len(head) - 3 else ""
+    if not text.strip() or not all(c.isprintable() or c in "\t\r\n" for c in text):
+        return ""
+    text = text.lstrip("\ufeff \t\r\n").lower()
+    if text.startswith(("<svg", "<?xml", "<!doctype svg")) and "<svg" in text:
+        return "an SVG drawing"
+    if text.startswith(("<!doctype html", "<html")):
+        return "an HTML page"
+    return "text"
+
+
+def _too_many(name, pixels, width, height, frames, limit):
+    size = f"{width} x {height}" + (f", {frames} frames" if frames > 1 else "")
+    return (
+        f"{name}: {pixels:,} pixels ({size}) is over the limit of {limit:,}; "
+        "max_image_pixels (--max_image_pixels) sets it"
+    )
+
+
+def _corrupt(name, size, fmt):
+    return f"{name} ({size} bytes) is a truncated or corrupt {fmt} file"
+
+
+def admit(data: bytes, name: str, max_image_pixels: int = MAX_IMAGE_PIXELS) -> ImageHeader:
+    """The admission rule: reads the image's size from its header, decoding nothing.
+
+    Args:
+      data: the encoded bytes.
+      name: how messages name the image (its path, or its place in a batch).
+      max_image_pixels: the most pixels (width x height; a GIF's frames together)
+        admitted. The default takes 48-megapixel phone photos and refuses a small file
+        that decodes to gigabytes.
+
+    Returns:
+      the `ImageHeader`.
+
+    Raises:
+      ImageError: one line naming `name`: empty, not a JPEG / PNG / GIF / BMP / WebP
+        image (naming TIFF, SVG, text ... when it is one), a header that is cut or
+        damaged, or more pixels than `max_image_pixels`.
+    """
+    status, header = _read_header(data)
+    if status == EMPTY:
+        raise ImageError(f"{name} is empty (0 bytes)", EMPTY)
+    if status == NOT_AN_IMAGE and _read_format(data) == _WEBP:
+        raise ImageError(
+            f"{name} ({len(data)} bytes) is an animated WebP; sat_tf reads still WebP images "
+            "(TensorFlow's decoder cannot read animated ones)",
+            status,
+        )
+    if status == NOT_AN_IMAGE:
+        what = _what_it_is(data)
+        what = f"{what}, not" if what else "not"
+        raise ImageError(f"{name} ({len(data)} bytes) is {what} a {FORMATS_TEXT} image", status)
+    if status == CORRUPT:
+        index = _read_format(data)
+        raise ImageError(_corrupt(name, len(data), HEADER_FORMATS[index]), CORRUPT)
+    if header.pixels > max_image_pixels:
+        message = _too_many(
+            name, header.pixels, header.width, header.height, header.frames, max_image_pixels
+        )
+        raise ImageError(message, TOO_MANY_PIXELS)
+    return header
+
+
+def _read_format(data):
+    """The index in `HEADER_FORMATS` of the format `data` starts like, or -1."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return _WEBP
+    found = [i for i, signatures in enumerate(_SIGNATURES) if data.startswith(signatures)]
+    return found[0] if found else -1
+
+
+def decode_admitted(
+    data: bytes,
+    name: str,
+    image_size: int,
+    crop_fraction: float = 224 / 256,
+    max_image_pixels: int = MAX_IMAGE_PIXELS,
+):
+    """`admit`, then `decode_image`: the one way bytes from outside become pixels in
+    Python (the API, the commands, evaluation).
+
+    Returns:
+      float32 tensor (image_size, image_size, 3).
+
+    Raises:
+      ImageError: as `admit`, or `CORRUPT` when the decoder fails (a truncated file),
+        worded as the demo words it, never TensorFlow's message.
+    """
+    header = admit(data, name, max_image_pixels)
+    try:
+        return decode_image(tf.constant(data), image_size, crop_fraction)
+    except tf.errors.OpError:
+        raise ImageError(_corrupt(name, len(data), header.format), CORRUPT) from None
+
+
+def read_header_tf(data):
+    """`admit`'s header walk in TensorFlow ops, for a graph (the SavedModel): the same
+    signatures, the same JPEG segment and GIF block walk, the same answers.
+
+    Args:
+      data: scalar string tensor of encoded bytes.
+
+    Returns:
+      {"status": `OK`, `EMPTY`, `NOT_AN_IMAGE` or `CORRUPT`, "format": index in
+      `HEADER_FORMATS` (-1: none), "width", "height", "frames", "pixels" (the count the
+      limit applies to)}: int64 scalars.
+    """
+    data = tf.reshape(data, [])
+    n = tf.strings.length(data, unit="BYTE")
+    n = tf.cast(n, tf.int64)
+    padded = data + b"\0" * 32  # reads past the end give zeros, as in `_uint`
+    raw = tf.io.decode_raw(padded, tf.uint8)
+    last = tf.cast(tf.size(raw), tf.int64) - 1
+
+    def uint(pos, width, little):
+        """As `_uint`: bytes past the end read as 0."""
+        place = tf.range(width, dtype=tf.int64)
+        at = tf.clip_by_value(pos + place, 0, last)
+        weights = 256 ** (place if little else width - 1 - place)
+        return tf.reduce_sum(tf.cast(tf.gather(raw, at), tf.int64) * weights)
+
+    def where(condition, x, y):
+        return tf.where(condition, tf.cast(x, tf.int64), tf.cast(y, tf.int64))
+
+    def byte(pos):
+        return uint(pos, 1, True)
+
+    def table(flags):
+        """Bytes of a GIF colour table that `flags` announces."""
+        return where(flags >= 0x80, 3 * 2 ** (flags % 8 + 1), tf.constant(0, tf.int64))
+
+    zero = tf.constant(0, tf.int64)
+
+    def jpeg():
+        def body(pos, steps, state):
+            marker = byte(pos + 1)
+            bad = (pos + 4 > n) | (byte(pos) != 0xFF)
+            bad |= tf.reduce_any(tf.equal(marker, [0x00, 0xD8, 0xD9, 0xDA]))
+            fill = tf.equal(marker, 0xFF)
+            sof = (marker >= 0xC0) & (marker <= 0xCF)
+            sof &= ~tf.reduce_any(tf.equal(marker, [0xC4, 0xC8, 0xCC]))
+            bare = tf.equal(marker, 0x01) | ((marker >= 0xD0) & (marker <= 0xD7))
+            length = uint(pos + 2, 2, False)
+            bad |= ~fill & ~sof & ~bare & (length < 2)
+            step = where(fill, 1, where(bare, 2, 2 + length))
+            state = where(bad, 2, where(fill, 0, where(sof, 1, 0)))
+            return where(state == 1, pos, pos + step), steps + 1, tf.cast(state, tf.int64)
+
+        pos, _, state = tf.while_loop(
+            lambda pos, steps, state: tf.equal(state, 0) & (steps < _MAX_STEPS),
+            body,
+            (tf.constant(2, tf.int64), zero, zero),
+        )
+        found = tf.equal(state, 1)
+        width = where(found, uint(pos + 7, 2, False), 0)
+        return width, where(found, uint(pos + 5, 2, False), 0), zero + 1, zero
+
+    def png():
+        header = tf.equal(tf.strings.substr(padded, 12, 4), b"IHDR")
+        width = where(header, uint(16, 4, False), 0)
+        return width, where(header, uint(20, 4, False), 0), zero + 1, zero
+
+    def gif():
+        def walk(pos, steps, in_blocks, done, frames, pixels):
+            value = byte(pos)
+            end = pos >= n
+            extension = ~end & ~in_blocks & tf.equal(value, 0x21)
+            frame = ~end & ~in_blocks & tf.equal(value, 0x2C) & (pos + 10 <= n)
+            sub_block = ~end & in_blocks
+            done = ~(sub_block | extension | frame)
+            area = uint(pos + 5, 2, True) * uint(pos + 7, 2, True)
+            next_pos = where(
+                sub_block,
+                pos + 1 + value,
+                where(extension, pos + 2, pos + 11 + table(byte(pos + 9))),
+            )
+            return (
+                where(done, pos, next_pos),
+                steps + 1,
+                tf.where(sub_block, tf.not_equal(value, 0), extension | frame),
+                done,
+                frames + tf.cast(frame, tf.int64),
+                pixels + where(frame, area, 0),
+            )
+
+        start = 13 + table(byte(10))
+        _, _, _, done, frames, pixels = tf.while_loop(
+            lambda pos, steps, in_blocks, done, *_: ~done & (steps < _MAX_STEPS),
+            walk,
+            (start, zero, tf.constant(False), tf.constant(False), zero, zero),
+        )
+        ok = (n >= 13) & done & (frames > 0)
+        width = where(ok, uint(6, 2, True), 0)
+        return width, where(ok, uint(8, 2, True), 0), tf.maximum(frames, 1), pixels
+
+    def bmp():
+        width, height = uint(18, 4, True), uint(22, 4, True)
+        width = where(width >= 2**31, width - 2**32, width)
+        height = tf.abs(where(height >= 2**31, height - 2**32, height))
+        ok = (n >= 26) & (width > 0)
+        return where(ok, width, 0), where(ok, height, 0), zero + 1, zero
+
+    def webp():
+        chunk = tf.strings.substr(padded, 12, 4)
+        bits = uint(21, 4, True)
+        vp8 = tf.equal(chunk, b"VP8 ") & tf.equal(tf.strings.substr(padded, 23, 3), b"\x9d\x01\x2a")
+        lossless = tf.equal(chunk, b"VP8L") & tf.equal(byte(20), 0x2F)
+        extended = tf.equal(chunk, b"VP8X")
+        width = where(
+            vp8,
+            uint(26, 2, True) % 2**14,
+            where(lossless, bits % 2**14 + 1, where(extended, uint(24, 3, True) + 1, 0)),
+        )
+        height = where(
+            vp8,
+            uint(28, 2, True) % 2**14,
+            where(lossless, bits // 2**14 % 2**14 + 1, where(extended, uint(27, 3, True) + 1, 0)),
+        )
+        ok = n >= 30
+        return where(ok, width, 0), where(ok, height, 0), zero + 1, zero
+
+    head = tf.strings.substr(padded, 0, 12)
+    matches = [
+        tf.equal(tf.strings.substr(head, 0, 4), b"RIFF")
+        & tf.equal(tf.strings.substr(head, 8, 4), b"WEBP")
+    ]
+    for signatures in _SIGNATURES:
+        found = [tf.equal(tf.strings.substr(head, 0, len(s)), s) for s in signatures]
+        matches.append(tf.reduce_any(found))
+    matches = tf.stack(matches[1:] + matches[:1])  # in HEADER_FORMATS order
+    index = where(
+        tf.reduce_any(matches), tf.argmax(tf.cast(matches, tf.int32), output_type=tf.int64), -1
+    )
+    width, height, frames, frame_pixels = tf.switch_case(
+        tf.cast(index, tf.int32), [jpeg, png, gif, bmp, webp], default=lambda: (zero,) * 4
+    )
+    animated = (
+        tf.equal(index, _WEBP)
+        & (n >= 30)
+        & tf.equal(tf.strings.substr(padded, 12, 4), b"VP8X")
+        & (byte(20) // 2 % 2 == 1)
+    )
+    status = where(
+        tf.equal(n, 0),
+        EMPTY,
+        where(
+            (index < 0) | animated,
+            NOT_AN_IMAGE,
+            where((width > 0) & (height > 0), OK, CORRUPT),
+        ),
+    )
+    capped = tf.minimum(width, 2**31) * tf.minimum(height, 2**31)
+    return {
+        "status": tf.cast(status, tf.int64),
+        "format": index,
+        "width": width,
+        "height": height,
+        "frames": frames,
+        "pixels": tf.maximum(capped, frame_pixels),
+    }
+
+
+def _grouped(values):
+    """int64 (N,) >= 0 -> string (N,) with thousands separators, as Python's `{:,}`."""
+    text = tf.fill(tf.shape(values), "")
+    for power in range(6, -1, -1):
+        part = values // 1000**power
+        piece = tf.where(
+            part >= 1000,
+            tf.strings.join([",", tf.strings.as_string(part % 1000, width=3, fill="0")]),
+            tf.strings.as_string(part),
+        )
+        text = tf.where((part > 0) | (power == 0), tf.strings.join([text, piece]), text)
+    return text
+
+
+def decode_images_admitted(
+    image_bytes,
+    image_size: int,
+    crop_fraction: float = 224 / 256,
+    max_image_pixels: int = MAX_IMAGE_PIXELS,
+    name: str = "image_bytes",
+):
+    """A batch of encoded images -> pixels, with the status and message of each, in a
+    graph: the SavedModel's image path.
+
+    Each image's header is read (`read_header_tf`); those refused are never decoded (a
+    bomb allocates nothing), the others are decoded once each by `decode_image` in a
+    `tf.data` pipeline that drops the ones whose decoding fails, so one bad image does
+    not fail the batch (a graph cannot catch an op's error; `tf.data` can skip it).
+
+    Args:
+      image_bytes: string (N,).
+      image_size, crop_fraction: see `decode_image`.
+      max_image_pixels: see `admit`.
+      name: how messages name the input (`name[i]`).
+
+    Returns:
+      (pixels float32 (N, S, S, 3), zeros where refused; status int32 (N,): `OK`,
+      `EMPTY`, `NOT_AN_IMAGE`, `CORRUPT` or `TOO_MANY_PIXELS`; error string (N,): ''
+      or the one-line message `admit` and `decode_admitted` give, naming `name[i]`).
+    """
+    count = tf.size(image_bytes)
+    signature = {k: tf.TensorSpec([], tf.int64) for k in ("status", "format", "width")}
+    signature.update({k: tf.TensorSpec([], tf.int64) for k in ("height", "frames", "pixels")})
+    header = tf.map_fn(read_header_tf, image_bytes, fn_output_signature=signature)
+    too_many = tf.equal(header["status"], OK) & (header["pixels"] > max_image_pixels)
+    status = tf.where(too_many, TOO_MANY_PIXELS, tf.cast(header["status"], tf.int32))
+    index = tf.range(count, dtype=tf.int64)
+    shape = [image_size, image_size, 3]
+    decoded = (
+        tf.data.Dataset.from_tensor_slices((index, image_bytes, tf.equal(status, OK)))
+        .filter(lambda i, data, admitted: admitted)
+        .map(lambda i, data, admitted: (i, decode_image(data, image_size, crop_fraction)))
+        .ignore_errors()
+        .batch(tf.cast(tf.maximum(count, 1), tf.int64))
+    )
+
+    def collect(state, batch):
+        pixels, read = state
+        where = batch[0][:, None]
+        return (
+            tf.tensor_scatter_nd_update(pixels, where, batch[1]),
+            tf.tensor_scatter_nd_update(read, where, tf.ones_like(batch[0], tf.bool)),
+        )
+
+    pixels, read = decoded.reduce(
+        (tf.zeros(tf.concat([[count], shape], 0)), tf.zeros([count], tf.bool)), collect
+    )
+    status = tf.where(tf.equal(status, OK) & ~read, CORRUPT, status)
+
+    label = tf.strings.join([f"{name}[", tf.strings.as_string(index), "]"])
+    size = tf.strings.join([" (", tf.strings.as_string(tf.strings.length(image_bytes)), " bytes)"])
+    format_name = tf.gather(HEADER_FORMATS, tf.maximum(header["format"], 0))
+    frames = tf.where(
+        header["frames"] > 1,
+        tf.strings.join([", ", tf.strings.as_string(header["frames"]), " frames"]),
+        "",
+    )
+    messages = [
+        "",
+        tf.strings.join([label, " is empty (0 bytes)"]),
+        tf.where(
+            tf.equal(header["format"], _WEBP),
+            tf.strings.join(
+                [
+                    label,
+                    size,
+                    " is an animated WebP; sat_tf reads still WebP images (TensorFlow's "
+                    "decoder cannot read animated ones)",
+                ]
+            ),
+            tf.strings.join([label, size, f" is not a {FORMATS_TEXT} image"]),
+        ),
+        tf.strings.join([label, size, " is a truncated or corrupt ", format_name, " file"]),
+        tf.strings.join(
+            [
+                label,
+                ": ",
+                _grouped(header["pixels"]),
+                " pixels (",
+                tf.strings.as_string(header["width"]),
+                " x ",
+                tf.strings.as_string(header["height"]),
+                frames,
+                f") is over the limit of {max_image_pixels:,}; max_image_pixels "
+                "(--max_image_pixels) sets it",
+            ]
+        ),
+    ]
+    messages = [tf.broadcast_to(m, [count]) for m in messages]
+    error = tf.gather(tf.stack(messages, axis=1), status, batch_dims=1)
+    return tf.ensure_shape(pixels, [None, *shape]), status, error
