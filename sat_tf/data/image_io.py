@@ -547,6 +547,7 @@ def decode_admitted(
         raise ImageError(_corrupt(name, len(data), header.format), CORRUPT) from None
 
 
+@tf.autograph.experimental.do_not_convert
 def read_header_tf(data):
     """`admit`'s header walk in TensorFlow ops, for a graph (the SavedModel): the same
     signatures, the same JPEG segment and GIF block walk, the same answers.
