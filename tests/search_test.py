@@ -673,3 +673,87 @@ class GraphModeTest(tf.test.TestCase, parameterized.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+def _constraint(rows):
+    """bool (B, VOCAB) from one set of constraint words per image."""
+    mask = np.zeros((len(rows), VOCAB), bool)
+    for i, words in enumerate(rows):
+        mask[i, list(words)] = True
+    return tf.constant(mask)
+
+
+class ConstrainedBeamSearchTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters(0.0, 1.0)
+    def test_exhaustive_beam_finds_best_caption_with_a_word(self, length_penalty):
+        """With a beam as wide as every prefix, constrained beam search returns the best
+        caption of those that hold a constraint word, enumerated in Python."""
+        fn = PathStep(seed=3)
+        codes = np.array([2, 9, 31, 100, 5], np.int32)
+        words = [{B}, {A}, {A, B}, set(), {END}]
+        got = _beam(
+            fn,
+            tf.constant(codes),
+            batch_size=5,
+            max_length=3,
+            beam_size=25,
+            length_penalty=length_penalty,
+            constraint=_constraint(words),
+        )
+        for i, code in enumerate(codes):
+            every = _all_sequences(fn, code, 3, length_penalty)
+            held = [s for s in every if not words[i] or set(s[1]) & words[i]]
+            _, tokens, log_prob = held[0]
+            padded_tokens, padded_alphas = _pad(tokens, fn.path(code, tokens)[1], 3)
+            self.assertAllEqual(got.tokens[i], padded_tokens)
+            self.assertAllClose(got.log_prob[i], log_prob)
+            self.assertAllClose(got.attention[i], padded_alphas)
+
+    @parameterized.parameters(1, 3)
+    def test_no_constraint_words_equals_beam_search(self, beam_size):
+        fn = PathStep(seed=11)
+        codes = tf.constant([4, 50, 123, 7])
+        plain = _beam(fn, codes, 4, max_length=6, beam_size=beam_size)
+        none = _beam(fn, codes, 4, 6, beam_size, constraint=_constraint([set()] * 4))
+        for got, want in zip(none, plain, strict=True):
+            self.assertAllClose(got, want)
+
+    def test_word_is_forced_in_by_hand(self):
+        """Image 0 ends at once ([<end>] 0.8) unless made to say b: [b <end>] (0.1 * 0.9)
+        beats [a b <end>] (0.1 * 0.5 * 0.9); image 1 can never say b and keeps its
+        best caption."""
+        rows = {
+            (0, 0, START): _probs(end=0.8, a=0.1, b=0.1),
+            (0, 1, A): _probs(end=0.4, a=0.1, b=0.5),
+            (0, 1, B): _probs(end=0.9, a=0.05, b=0.05),
+            **{(1, t, p): _probs(end=0.6, a=0.4) for t in range(4) for p in range(VOCAB)},
+        }
+        fn = TableStep(rows, num_images=2, max_length=4)
+        got = _beam(
+            fn,
+            fn.initial_state([0, 1]),
+            batch_size=2,
+            max_length=4,
+            beam_size=2,
+            constraint=_constraint([{B}, {B}]),
+        )
+        self.assertAllEqual(got.tokens[0], [B, END, PAD, PAD])
+        self.assertAllClose(got.log_prob[0], np.log(0.1 * 0.9))
+        self.assertAllEqual(got.tokens[1], [END, PAD, PAD, PAD])
+        self.assertAllClose(got.log_prob[1], np.log(0.6))
+
+    def test_under_tf_function_with_unknown_batch(self):
+        fn = PathStep(seed=2)
+
+        @tf.function(
+            input_signature=[tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, VOCAB], tf.bool)]
+        )
+        def decode(codes, constraint):
+            return _beam(fn, codes, tf.shape(codes)[0], 5, 2, constraint=constraint)
+
+        codes = tf.constant([3, 8, 21])
+        mask = _constraint([{A}, set(), {B}])
+        for got, want in zip(
+            decode(codes, mask), _beam(fn, codes, 3, 5, 2, constraint=mask), strict=True
+        ):
+            self.assertAllClose(got, want)

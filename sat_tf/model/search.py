@@ -221,8 +221,10 @@ def beam_search(
     num_return: int = 1,
     block_repeats: bool = False,
     bad_ending_ids: Sequence[int] = (),
+    constraint: tf.Tensor | None = None,
 ) -> DecodeResult:
-    """Batched beam search keeping `beam_size` hypotheses per image.
+    """Batched beam search keeping `beam_size` hypotheses per image, optionally
+    constrained to captions that hold one of some given words.
 
     The k hypotheses of image b sit in row b*k + j of the (B*k)-row state given to
     `step_fn`; after every step the state, tokens and attention history are gathered by
@@ -237,6 +239,16 @@ def beam_search(
     first step only beam 0 is expanded, so the k hypotheses are distinct. Decoding stops
     when every hypothesis of every image has finished, or after `max_length` tokens.
     With `beam_size=1` the result equals `greedy_decode`.
+
+    With a `constraint`, this is constrained beam search (Anderson et al., 2017, "Guided
+    Open Vocabulary Image Captioning with Constrained Beam Search", §3) for one
+    disjunctive constraint, a finite-state machine of two states: k hypotheses that hold
+    none of the image's constraint words yet, and k that hold one. Each step fills both
+    from all 2k: the first with the best extensions by other words, the second with the
+    best extensions of its own hypotheses and those that add a constraint word. The
+    caption returned is the best that holds a constraint word, or the best of the others
+    where none does. An image without constraint words starts in the second state, so
+    it is decoded as without a constraint.
 
     Args:
         step_fn: `step_fn(tokens, state) -> (log_probs, new_state, alpha)` with tokens
@@ -254,6 +266,8 @@ def beam_search(
             1 <= n <= k.
         block_repeats: Never emit a word a third time in a row, nor a trigram twice.
         bad_ending_ids: Words a caption may not end on (`<end>` is banned after them).
+        constraint: None, or bool (B, V): the words of which each image's caption must
+            hold one (a row without any: no constraint).
 
     Returns:
         A `DecodeResult`. For n = 1: tokens (B, T), length (B,), log_prob (B,),
@@ -267,34 +281,51 @@ def beam_search(
     if num_return > beam_size:
         raise ValueError(f"num_return={num_return} must not exceed beam_size={beam_size}.")
     k = beam_size
+    # Hypotheses per image: k, or k without a constraint word, then k with one.
+    slots = k if constraint is None else 2 * k
     neg_inf = tf.constant(float("-inf"), tf.float32)
 
     def tile(x):
-        return tf.repeat(x, k, axis=0)
+        return tf.repeat(x, slots, axis=0)
 
     def gather_beams(x, parent):
         return tf.gather(x, parent, batch_dims=1)
 
-    def cond(t, tokens, state, finished, *unused):
-        return tf.logical_and(t < max_length, tf.reduce_any(tf.logical_not(finished)))
+    def cond(t, tokens, state, finished, token_buf, attention_buf, length, log_prob):
+        # A hypothesis at -inf (an unfilled slot) is never extended into a caption.
+        live = tf.logical_and(tf.logical_not(finished), log_prob > neg_inf)
+        return tf.logical_and(t < max_length, tf.reduce_any(live))
 
     blocking = dict(block_repeats=block_repeats, bad_ending_ids=bad_ending_ids, end_id=end_id)
 
+    def select(scores, vocab_size):
+        """(scores, flat indices into slots * V), both (B, S), of the extensions kept;
+        a score is -inf where a state had fewer candidates than k."""
+        flat = [batch_size, slots * vocab_size]
+        if constraint is None:
+            return tf.math.top_k(tf.reshape(scores, flat), k=k)
+        holds = tf.range(slots) >= k  # (S,), the second state
+        enters = tf.logical_or(holds[None, :, None], constraint[:, None, :])  # (B, S, V)
+        without = tf.math.top_k(tf.reshape(tf.where(enters, neg_inf, scores), flat), k=k)
+        with_word = tf.math.top_k(tf.reshape(tf.where(enters, scores, neg_inf), flat), k=k)
+        return tf.concat([without[0], with_word[0]], 1), tf.concat([without[1], with_word[1]], 1)
+
     def body(t, tokens, state, finished, token_buf, attention_buf, length, log_prob):
         log_probs, state, alpha = _step(step_fn, tokens, state, num_locations)
-        history = tf.reshape(token_buf, [-1, max_length])  # (B*k, T)
+        history = tf.reshape(token_buf, [-1, max_length])  # (B*S, T)
         log_probs = _block(log_probs, tokens, history, t, **blocking)
         vocab_size = tf.shape(log_probs)[-1]
-        log_probs = tf.reshape(log_probs, [batch_size, k, vocab_size])  # (B, k, V)
-        alpha = tf.reshape(alpha, [batch_size, k, num_locations])  # (B, k, L)
+        log_probs = tf.reshape(log_probs, [batch_size, slots, vocab_size])  # (B, S, V)
+        alpha = tf.reshape(alpha, [batch_size, slots, num_locations])  # (B, S, L)
         pad_only = tf.where(tf.range(vocab_size) == PAD_ID, 0.0, neg_inf)
-        step_log_probs = tf.where(finished[..., None], pad_only, log_probs)  # (B, k, V)
-        candidates = log_prob[..., None] + step_log_probs  # (B, k, V)
+        step_log_probs = tf.where(finished[..., None], pad_only, log_probs)  # (B, S, V)
+        candidates = log_prob[..., None] + step_log_probs  # (B, S, V)
         scores = candidates / _length_penalty(length + 1, length_penalty)[..., None]
-        _, best = tf.math.top_k(tf.reshape(scores, [batch_size, k * vocab_size]), k=k)
+        kept, best = select(scores, vocab_size)
         parent = best // vocab_size
         next_tokens = best % vocab_size
-        log_prob = gather_beams(tf.reshape(candidates, [batch_size, k * vocab_size]), best)
+        log_prob = gather_beams(tf.reshape(candidates, [batch_size, slots * vocab_size]), best)
+        log_prob = tf.where(kept > neg_inf, log_prob, neg_inf)
 
         was_finished = gather_beams(finished, parent)
         alive = tf.logical_not(was_finished)
@@ -308,27 +339,37 @@ def beam_search(
         length += tf.cast(tf.logical_and(alive, next_tokens != end_id), tf.int32)
         finished = tf.logical_or(was_finished, next_tokens == end_id)
 
-        rows = tf.range(batch_size)[:, None] * k + parent  # (B, k)
-        rows = tf.reshape(rows, [-1])  # (B*k,)
+        rows = tf.range(batch_size)[:, None] * slots + parent  # (B, S)
+        rows = tf.reshape(rows, [-1])  # (B*S,)
         state = tf.nest.map_structure(lambda s: _keep_shape(tf.gather(s, rows), s), state)
-        tokens = _keep_shape(tf.reshape(next_tokens, [-1]), tokens)  # (B*k,)
+        tokens = _keep_shape(tf.reshape(next_tokens, [-1]), tokens)  # (B*S,)
         return t + 1, tokens, state, finished, token_buf, attention_buf, length, log_prob
 
-    first_beam_only = tf.where(tf.range(k) == 0, 0.0, neg_inf)
+    # Only the first hypothesis of a state starts (an image without constraint words
+    # starts in the second), so the k of a state are distinct.
+    first = tf.zeros([batch_size], tf.int32)
+    if constraint is not None:
+        first = tf.where(tf.reduce_any(constraint, axis=1), 0, k)
+    initial_log_prob = tf.where(tf.range(slots)[None] == first[:, None], 0.0, neg_inf)
     loop_vars = (
         tf.constant(0),
-        tf.fill([batch_size * k], tf.constant(start_id, tf.int32)),
+        tf.fill([batch_size * slots], tf.constant(start_id, tf.int32)),
         tf.nest.map_structure(tile, initial_state),
-        tf.zeros([batch_size, k], tf.bool),
-        tf.zeros([batch_size, k, max_length], tf.int32),
-        tf.zeros([batch_size, k, max_length, num_locations], tf.float32),
-        tf.zeros([batch_size, k], tf.int32),
-        tf.tile(first_beam_only[None], [batch_size, 1]),  # (B, k)
+        tf.zeros([batch_size, slots], tf.bool),
+        tf.zeros([batch_size, slots, max_length], tf.int32),
+        tf.zeros([batch_size, slots, max_length, num_locations], tf.float32),
+        tf.zeros([batch_size, slots], tf.int32),
+        initial_log_prob,  # (B, S)
     )
     _, _, _, finished, tokens, attention, length, log_prob = tf.while_loop(cond, body, loop_vars)
 
     num_tokens = length + tf.cast(finished, tf.int32)
-    _, order = tf.math.top_k(log_prob / _length_penalty(num_tokens, length_penalty), k=num_return)
+    final = log_prob / _length_penalty(num_tokens, length_penalty)  # (B, S)
+    if constraint is not None:
+        holds = tf.range(slots)[None] >= k  # (1, S)
+        any_holds = tf.reduce_any(tf.logical_and(holds, final > neg_inf), axis=1)
+        final = tf.where(tf.equal(holds, any_holds[:, None]), final, neg_inf)
+    _, order = tf.math.top_k(final, k=num_return)
     result = DecodeResult(
         tokens=gather_beams(tokens, order),
         length=gather_beams(length, order),
