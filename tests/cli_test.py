@@ -138,7 +138,9 @@ class CaptionCommandTest(tf.test.TestCase):
         # Names sorted: p0, p1_broken, p1 / p2 ... in batches of two, then the summary.
         errors = [line for line in lines if line.startswith("error: ")]
         self.assertLen(errors, 2)
-        self.assertStartsWith(errors[0], f"error: image {self.bad!r} cannot be decoded")
+        self.assertRegex(
+            errors[0], rf"^error: {self.bad} \(\d+ bytes\) is a truncated or corrupt JPEG file$"
+        )
         self.assertEqual(errors[1], "error: 1 of 4 inputs not captioned (named above)")
         self.assertEqual(
             [line for line in lines if "/" in line and ":" not in line], ["2/4", "4/4"]

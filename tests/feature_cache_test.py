@@ -306,7 +306,8 @@ class FeatureCacheTest(tf.test.TestCase, parameterized.TestCase):
             data = f.read()
         with open(bad.image_path, "wb") as f:
             f.write(data[: len(data) // 2])
-        with self.assertRaisesRegex(ValueError, f"{bad.image_path}.*cannot be decoded"):
+        reason = rf"{bad.image_path} \(\d+ bytes\) is a truncated or corrupt \w+ file"
+        with self.assertRaisesRegex(ValueError, f"cannot be decoded:\n  {reason}"):
             self._extract()
         self.assertEqual(
             self._shards(), ["shard-00000-of-00003.tfrecord", "shard-00001-of-00003.tfrecord"]
