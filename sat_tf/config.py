@@ -36,6 +36,7 @@ CHOICES = {
     "hard_decoding": HARD_DECODINGS,
     "start_state": START_STATES,
     "selection_metric": tuple(SELECTION_METRICS),
+    "scst_baseline": ("mean", "greedy"),
 }
 
 # The settings that decide the model's weights: a workdir or a preset made with other
@@ -93,7 +94,8 @@ class Config:
     seed: int = _field(0, "Seed for data generation, shuffling, initialisation, sampling.")
     init_from: str = _field(
         "",
-        "A finished workdir whose best weights this run starts from instead of fresh ones "
+        "A finished workdir (or a preset: name or folder) whose best weights this run "
+        "starts from instead of fresh ones "
         "(its model settings but the attention must be this run's), e.g. hard attention from "
         "a converged soft model, or a run that also trains the encoder from a run on cached "
         "features of that encoder; '' = fresh weights.",
@@ -209,6 +211,20 @@ class Config:
         "Validation score that picks the best epoch and drives early stopping: bleu4 "
         "(coco-caption BLEU-4, paper 4.3) or cider (CIDEr-D).",
     )
+    scst: bool = _field(
+        False,
+        "Self-critical sequence training (Rennie et al. 2017) instead of cross-entropy: "
+        "sample --scst_samples captions an image, reward their CIDEr-D against the "
+        "image's references (<end> counted, document frequencies of the training "
+        "references), loss -(r - b) log p(sample). A second stage: start it from a "
+        "cross-entropy run or preset with --init_from. Not in the paper.",
+    )
+    scst_samples: int = _field(5, "Self-critical training: captions sampled per image (K).")
+    scst_baseline: str = _field(
+        "mean",
+        "Self-critical training: baseline b of a sample: the mean reward of the image's "
+        "other K - 1 samples (mean) or the reward of its greedy caption (greedy).",
+    )
 
     beam_size: int = _field(1, "Beam size for evaluation and captioning (1 = greedy).")
     max_decode_length: int = _field(50, "Longest caption generated.")
@@ -267,6 +283,18 @@ class Config:
         non_negative = ("steps_per_epoch", "eval_images", "early_stopping_patience", "alpha_c")
         non_negative += ("clip_norm", "num_train", "num_val", "num_test", "seed")
         non_negative += ("reinforce_weight", "entropy_weight", "hard_warmup_steps")
+        if self.scst_samples < 1:
+            raise ValueError(f"--scst_samples={self.scst_samples} must be at least 1")
+        if self.scst and self.scst_baseline == "mean" and self.scst_samples < 2:
+            raise ValueError(
+                f"--scst_samples={self.scst_samples}: the mean baseline (of the other "
+                "samples of the image) needs at least 2"
+            )
+        if self.scst and self.batch_size < self.scst_samples:
+            raise ValueError(
+                f"--batch_size={self.batch_size} counts sampled captions under --scst: it "
+                f"must hold at least one image's --scst_samples={self.scst_samples}"
+            )
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name}={getattr(self, name)} must not be negative")

@@ -137,6 +137,46 @@ def train_dataset(
     return ds.prefetch(AUTOTUNE)
 
 
+def image_batches(
+    records,
+    *,
+    image_size,
+    crop_fraction,
+    batch_size,
+    seed,
+    steps_per_epoch,
+    first_epoch,
+    epochs,
+    features=None,
+):
+    """Shuffled batches of images (or features) with their record index, one element per
+    image: what self-critical training samples captions for.
+
+    Epoch e is shuffled with a seed made from (seed, e) alone, so that a run resumed at
+    `first_epoch` sees the batches an uninterrupted run sees (as `train_dataset`).
+
+    Returns:
+      `tf.data.Dataset` of dicts {"image" (B, S, S, 3) | "features" (B, L, D),
+      "image_index" (B,) int32}.
+    """
+    key = "features" if features is not None else "image"
+    inputs = features
+    if inputs is None:
+        inputs = image_dataset([r.image_path for r in records], image_size, crop_fraction)
+    index = tf.data.Dataset.range(len(records)).map(lambda i: tf.cast(i, tf.int32))
+    pairs = tf.data.Dataset.zip(inputs, index).map(lambda x, i: {key: x, "image_index": i})
+    element_bytes = 4 * np.prod(inputs.element_spec.shape.as_list())
+    buffer = int(min(len(records), max(1024, SHUFFLE_BYTES // element_bytes)))
+    if first_epoch >= epochs:
+        raise ValueError(f"no epochs to train: the run finished {first_epoch} of {epochs}")
+    ds = None
+    for epoch in range(first_epoch, epochs):
+        part = pairs.shuffle(buffer, seed=seed * 2**20 + 2 * epoch).repeat()
+        part = part.batch(batch_size, drop_remainder=True).take(steps_per_epoch)
+        ds = part if ds is None else ds.concatenate(part)
+    return ds.prefetch(AUTOTUNE)
+
+
 def eval_dataset(records, *, image_size, crop_fraction, batch_size, features=None):
     """Batches of images (or features) in record order, one element per image.
 

@@ -144,8 +144,10 @@ def greedy_decode(
     num_locations: int,
     block_repeats: bool = False,
     bad_ending_ids: Sequence[int] = (),
+    sample_seed: tf.Tensor | None = None,
 ) -> DecodeResult:
-    """Decodes by taking the most likely word at every step.
+    """Decodes by taking the most likely word at every step, or with `sample_seed` by
+    drawing it from the step's distribution (the samples of self-critical training).
 
     Starts from `<start>`, feeds each chosen word back, and stops once every caption has
     emitted `<end>` or after `max_length` tokens. A finished caption is fed `<pad>` and
@@ -162,6 +164,8 @@ def greedy_decode(
         num_locations: L, the number of attention locations.
         block_repeats: Never emit a word a third time in a row, nor a trigram twice.
         bad_ending_ids: Words a caption may not end on (`<end>` is banned after them).
+        sample_seed: None for greedy; an int32 (2,) stateless seed to sample each word
+            (step t draws with the seed folded with t; rows draw independently).
 
     Returns:
         A `DecodeResult` with tokens (B, T), length (B,), log_prob (B,) and attention
@@ -179,8 +183,14 @@ def greedy_decode(
         log_probs, state, alpha = _step(step_fn, tokens, state, num_locations)
         log_probs = _block(log_probs, tokens, token_buf, t, **blocking)
         alive = tf.logical_not(finished)
-        next_tokens = tf.where(alive, tf.argmax(log_probs, axis=-1, output_type=tf.int32), PAD_ID)
-        log_prob += tf.where(alive, tf.reduce_max(log_probs, axis=-1), 0.0)
+        if sample_seed is None:
+            chosen = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
+        else:
+            seed = tf.random.experimental.stateless_fold_in(sample_seed, t)
+            chosen = tf.random.stateless_categorical(log_probs, 1, seed, dtype=tf.int32)[:, 0]
+        next_tokens = tf.where(alive, chosen, PAD_ID)
+        chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)  # (B,)
+        log_prob += tf.where(alive, chosen_log_prob, 0.0)
         token_buf += _time_mask(t, max_length, tf.int32)[None] * next_tokens[:, None]  # (B, T)
         alpha = tf.where(alive[:, None], alpha, 0.0)
         attention_buf += _time_mask(t, max_length, tf.float32)[None, :, None] * alpha[:, None]

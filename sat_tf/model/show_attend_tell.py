@@ -15,6 +15,7 @@ from sat_tf.data import vocab as vocab_lib
 from sat_tf.model import losses as losses_lib
 from sat_tf.model import reinforce as reinforce_lib
 from sat_tf.model import search
+from sat_tf.model import self_critical as self_critical_lib
 from sat_tf.model.decoder import AttentionDecoder
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.resumable import ResumableModel
@@ -33,7 +34,10 @@ class ShowAttendTell(ResumableModel):
       alpha_c: weight of the doubly stochastic penalty (soft attention, §4.2.1).
       reinforce: dict of `reinforce.Settings` fields (hard attention, §4.1); None for
         the paper's.
-      seed: seed of the hard-attention samples.
+      seed: seed of the hard-attention samples and of self-critical training's.
+      self_critical: dict of `self_critical.Settings` fields to train by self-critical
+        sequence training (its rewards come from `rewarder`, set before training);
+        None for the cross-entropy objective.
     """
 
     def __init__(
@@ -45,6 +49,7 @@ class ShowAttendTell(ResumableModel):
         alpha_c=0.0,
         reinforce=None,
         seed=0,
+        self_critical=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -55,6 +60,12 @@ class ShowAttendTell(ResumableModel):
         self.alpha_c = alpha_c
         self.settings = reinforce_lib.Settings(**(reinforce or {}))
         self.seed = seed
+        self.self_critical = None
+        if self_critical is not None:
+            self.self_critical = self_critical_lib.Settings(**self_critical)
+        # `rewarder(tokens, image_index) -> rewards`, numpy in and out (`cider.Rewarder`):
+        # the reward of self-critical training, given by the training loop.
+        self.rewarder = None
         self.encoder = encoder
         if encoder is not None:
             height, width, self.feature_dim = encoder.feature_grid()
@@ -82,7 +93,7 @@ class ShowAttendTell(ResumableModel):
     @property
     def metrics(self):
         trackers = [self.loss_tracker, self.nll_tracker]
-        if self.attention == "hard":
+        if self.attention == "hard" or self.self_critical is not None:
             trackers.append(self.reward_tracker)
         return trackers
 
@@ -178,6 +189,24 @@ class ShowAttendTell(ResumableModel):
             terms["objective"] = terms["loss"]
         return terms
 
+    def self_critical_terms(self, batch):
+        """`self_critical.terms` of a batch of images {"features" or "image",
+        "image_index"}: K samples of each, rewarded by `self.rewarder`."""
+        if self.rewarder is None:
+            raise ValueError("self-critical training needs model.rewarder (the CIDEr-D reward)")
+        # The encoder stays as it is (frozen, or not trained by this objective).
+        features = tf.stop_gradient(self.encode(batch))
+        terms = self_critical_lib.terms(
+            self.self_critical,
+            self.decoder,
+            self.decoding_step(),
+            features,
+            batch["image_index"],
+            self_critical_lib.sample_seed(self.seed_generator),
+            self.rewarder,
+        )
+        return {**terms, "loss": terms["objective"]}
+
     def _update_trackers(self, terms):
         """Means over every caption (and word) seen, summed across replicas."""
         self.loss_tracker.update_state(terms["loss"])
@@ -190,13 +219,16 @@ class ShowAttendTell(ResumableModel):
     def train_step(self, batch):
         batch, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
         with tf.GradientTape() as tape:
-            terms = self.loss_terms(batch, training=True)
+            if self.self_critical is not None:
+                terms = self.self_critical_terms(batch)
+            else:
+                terms = self.loss_terms(batch, training=True)
             loss = tf.nn.compute_average_loss(terms["objective"])
             scaled = self.optimizer.scale_loss(loss)
         variables = self.trainable_variables
         grads = tape.gradient(scaled, variables)
         self.optimizer.apply(grads, variables)
-        if self.attention == "hard":
+        if self.attention == "hard" and self.self_critical is None:
             reinforce_lib.update_baselines(
                 self.baseline,
                 self.baseline_seen,
@@ -272,16 +304,7 @@ class ShowAttendTell(ResumableModel):
             block_repeats=block_repeats,
             bad_ending_ids=tuple(bad_ending_ids),
         )
-        decoder_step = self.decoder.step
-        # `vocab.NEVER_EMITTED` (`<pad>`, `<start>`, `<unk>`) are never emitted; the other
-        # words' log-probabilities are not renormalised.
-        banned = np.zeros([self.vocab_size], np.float32)
-        banned[list(vocab_lib.NEVER_EMITTED)] = -1e9
-
-        def step_fn(tokens, state):
-            log_probs, state, alpha = decoder_step(tokens, state)
-            return log_probs + banned, state, alpha
-
+        step_fn = self.decoding_step()
         if beam_size == 1:
             return search.greedy_decode(step_fn, state, **common)
         return search.beam_search(
@@ -291,6 +314,20 @@ class ShowAttendTell(ResumableModel):
             length_penalty=length_penalty,
             **common,
         )
+
+    def decoding_step(self):
+        """The decoder's step as captioning runs it (`search.StepFn`): `vocab.NEVER_EMITTED`
+        (`<pad>`, `<start>`, `<unk>`) are never emitted; the other words'
+        log-probabilities are not renormalised."""
+        decoder_step = self.decoder.step
+        banned = np.zeros([self.vocab_size], np.float32)
+        banned[list(vocab_lib.NEVER_EMITTED)] = -1e9
+
+        def step_fn(tokens, state):
+            log_probs, state, alpha = decoder_step(tokens, state)
+            return log_probs + banned, state, alpha
+
+        return step_fn
 
     def get_config(self):
         def serialize(layer):
@@ -310,6 +347,9 @@ class ShowAttendTell(ResumableModel):
             "alpha_c": self.alpha_c,
             "reinforce": dataclasses.asdict(self.settings),
             "seed": self.seed,
+            "self_critical": dataclasses.asdict(self.self_critical)
+            if self.self_critical is not None
+            else None,
         }
 
 
@@ -349,6 +389,13 @@ def build_model(config, vocab_size, feature_shape=None, grid=None, load_encoder_
             f.name: getattr(config, f.name) for f in dataclasses.fields(reinforce_lib.Settings)
         },
         seed=config.seed,
+        self_critical=dataclasses.asdict(
+            self_critical_lib.Settings(
+                config.scst_samples, config.scst_baseline, config.max_caption_length
+            )
+        )
+        if config.scst
+        else None,
     )
     # The encoder is made before the decoder, whose initializers draw their seeds after
     # the encoder's: runs started from the same --seed begin from the same weights.

@@ -5,14 +5,17 @@ and returns its test metrics.
 
 import math
 import os
+import time
 
 import keras
 import tensorflow as tf
 from absl import logging
 
 import sat_tf
-from sat_tf.config import Config
+from sat_tf.config import Config, derived_dir
 from sat_tf.data import feature_cache, image_io, input_pipeline
+from sat_tf.data import vocab as vocab_lib
+from sat_tf.evaluation import cider
 from sat_tf.model.show_attend_tell import build_model
 from sat_tf.training import callbacks as callbacks_lib
 from sat_tf.training import optimizers
@@ -88,6 +91,36 @@ def _warn_about_the_allocator():
         )
 
 
+def cider_rewarder(config: Config, train, vocab) -> cider.Rewarder:
+    """The CIDEr-D reward of self-critical training over the training images `train`.
+
+    References are the vocabulary's ids (`<unk>` for words outside it) followed by
+    `<end>`; their document frequencies, one document per image, are counted once and
+    kept beside the features (or in the dataset's derived folder) as
+    `cider_df_<vocabulary fingerprint>_<records fingerprint>.npz`.
+    """
+    texts = [c for r in train for c in r.captions]
+    words = iter(vocab_lib.tokenize_py(texts))
+    refs = [[vocab.ids(next(words)) + [vocab_lib.END_ID] for _ in r.captions] for r in train]
+    folder = (
+        feature_cache.feature_dir_of(config) if config.use_feature_cache else derived_dir(config)
+    )
+    name = f"cider_df_{vocab.fingerprint}_{feature_cache.records_fingerprint(train)}.npz"
+    start = time.time()
+    scorer = cider.cached(os.path.join(folder, name), refs)
+    rewarder = cider.Rewarder(scorer, refs, vocab_lib.END_ID)
+    logging.info(
+        "CIDEr-D reward: %d training images, %d n-grams (%s), ready in %.1fs",
+        *(
+            len(train),
+            len(scorer.document_frequency),
+            os.path.join(folder, name),
+            time.time() - start,
+        ),
+    )
+    return rewarder
+
+
 def train_and_evaluate(config: Config, workdir: str) -> dict:
     """Trains a model as `config` says, keeps the best by its validation score
     (`--selection_metric`), and returns its test-split metrics.
@@ -110,20 +143,31 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         grid = tuple(index["grid"])
     num_captions = sum(len(r.captions) for r in train)
     done = workdir_lib.backed_up_epoch(workdir)
-    steps = config.steps_per_epoch or math.ceil(num_captions / config.batch_size)
-    train_ds = input_pipeline.train_dataset(
-        train,
-        data.vocab,
+    common = dict(
         image_size=config.image_size,
         crop_fraction=config.effective_crop_fraction,
-        batch_size=config.batch_size,
-        max_words=config.max_caption_length,
         seed=config.seed,
         features=cached,
-        steps_per_epoch=steps,
         first_epoch=min(done, config.epochs - 1),
         epochs=config.epochs,
     )
+    if config.scst:
+        # --batch_size counts sampled captions: K for each image.
+        images = config.batch_size // config.scst_samples
+        steps = config.steps_per_epoch or math.ceil(len(train) / images)
+        train_ds = input_pipeline.image_batches(
+            train, batch_size=images, steps_per_epoch=steps, **common
+        )
+    else:
+        steps = config.steps_per_epoch or math.ceil(num_captions / config.batch_size)
+        train_ds = input_pipeline.train_dataset(
+            train,
+            data.vocab,
+            batch_size=config.batch_size,
+            max_words=config.max_caption_length,
+            steps_per_epoch=steps,
+            **common,
+        )
     with _strategy(config).scope():
         model = build_model(config, len(data.vocab), feature_shape, grid)
         model.compile(
@@ -133,6 +177,8 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         if config.init_from and not done:  # a resumed run restores its own backup
             workdir_lib.load_initial_weights(model, config, data.vocab, config.init_from)
             logging.info("starting from the best weights of %s", config.init_from)
+    if config.scst:
+        model.rewarder = cider_rewarder(config, train, data.vocab)
     val = data.splits["val"][: config.eval_images or None]
     callbacks, stopper = _callbacks(config, workdir, data, val, model.grid, done)
     _warn_about_the_allocator()

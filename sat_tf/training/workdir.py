@@ -101,6 +101,9 @@ def load_initial_weights(model, config: Config, vocab, source: str) -> None:
         than the attention, the layers the attention has (a score, the gate), or the
         vocabulary its weights were trained with.
     """
+    if not os.path.exists(os.path.join(source, CONFIG_FILE)) and _is_preset(source):
+        _load_preset_weights(model, config, vocab, source)
+        return
     paths = [os.path.join(source, name) for name in (CONFIG_FILE, BEST_INFO, BEST_WEIGHTS)]
     for path in paths:
         if not os.path.exists(path):
@@ -109,6 +112,52 @@ def load_initial_weights(model, config: Config, vocab, source: str) -> None:
                 "is missing"
             )
     saved = Config.load(paths[0])
+    onto_images, diff = _differences(saved, config, source)
+    if diff:
+        raise ValueError(f"--init_from={source} holds another model:\n  " + "\n  ".join(diff))
+    _check_weights_vocab(
+        paths[1],
+        vocab,
+        f"--init_from={source}: its weights were trained with another vocabulary than this run's",
+        "this run's vocabulary",
+    )
+    if onto_images:
+        _load_all_but_the_encoder(model, saved, len(vocab), paths[2])
+    else:
+        model.load_weights(paths[2])
+
+
+def _is_preset(source: str) -> bool:
+    from sat_tf import preset  # presets are read by inference; training only starts from one
+
+    try:
+        preset.read_metadata(preset.resolve(source))
+    except ValueError:
+        return False
+    return True
+
+
+def _load_preset_weights(model, config: Config, vocab, source: str) -> None:
+    """`load_initial_weights` from a preset (name or folder) with this run's settings."""
+    from sat_tf import preset
+
+    trained, trained_vocab, saved = preset.load(source)
+    onto_images, diff = _differences(saved, config, source)
+    if onto_images:
+        diff.append(f"--use_feature_cache: the preset {source} reads cached features")
+    if trained_vocab.words != vocab.words:
+        diff.append(
+            f"the vocabulary: {trained_vocab.fingerprint} vs this run's {vocab.fingerprint}"
+        )
+    if diff:
+        raise ValueError(f"--init_from={source} holds another model:\n  " + "\n  ".join(diff))
+    for mine, theirs in zip(model.weights, trained.weights, strict=True):
+        mine.assign(theirs)
+
+
+def _differences(saved: Config, config: Config, source: str):
+    """(whether a model on cached features starts one on images, the model settings
+    `saved` (the run `source` was trained with) and `config` differ in)."""
     # A decoder trained on cached features may start an encoder fine-tune: its features
     # came from the same pretrained encoder, cropped the same way.
     onto_images = saved.use_feature_cache and not config.use_feature_cache
@@ -132,18 +181,7 @@ def load_initial_weights(model, config: Config, vocab, source: str) -> None:
             f"{', gated' if saved_layout[1] else ''}, this run {config.attention}"
             f"{', gated' if layout[1] else ''}: their layers differ"
         )
-    if diff:
-        raise ValueError(f"--init_from={source} holds another model:\n  " + "\n  ".join(diff))
-    _check_weights_vocab(
-        paths[1],
-        vocab,
-        f"--init_from={source}: its weights were trained with another vocabulary than this run's",
-        "this run's vocabulary",
-    )
-    if onto_images:
-        _load_all_but_the_encoder(model, saved, len(vocab), paths[2])
-    else:
-        model.load_weights(paths[2])
+    return onto_images, diff
 
 
 def _load_all_but_the_encoder(model, saved: Config, vocab_size: int, path: str) -> None:

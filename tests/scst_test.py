@@ -1,0 +1,198 @@
+"""Self-critical sequence training: the baseline, the surrogate's gradient, sampling in the
+graph, the objective of a tiny model, and a few steps of the real loop."""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from fixtures import TINY
+
+from sat_tf.config import Config
+from sat_tf.data import vocab as vocab_lib
+from sat_tf.model import search
+from sat_tf.model import self_critical as scst
+from sat_tf.model.show_attend_tell import build_model
+from sat_tf.training import train_lib
+
+
+def test_leave_one_out_baseline_by_hand():
+    rewards = tf.constant([1.0, 2.0, 6.0, 0.0, 0.0, 3.0])  # two images, K = 3
+    baseline = scst.leave_one_out_baseline(rewards, 3).numpy()
+    np.testing.assert_allclose(baseline, [4.0, 3.5, 1.5, 1.5, 1.5, 0.0])
+
+
+def test_surrogate_gradient_is_minus_advantage_times_score():
+    theta = tf.Variable([0.3, -0.2])
+    with tf.GradientTape() as tape:
+        log_p = tf.stack([2.0 * theta[0], theta[0] + 3.0 * theta[1]])
+        reward = tf.constant([1.0, 0.5]) + 0.0 * theta[0]  # any gradient it has is stopped
+        loss = tf.reduce_sum(scst.surrogate(log_p, reward, tf.constant([0.25, 0.75])))
+    grad = tape.gradient(loss, theta).numpy()
+    # -(0.75) * (2, 0) - (-0.25) * (1, 3)
+    np.testing.assert_allclose(grad, [-1.5 + 0.25, 0.75])
+
+
+def _two_word_step(log_p_first):
+    """A step whose next word is 4 with log-probability `log_p_first`, else 5; `<end>`
+    (2) surely after the first word."""
+
+    def step_fn(tokens, state):
+        first = tf.equal(tokens, vocab_lib.START_ID)[:, None]
+        no = -1e9
+        choice = tf.constant([[no, no, no, no, log_p_first, np.log1p(-np.exp(log_p_first))]])
+        end = tf.constant([[no, no, 0.0, no, no, no]])
+        log_probs = tf.where(first, choice, end)  # (N, 6)
+        return log_probs, state, tf.ones([tf.shape(tokens)[0], 1])
+
+    return step_fn
+
+
+def test_sampling_draws_from_the_step_distribution_and_is_seeded():
+    common = dict(batch_size=2000, start_id=1, end_id=2, max_length=4, num_locations=1)
+    step_fn = _two_word_step(np.log(0.3))
+    state = {"h": tf.zeros([2000, 1])}
+    seed = tf.constant([3, 4], tf.int32)
+    out = search.greedy_decode(step_fn, state, sample_seed=seed, **common)
+    first = out.tokens.numpy()[:, 0]
+    assert set(first) == {4, 5}
+    assert abs(np.mean(first == 4) - 0.3) < 0.04  # 2000 draws: sd about 0.01
+    np.testing.assert_array_equal(out.tokens.numpy()[:, 1], 2)  # then <end>
+    np.testing.assert_array_equal(out.length.numpy(), 1)
+    expected = np.where(first == 4, np.log(0.3), np.log(0.7))
+    np.testing.assert_allclose(out.log_prob.numpy(), expected, rtol=1e-5)
+    again = search.greedy_decode(step_fn, state, sample_seed=seed, **common)
+    np.testing.assert_array_equal(again.tokens.numpy(), out.tokens.numpy())
+    greedy = search.greedy_decode(step_fn, state, **common)
+    np.testing.assert_array_equal(greedy.tokens.numpy()[:, 0], 5)
+
+
+def _tiny_model(attention, baseline="mean"):
+    config = Config(
+        attention=attention,
+        use_feature_cache=True,
+        embed_dim=8,
+        hidden_dim=16,
+        attention_dim=8,
+        scst=True,
+        scst_samples=3,
+        scst_baseline=baseline,
+        max_caption_length=6,
+    )
+    return build_model(config, 12, feature_shape=(4, 8), grid=(2, 2))
+
+
+class _Recorder:
+    """A reward: the number of words before `<end>`, minus the image index; records
+    what it saw."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, tokens, image_index):
+        self.calls.append((np.array(tokens), np.array(image_index)))
+        words = [(list(row) + [2]).index(2) for row in tokens]
+        return (np.array(words) - np.array(image_index)).astype(np.float32)
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard", "none"])
+@pytest.mark.parametrize("baseline", ["mean", "greedy"])
+def test_terms_of_a_tiny_model(attention, baseline):
+    model = _tiny_model(attention, baseline)
+    recorder = _Recorder()
+    model.rewarder = recorder
+    batch = {
+        "features": tf.random.stateless_normal([2, 4, 8], [1, 2]),
+        "image_index": tf.constant([7, 3], tf.int32),
+    }
+    with tf.GradientTape() as tape:
+        terms = model.self_critical_terms(batch)
+        loss = tf.reduce_mean(terms["objective"])
+    grads = tape.gradient(loss, model.trainable_variables)
+    tokens, index = recorder.calls[0]
+    np.testing.assert_array_equal(index, [7, 7, 7, 3, 3, 3])  # K samples, image by image
+    assert tokens.shape == (6, 6)
+    reward = terms["reward"].numpy()
+    np.testing.assert_allclose(reward, recorder(tokens, index))
+    if baseline == "mean":
+        np.testing.assert_allclose(
+            terms["baseline"].numpy(), scst.leave_one_out_baseline(reward, 3).numpy()
+        )
+        np.testing.assert_array_equal(len(recorder.calls), 2)  # the check above called it
+    else:
+        greedy_tokens, greedy_index = recorder.calls[1]
+        np.testing.assert_array_equal(greedy_index, [7, 3])
+        assert greedy_tokens.shape[0] == 2
+    # log p(sample) from the teacher-forced pass equals the sampling loop's sum.
+    words = terms["words"].numpy()
+    np.testing.assert_array_equal(words, [(list(r) + [0]).index(0) for r in tokens])
+    assert np.all(terms["log_likelihood"].numpy() < 0)
+    advantage = reward - terms["baseline"].numpy()
+    np.testing.assert_allclose(
+        terms["objective"].numpy(), -advantage * terms["log_likelihood"].numpy(), rtol=1e-6
+    )
+    if np.any(advantage != 0):
+        assert any(g is not None and float(tf.reduce_sum(tf.abs(g))) > 0 for g in grads)
+
+
+def test_log_likelihood_matches_the_sampling_loop():
+    model = _tiny_model("soft")
+    features = tf.random.stateless_normal([2, 4, 8], [5, 6])
+    seed = tf.constant([1, 2], tf.int32)
+    state = model.decoder.initial_state(tf.repeat(features, 3, axis=0))
+    sampled = search.greedy_decode(
+        model.decoding_step(),
+        state,
+        batch_size=6,
+        start_id=1,
+        end_id=2,
+        max_length=6,
+        num_locations=4,
+        sample_seed=seed,
+    )
+    model.rewarder = lambda tokens, index: np.zeros(len(tokens), np.float32)
+    settings = dataclasses.replace(model.self_critical, baseline="mean")
+    terms = scst.terms(
+        settings,
+        model.decoder,
+        model.decoding_step(),
+        features,
+        tf.constant([0, 1]),
+        seed,
+        model.rewarder,
+    )
+    np.testing.assert_allclose(
+        terms["log_likelihood"].numpy(), sampled.log_prob.numpy(), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_config_checks():
+    with pytest.raises(ValueError, match="needs at least 2"):
+        Config(scst=True, scst_samples=1)
+    with pytest.raises(ValueError, match="scst_baseline"):
+        Config(scst=True, scst_baseline="moving")
+    with pytest.raises(ValueError, match="batch_size"):
+        Config(scst=True, scst_samples=5, batch_size=4)
+    Config(scst=True, scst_samples=1, scst_baseline="greedy")
+
+
+@pytest.mark.parametrize("attention", ["soft"])  # the objective of each: test_terms_...
+def test_a_few_steps_of_the_loop_and_a_resume(tmp_path, attention):
+    config = Config(
+        data_dir=str(tmp_path / "data"),
+        cache_dir=str(tmp_path / "cache"),
+        **{**TINY, "attention": attention, "scst": True, "scst_samples": 2, "steps_per_epoch": 2},
+    )
+    workdir = str(tmp_path / "run")
+    scores = train_lib.train_and_evaluate(config, workdir)
+    for key in ("BLEU-4", "CIDEr", "bad_ending_rate", "distinct_words", "mean_length"):
+        assert key in scores
+    with open(os.path.join(workdir, "val_history.json"), encoding="utf-8") as f:
+        history = json.load(f)
+    assert "val_bad_ending_rate" in history[0]
+    kept = [n for _, _, names in os.walk(config.cache_dir) for n in names]
+    assert any(n.startswith("cider_df_") for n in kept)  # beside the dataset's vocabulary
+    # The same command again resumes the finished run: nothing more to train.
+    assert train_lib.train_and_evaluate(config, workdir)["BLEU-4"] == scores["BLEU-4"]
