@@ -4,13 +4,18 @@ The archive is streamed to a scratch folder with a timeout on every read (a serv
 stops sending is given up on, not waited for), trusting the system's certificate
 authorities or `$SSL_CERT_FILE`; it is checked against the URL's `#sha256=<hex>`
 fragment when there is one and against its declared length, and unpacked only if every
-member is a plain file or folder inside it. The unpacked files, once checked, enter the
-cache in one rename (`files.staged_dir`): a reader never sees a partial folder, a failed
-download leaves nothing behind, and the next call tries again.
+member is a plain file or folder inside it that the archive's first file (the marker, a
+preset's metadata.json) lists, and their sizes add up to at most `UNPACKED_FACTOR` times
+what it lists: files nobody asked for are refused, and a small archive cannot fill the
+disk. A URL without `#sha256=` is downloaded with a warning saying what was not checked.
+The unpacked files, once checked, enter the cache in one rename (`files.staged_dir`): a
+reader never sees a partial folder, a failed download leaves nothing behind, and the next
+call tries again.
 """
 
 import hashlib
 import http.client
+import json
 import os
 import posixpath
 import re
@@ -32,6 +37,11 @@ RECORD_FILE = "download.json"
 # given up (not the whole transfer's limit).
 TIMEOUT_SECONDS = 60.0
 _CHUNK_BYTES = 1 << 20
+# An archive unpacks to at most this many times the bytes its marker lists (plus the
+# marker): what is listed must match exactly anyway (`check`), the margin only keeps the
+# message about a wrong size the checker's, while a gzip bomb stops at the first header.
+UNPACKED_FACTOR = 4
+MAX_MARKER_BYTES = 1 << 20
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -100,24 +110,67 @@ def _download(address: str, archive: str, expected: str | None, timeout: float):
     return size, sha256
 
 
-def _unpack(archive: str, folder: str, address: str) -> None:
-    """Unpacks `archive` into `folder`, refusing members other than files and folders
-    and names that would land outside it."""
+def listed_files(marker: bytes, where: str) -> dict[str, int]:
+    """The files a marker lists, {name: bytes}: its JSON `files` map (a preset's
+    metadata.json: {name: {"bytes": ..., "sha256": ...}}).
+
+    Raises:
+      ValueError: when the marker is not such JSON.
+    """
+    try:
+        listed = json.loads(marker.decode("utf-8"))["files"]
+        sizes = {name: entry["bytes"] for name, entry in listed.items()}
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{where}: its first file does not list the files ({e})") from None
+    bad = [n for n, size in sizes.items() if not isinstance(size, int) or size < 0]
+    if bad or any(n != posixpath.basename(n) or n in ("", ".", "..") for n in sizes):
+        raise ValueError(f"{where}: its first file lists {sorted(sizes)!r}, not file sizes")
+    return sizes
+
+
+def _unpack(archive: str, folder: str, address: str, marker: str) -> None:
+    """Unpacks `archive` into `folder`, refusing members other than files and folders,
+    names that would land outside it, files that `marker` (the first file, at the top or
+    in the one folder) does not list, and more bytes than `UNPACKED_FACTOR` times what
+    it lists. Headers are read one by one, so a refusal comes before the data that
+    follows is decompressed."""
+    where = f"the archive from {address}"
     try:
         with tarfile.open(archive, "r:gz") as tar:
-            members = tar.getmembers()
-            for member in members:
+            members, allowed, limit, total = [], None, 0, 0
+            while (member := tar.next()) is not None:
                 name = posixpath.normpath(member.name)
                 if name.startswith(("/", "../")) or name == "..":
                     raise ValueError(
-                        f"the archive from {address} holds {member.name!r}, "
-                        "which would land outside its folder"
+                        f"{where} holds {member.name!r}, which would land outside its folder"
                     )
-                if not (member.isfile() or member.isdir()):
+                if not (member.isfile() or member.isdir()) or member.issparse():
                     raise ValueError(
-                        f"the archive from {address} holds {member.name!r}, "
-                        "which is neither a file nor a folder"
+                        f"{where} holds {member.name!r}, which is neither a file nor a folder"
                     )
+                if allowed is None and member.isfile():
+                    if posixpath.basename(name) != marker or name.count("/") > 1:
+                        raise ValueError(
+                            f"{where} does not begin with {marker}: {member.name!r} comes first"
+                        )
+                    if member.size > MAX_MARKER_BYTES:
+                        raise ValueError(f"{where}: its {marker} has {member.size:,} bytes")
+                    listed = listed_files(tar.extractfile(member).read(), where)
+                    top = posixpath.dirname(name)
+                    allowed = {posixpath.join(top, n) for n in listed} | {name}
+                    limit = member.size + UNPACKED_FACTOR * sum(listed.values())
+                elif allowed is not None and name not in allowed and name != top:
+                    raise ValueError(
+                        f"{where} holds {member.name!r}, which its {marker} does not list: "
+                        "refused, nothing unpacked"
+                    )
+                total += member.size
+                if allowed is not None and total > limit:
+                    raise ValueError(
+                        f"{where} unpacks to over {limit:,} bytes, more than {UNPACKED_FACTOR} "
+                        f"times what its {marker} lists: refused, nothing unpacked"
+                    )
+                members.append(member)
             options = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
             tar.extractall(folder, members=members, **options)
     except (tarfile.TarError, EOFError, zlib.error) as e:
@@ -136,7 +189,7 @@ def _fetch(address: str, expected: str | None, scratch: str, marker: str, timeou
     archive = os.path.join(scratch, "archive.tar.gz")
     size, sha256 = _download(address, archive, expected, timeout)
     folder = os.path.join(scratch, "unpacked")
-    _unpack(archive, folder, address)
+    _unpack(archive, folder, address, marker)
     entries = os.listdir(folder) if os.path.isdir(folder) else []
     if len(entries) == 1 and os.path.isdir(os.path.join(folder, entries[0])):
         folder = os.path.join(folder, entries[0])
@@ -176,6 +229,17 @@ def cached_folder(
     target = os.path.join(cache_dir, f"{stem}-{key}")
     if os.path.isdir(target):
         return target
+    if expected is None:
+        # Refusing would leave a host without checksums unusable; the files are still
+        # checked against the marker's sizes and sha256s (`check`), which catches damage
+        # but not a substituted archive whose marker matches its own files.
+        logging.warning(
+            "%s has no #sha256=<hex>: the archive is trusted on TLS alone (its files are "
+            "checked against its own %s, not against a checksum you chose); add "
+            "#sha256= to pin it",
+            address,
+            marker,
+        )
     os.makedirs(cache_dir, exist_ok=True)
     scratch_dir = tempfile.TemporaryDirectory(prefix=".download", dir=cache_dir)
     with files.staged_dir(target) as staged, scratch_dir as scratch:

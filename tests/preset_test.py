@@ -326,6 +326,30 @@ class PresetTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(files.sha256_of(first), digest)
 
 
+def repacked(archive, changes):
+    """`archive` (a .tar.gz) with members added or replaced: name -> bytes, or an int
+    for that many zero bytes (which gzip shrinks a thousandfold).
+
+    Returns:
+      (its bytes, their length): a route of `https_server`.
+    """
+    buffer = io.BytesIO()
+    with (
+        tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as source,
+        tarfile.open(fileobj=buffer, mode="w:gz") as tar,
+    ):
+        for member in source:
+            if member.name not in changes:
+                tar.addfile(member, source.extractfile(member))
+        for name, content in changes.items():
+            info = tarfile.TarInfo(name)
+            info.size = content if isinstance(content, int) else len(content)
+            data = b"\0" * content if isinstance(content, int) else content
+            tar.addfile(info, io.BytesIO(data))
+    data = buffer.getvalue()
+    return data, len(data)
+
+
 def tar_bytes(members):
     """A .tar.gz archive of `members` (name -> bytes, or a str: a symbolic link's target).
 
@@ -434,7 +458,14 @@ class DownloadTest(tf.test.TestCase):
             {
                 "/stalled.tar.gz": (good, len(good)),
                 "/escape.tar.gz": tar_bytes({"../metadata.json": b"{}"}),
-                "/link.tar.gz": tar_bytes({"metadata.json": b"{}", "weights.npz": "/etc/passwd"}),
+                "/link.tar.gz": tar_bytes(
+                    {
+                        "metadata.json": b'{"files": {"weights.npz": {"bytes": 0}}}',
+                        "weights.npz": "/etc/passwd",
+                    }
+                ),
+                "/extra.tar.gz": repacked(good, {"tiny/evil.sh": b"#!/bin/sh\nrm -rf ~\n"}),
+                "/bomb.tar.gz": repacked(good, {"tiny/weights.npz": 64 * 2**20}),
                 "/tiny.tar.gz": (good, len(good)),
                 "/cut.tar.gz": (good[: len(good) // 2], len(good)),
                 "/short.tar.gz": (good[: len(good) // 2], len(good) // 2),
@@ -525,6 +556,34 @@ class DownloadTest(tf.test.TestCase):
         )
         self.server.requests.clear()
         self.assertRefused("/link.tar.gz", r"holds 'weights.npz', which is neither a file nor a")
+
+    def test_files_the_metadata_does_not_list_are_refused(self):
+        self.assertRefused(
+            "/extra.tar.gz",
+            r"holds 'tiny/evil.sh', which its metadata.json does not list: refused, nothing "
+            r"unpacked$",
+        )
+
+    def test_an_archive_unpacking_to_more_than_listed_is_refused(self):
+        archive, size = self.server.routes["/bomb.tar.gz"]
+        self.assertLess(size, 2**20)
+        self.assertRefused(
+            "/bomb.tar.gz",
+            r"unpacks to over [\d,]+ bytes, more than 4 times what its metadata.json lists: "
+            r"refused, nothing unpacked$",
+        )
+
+    def test_a_url_without_a_checksum_warns_what_was_not_checked(self):
+        with mock.patch.object(download.logging, "warning") as warning:
+            preset.load(f"{self.base}/tiny.tar.gz", cache_dir=self.cache)
+            preset.load(f"{self.base}/tiny.tar.gz", cache_dir=self.cache)
+        warning.assert_called_once()
+        self.assertIn(
+            "has no #sha256=<hex>: the archive is trusted on TLS alone", warning.call_args[0][0]
+        )
+        with mock.patch.object(download.logging, "warning") as warning:
+            preset.load(f"{self.base}/tiny.tar.gz#sha256={self.digest}", cache_dir=self.cache)
+        warning.assert_not_called()
 
     def test_corrupt_download_is_refused(self):
         self.assertRefused(
