@@ -9,7 +9,8 @@ training step at paper scale (VGG19 features L=196 x D=512 as in paper §4.3, m=
 n=1024, A=512, V=10,000 words + 4 special tokens, B=64 captions of 16 words) with its
 analytic FLOPs (`flops.py`), the step's matrix products timed alone at their shapes
 (the most of the matmul rate the step could reach), decoding latency and throughput,
-encoder throughput, the input pipeline against the training step, the exported
+encoder throughput, the self-critical train step (`scst`: seconds a step and the share
+spent in the CIDEr-D reward), the input pipeline against the training step, the exported
 SavedModel / TFLite file, and peak resident memory. Two cases run on a preset
 (--preset, else the shipped one) and, where its dataset is at --data_dir, on its test
 photos: `tflite` (the float and int8 TFLite files against the SavedModel: size, greedy
@@ -46,7 +47,9 @@ from sat_tf.config import Config
 from sat_tf.data import input_pipeline
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.datasets import Record
+from sat_tf.evaluation import cider
 from sat_tf.model import reinforce as reinforce_lib
+from sat_tf.model import self_critical
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.show_attend_tell import build_model
 from sat_tf.training import optimizers, publish
@@ -572,6 +575,61 @@ def train_step_fn(p, attention, score, jit, policy="float32", schedule="fused", 
     return model, blocking(tf.function(train_step, jit_compile=jit), train_batch(p))
 
 
+class _TimedRewarder:
+    """A CIDEr-D rewarder that adds the seconds of its calls to `seconds`."""
+
+    def __init__(self, rewarder):
+        self.rewarder, self.seconds = rewarder, 0.0
+
+    def __call__(self, tokens, image_index):
+        start = time.perf_counter()
+        try:
+            return self.rewarder(tokens, image_index)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+def case_scst_step(p, samples=5):
+    """The self-critical train step (`--scst`, soft attention, mean baseline): `batch`
+    sampled captions, `batch // samples` images each sampled `samples` times, rewarded
+    by CIDEr-D against 5 random references of `words` words an image (document
+    frequencies over 1,000 such images), and the share of the step's time spent in the
+    reward (`tf.numpy_function`, on the host). An untrained model samples captions to
+    the length limit (`words + 4` tokens): its reward and its decoding cost at least
+    what a trained model's do, whose samples end sooner."""
+    rng = np.random.default_rng(0)
+    model = feature_model(p, "soft")
+    model.self_critical = self_critical.Settings(samples, "mean", p["words"] + 4)
+    images = p["batch"] // samples
+
+    def references():
+        ids = rng.integers(SPECIALS, p["vocab_words"] + SPECIALS, (5, p["words"]))
+        return [list(map(int, row)) + [vocab_lib.END_ID] for row in ids]
+
+    corpus = [references() for _ in range(1000)]
+    scorer = cider.CiderD.from_references(corpus)
+    rewarder = model.rewarder = _TimedRewarder(cider.Rewarder(scorer, corpus, vocab_lib.END_ID))
+    locations = p["grid"][0] * p["grid"][1]
+    batch = {
+        "features": tf.constant(rng.normal(size=(images, locations, p["feature_dim"])), tf.float32),
+        "image_index": tf.range(images, dtype=tf.int32),
+    }
+    step = blocking(tf.function(model.train_step), batch)
+    for _ in range(p["warmup"]):
+        step()
+    rewarder.seconds = 0.0
+    seconds = time_calls(step, 0, p["repeats"])
+    return {
+        "images_per_step": images,
+        "samples_per_image": samples,
+        "max_tokens": p["words"] + 4,
+        "seconds_per_step": stats(seconds),
+        "sampled_captions_per_s": rate(seconds, images * samples),
+        "reward_seconds_per_step": rewarder.seconds / len(seconds),
+        "reward_share": rewarder.seconds / sum(seconds),
+    }
+
+
 def whole_batch_argmax_reward(decoder, features, captions, mask, to_go, sampled, reward, state):
     """`reinforce.sampled_argmax_reward` as it was until stop 49: the argmax baseline's
     pass decodes every caption of the batch whenever any sampled (the same values at the
@@ -623,6 +681,8 @@ def train_step_cases(p, names=None):
                     sp, *s, profile=n in PROFILED
                 )
             )
+        if names is None or "scst" in names:
+            cases["scst"] = guarded(lambda sp=shape_p: case_scst_step(sp))
         for name, bases in INTERLEAVED.items():
             for base in bases:
                 if name in cases and base in cases:
@@ -1382,7 +1442,7 @@ def main(argv=None):
     parser.add_argument(
         "--train_cases",
         default="",
-        help=f"comma-separated train_step cases of {', '.join(TRAIN_CASES)}; '' = all",
+        help=f"comma-separated train_step cases of {', '.join(TRAIN_CASES)}, scst; '' = all",
     )
     args = parser.parse_args(argv)
     only = [c.strip() for c in args.only.split(",") if c.strip()]
@@ -1390,7 +1450,7 @@ def main(argv=None):
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(CASES)}")
     train_cases = [c.strip() for c in args.train_cases.split(",") if c.strip()] or None
-    unknown = sorted(set(train_cases or ()) - set(TRAIN_CASES))
+    unknown = sorted(set(train_cases or ()) - set(TRAIN_CASES) - {"scst"})
     if unknown:
         parser.error(f"unknown train case(s) {', '.join(unknown)}; cases: {', '.join(TRAIN_CASES)}")
     report = run(args.quick, only, args.preset, args.data_dir, args.images, train_cases)
