@@ -171,15 +171,17 @@ class Coco2014LayoutTest(_Headline):
 
 
 class UnreadableFolderTest(tf.test.TestCase):
-    """A folder `--dataset=coco` cannot read stops the command with one line."""
+    """A folder `--dataset=coco` cannot read, or TFDS without its prepared data, stops the
+    command with one line."""
 
-    def _one_line(self, data_dir):
+    def _one_line(self, data_dir, *args):
         code, _, stderr = run_main(
             extract_cli.main,
             "sat-extract-features",
             FLAGFILE,
             f"--data_dir={data_dir}",
             *CPU,
+            *args,
             cwd=self.get_temp_dir(),
         )
         self.assertEqual(code, 1)
@@ -202,3 +204,9 @@ class UnreadableFolderTest(tf.test.TestCase):
             f"{os.path.join(root, 'annotations', 'captions_train2014.json')}, the other half "
             "of COCO 2014 train",
         )
+
+    def test_tfds_without_prepared_data(self):
+        data_dir = self.get_temp_dir()
+        line = self._one_line(data_dir, "--dataset=coco_captions_tfds")
+        self.assertStartsWith(line, "error: TFDS coco_captions/train: no prepared data in ")
+        self.assertIn(f"run `tfds build coco_captions --data_dir={data_dir}` once", line)

@@ -469,8 +469,16 @@ class TfdsTest(tf.test.TestCase):
         self.assertEqual(datasets.split_counts(everything), {"train": 3, "val": 1, "test": 1})
 
     def test_not_prepared(self):
-        with self.assertRaisesRegex(DatasetError, "not prepared in .*tfds build coco_captions"):
+        with self.assertRaises(DatasetError) as cm:
             datasets.read_tfds("val", data_dir=self.data_dir)
+        message = str(cm.exception)
+        prepared = os.path.join(self.data_dir, "coco_captions", "2014", "")
+        self.assertStartsWith(message, f"TFDS coco_captions/val: no prepared data in {prepared}")
+        self.assertEndsWith(
+            message,
+            f": run `tfds build coco_captions --data_dir={self.data_dir}` once (it downloads COCO "
+            "2014, about 38 GB), or read COCO's own files with --dataset=coco",
+        )
 
     def test_bad_split(self):
         with self.assertRaisesRegex(ValueError, "unknown TFDS coco_captions split 'validation'"):

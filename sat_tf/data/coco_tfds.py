@@ -88,9 +88,11 @@ def read_tfds(
                 decoders={"image": tfds.decode.SkipDecoding()},
             )
         except AssertionError as e:
+            root = data_dir or builder.data_dir_root
             raise DatasetError(
-                f"{source}: the dataset is not prepared in {data_dir or builder.data_dir_root}; "
-                "run `tfds build coco_captions --data_dir=<data_dir>` or pass download=True"
+                f"{source}: no prepared data in {builder.data_dir}: run `tfds build "
+                f"coco_captions --data_dir={root}` once (it downloads COCO 2014, about 38 GB), "
+                "or read COCO's own files with --dataset=coco"
             ) from e
         os.makedirs(image_dir, exist_ok=True)
         entries = []
