@@ -112,13 +112,26 @@ class Captioner:
       vocab: its `Vocab`.
       config: its `Config` (image size and crop, decoding length, default beam size).
       batch_size: images per call of the model.
+      max_image_pixels: the most pixels (width x height) of a file or bytes that are
+        decoded; larger ones are refused from their header (`image_io.admit`), before
+        a pixel is allocated.
     """
 
-    def __init__(self, model, vocab, config, batch_size: int = 16):
+    def __init__(
+        self,
+        model,
+        vocab,
+        config,
+        batch_size: int = 16,
+        max_image_pixels: int = image_io.MAX_IMAGE_PIXELS,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be at least 1")
+        if max_image_pixels < 1:
+            raise ValueError(f"max_image_pixels={max_image_pixels} must be at least 1")
         self.model, self.vocab, self.config = model, vocab, config
         self.batch_size = batch_size
+        self.max_image_pixels = max_image_pixels
         self.crop_fraction = config.effective_crop_fraction
         # A model trained on cached features runs the backbone that made them.
         self._encoder = feature_encoder(model, config) if model.encoder is None else None
@@ -156,20 +169,17 @@ class Captioner:
 
         Raises:
           ValueError: naming the image (its path, or its place in the batch) and what is
-            wrong with it.
+            wrong with it; `image_io.ImageError` for a file or bytes that are empty, not
+            an image, truncated or corrupt, or over `max_image_pixels`.
         """
         size, crop = self.image_size, self.crop_fraction
         what = _describe(image, index)
+        limit = self.max_image_pixels
         if isinstance(image, (str, os.PathLike)):
-            pixels = image_io.load_image_file(os.fspath(image), size, crop)
+            pixels = image_io.load_image_file(os.fspath(image), size, crop, limit)
         elif isinstance(image, (bytes, bytearray)):
-            if not image:
-                raise ValueError(f"image {what} is empty (0 bytes)")
-            try:
-                pixels = image_io.decode_image(tf.constant(bytes(image)), size, crop)
-            except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
-                reason = e.message.strip().splitlines()[0]
-                raise ValueError(f"image {what} cannot be decoded: {reason}") from None
+            name = f"image {index} of the batch"
+            pixels = image_io.decode_admitted(bytes(image), name, size, crop, limit)
         elif isinstance(image, Image.Image):
             # Upright as `image_io.decode_upright` turns a file; RGB as it converts one.
             upright = ImageOps.exif_transpose(image)

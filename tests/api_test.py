@@ -10,10 +10,12 @@ import pathlib
 import re
 import shutil
 import tempfile
+import time
 
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
+from admission_test import png_bomb
 from fixtures import scenes, tiny_model
 from PIL import Image
 
@@ -200,8 +202,11 @@ class CaptionerTest(tf.test.TestCase):
     def test_bad_input_names_the_image(self):
         bad = {
             "missing": (os.path.join(self.dir, "nope.jpg"), r"nope\.jpg' does not exist"),
-            "garbage bytes": (b"not an image", r"image 1 of the batch \(bytes\) cannot be decoded"),
-            "empty bytes": (b"", r"image 1 of the batch \(bytes\) is empty"),
+            "garbage bytes": (
+                b"not an image",
+                r"^image 1 of the batch \(12 bytes\) is text, not a JPEG, PNG, GIF, BMP or WebP",
+            ),
+            "empty bytes": (b"", r"^image 1 of the batch is empty \(0 bytes\)$"),
             "unit floats": (np.full((8, 8, 3), 0.5), r"\[0, 1\] \(multiply by 255\)"),
             "negative": (np.full((8, 8, 3), -1.0), r"must lie in \[0, 255\]"),
             "shape": (np.zeros((8, 8, 2), np.uint8), r"got shape \(8, 8, 2\)"),
@@ -210,6 +215,32 @@ class CaptionerTest(tf.test.TestCase):
         for name, (image, message) in bad.items():
             with self.assertRaisesRegex(ValueError, message, msg=name):
                 self.captioner.caption([self.pngs[0], image])
+
+    def test_bombs_and_broken_files_are_refused_in_the_package_words(self):
+        bomb = os.path.join(self.dir, "bomb.png")
+        with open(bomb, "wb") as f:
+            f.write(png_bomb())
+        with open(self.pngs[0], "rb") as f:
+            cut = f.read()[:60]
+        cases = {
+            bomb: rf"^{bomb}: 529,000,000 pixels \(23000 x 23000\) is over the limit of 50,000,000",
+            png_bomb(): r"^image 0 of the batch: 529,000,000 pixels",
+            cut: r"^image 0 of the batch \(60 bytes\) is a truncated or corrupt PNG file$",
+            b"II*\0" + bytes(100): r"is a TIFF image, not a JPEG",
+            b"<svg xmlns='http://www.w3.org/2000/svg'/>": r"is an SVG drawing, not a JPEG",
+        }
+        for image, message in cases.items():
+            start = time.perf_counter()
+            with self.assertRaisesRegex(ValueError, message) as caught:
+                self.captioner.caption(image)
+            self.assertLess(time.perf_counter() - start, 5)
+            for internal in ("{{function_node", "[Op:", "\n"):
+                self.assertNotIn(internal, str(caught.exception))
+        small = sat_tf.Captioner(
+            self.captioner.model, self.captioner.vocab, self.captioner.config, max_image_pixels=10
+        )
+        with self.assertRaisesRegex(ValueError, r"is over the limit of 10; max_image_pixels"):
+            small.caption(self.pngs[0])
         with self.assertRaisesRegex(ValueError, "beam_size=0 must be at least 1"):
             self.captioner.caption(self.pngs[0], beam_size=0)
         self.assertEqual(self.captioner.caption([]), [])
