@@ -17,6 +17,7 @@ from unittest import mock
 
 import numpy as np
 import tensorflow as tf
+from admission_test import png_bomb
 from api_test import PRESET, flickr8k_photos, made_photo
 
 import sat_tf
@@ -181,6 +182,85 @@ class CaptionCommandTest(tf.test.TestCase):
         self.assertEqual(stdout.splitlines()[0], f"photo.jpg: {want.text}")
         if any(a.startswith("--visualize=") for a in args):
             self.assertNotEmpty(os.listdir(os.path.join(self.dir, "pictures")))
+
+    def caption(self, *args, cwd=None):
+        return run_main(caption_cli.main, "sat-caption", *args, f"--preset={PRESET}", cwd=cwd)
+
+    def test_an_existing_output_is_kept_when_nothing_was_captioned(self):
+        output = os.path.join(self.dir, "kept", "captions.jsonl")
+        os.makedirs(os.path.dirname(output))
+        with open(output, "w", encoding="utf-8") as f:
+            f.write("earlier results\n")
+        code, _, stderr = self.caption(os.path.join(self.dir, "mistyped.jpg"), f"--output={output}")
+        self.assertEqual(code, caption_cli.SKIPPED)
+        with open(output, encoding="utf-8") as f:
+            self.assertEqual(f.read(), "earlier results\n")
+        self.assertIn(f"error: nothing captioned; {output} is left as it was", stderr)
+        self.assertEqual(os.listdir(os.path.dirname(output)), ["captions.jsonl"])
+        code, _, _ = self.caption(self.good[0], f"--output={output}")
+        with open(output, encoding="utf-8") as f:
+            self.assertEqual([json.loads(line)["path"] for line in f], [self.good[0]])
+        self.assertEqual(os.listdir(os.path.dirname(output)), ["captions.jsonl"])
+
+    def test_inputs_sharing_a_name_get_a_picture_each(self):
+        folder = os.path.join(self.dir, "same_names")
+        for i, sub in enumerate(("a", "b")):
+            os.makedirs(os.path.join(folder, sub))
+            made_photo(os.path.join(folder, sub, "img.png"), 10 + i)
+        made_photo(os.path.join(folder, "other.png"), 12)
+        pictures = os.path.join(self.dir, "pictures_same")
+        code, stdout, stderr = self.caption(
+            "a/img.png", "b/img.png", "other.png", f"--visualize={pictures}", cwd=folder
+        )
+        self.assertEqual(code, 0, stderr)
+        self.assertEqual(
+            sorted(os.listdir(pictures)),
+            ["a_img_png_attention.png", "b_img_png_attention.png", "other_attention.png"],
+        )
+        self.assertEqual(
+            caption_cli.picture_names(["x/a.jpg", "y/a.jpg", "x_a_jpg.png", "z.png"]),
+            {
+                "x/a.jpg": "x_a_jpg_attention.png",
+                "y/a.jpg": "y_a_jpg_attention.png",
+                "x_a_jpg.png": "x_a_jpg_2_attention.png",
+                "z.png": "z_attention.png",
+            },
+        )
+
+    def test_overlapping_files_folders_and_globs_caption_each_image_once(self):
+        relative = os.path.relpath(self.good[0], self.dir)
+        code, stdout, stderr = self.caption(
+            self.folder, os.path.join(self.folder, "p[0-9].*"), f"./{relative}", cwd=self.dir
+        )
+        self.assertEqual(code, caption_cli.SKIPPED)  # the broken photo, once
+        printed = [
+            line.split(":")[0] for line in stdout.splitlines() if ".jp" in line or ".pn" in line
+        ]
+        self.assertEqual(printed, self.good)
+        self.assertEqual(stderr.count(self.bad), 1)
+
+    def test_a_bomb_is_refused_from_its_header_and_the_others_captioned(self):
+        bomb = os.path.join(self.dir, "bomb.png")
+        with open(bomb, "wb") as f:
+            f.write(png_bomb())
+        code, stdout, stderr = self.caption(bomb, self.good[0])
+        self.assertEqual(code, caption_cli.SKIPPED)
+        self.assertIn(
+            f"error: {bomb}: 529,000,000 pixels (23000 x 23000) is over the limit of 50,000,000",
+            stderr,
+        )
+        self.assertIn(f"{self.good[0]}: ", stdout)
+        code, _, stderr = self.caption(self.good[0], "--max_image_pixels=1000")
+        self.assertEqual(code, caption_cli.SKIPPED)
+        self.assertIn("pixels", stderr)
+        self.assertIn("is over the limit of 1,000; max_image_pixels", stderr)
+
+    def test_the_default_preset_captions_without_flags(self):
+        code, stdout, stderr = run_main(caption_cli.main, "sat-caption", self.good[0])
+        self.assertEqual(code, 0, stderr)
+        (want,) = sat_tf.Captioner.from_preset(caption_cli.DEFAULT_PRESET).caption(self.good[0])
+        self.assertStartsWith(stdout, f"{self.good[0]}: {want.text}\n")
+        self.assertIn(caption_cli.DEFAULT_PRESET, caption_cli.__doc__)
 
     def test_no_arguments_and_bad_flags_exit_1(self):
         code, _, stderr = run_main(caption_cli.main, "sat-caption", f"--preset={PRESET}")

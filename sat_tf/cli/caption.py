@@ -1,17 +1,24 @@
 """Captions image files with a trained model and shows where it looked for every word.
 
+  sat-caption photo.jpg
   sat-caption photo.jpg other.png --workdir=runs/shapes --visualize=out/
   sat-caption photos/ "more/*.jpg" --preset=flickr8k_lite0_soft --output=captions.jsonl
 
-(`python scripts/caption.py ...` is the same command.) Each argument is an image file, a
-folder (its image files: .jpg .jpeg .png .gif .bmp .webp, in name order) or a glob.
+Without --workdir or --preset the shipped preset flickr8k_lite0_grid14_soft captions.
+Each argument is an image file, a folder (its image files: .jpg .jpeg .png .gif .bmp
+.webp, in name order) or a glob; a file that several of them name is captioned once.
 Prints each caption with a per-word attention summary (argmax cell and weight); with
 --output writes one JSON object a line per image: {"path", "caption", "tokens" (word
-ids), "score" (the caption's log-probability)}; with --visualize writes one PNG per image
-with a panel per word (paper Fig. 3), outlining the attended cell for a hard-attention
-model. An image that cannot be read is reported on stderr and skipped, the others are
+ids), "score" (the caption's log-probability)}, into a temporary file renamed when done
+(an existing file is kept when nothing was captioned); with --visualize writes one PNG
+per image with a panel per word (paper Fig. 3), outlining the attended cell for a
+hard-attention model, named <name>_attention.png, or after the path below the inputs'
+common folder when two inputs share a name. An image that cannot be read (missing,
+empty, not an image, truncated, or over --max_image_pixels, read from its header before
+anything is decoded) is reported on stderr in one line and skipped, the others are
 captioned; the exit status is then 2 (1: nothing could start, e.g. a bad flag or model).
-With more than one image, stderr shows the progress (`12/80`).
+With more than one image, stderr shows the progress (`12/80`). -v shows TensorFlow's
+log lines.
 """
 
 import glob
@@ -23,8 +30,11 @@ from absl import flags
 
 from sat_tf import api
 from sat_tf.cli.flags_lib import define_model_source, define_override, load_model, override, run
+from sat_tf.data import image_io
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
+# The preset that captions when neither --workdir nor --preset is given.
+DEFAULT_PRESET = "flickr8k_lite0_grid14_soft"
 # The exit status when some images were skipped.
 SKIPPED = 2
 
@@ -41,6 +51,13 @@ flags.DEFINE_string(
     flag_values=FLAGS,
 )
 flags.DEFINE_integer("batch_size", 16, "Images per call of the model.", flag_values=FLAGS)
+flags.DEFINE_integer(
+    "max_image_pixels",
+    image_io.MAX_IMAGE_PIXELS,
+    "Most pixels (width x height) of an image, read from its header; larger ones are "
+    "skipped before anything is decoded.",
+    flag_values=FLAGS,
+)
 
 
 def expand(args):
@@ -52,9 +69,11 @@ def expand(args):
         `**` recurses; matching files in name order).
 
     Returns:
-      (paths, problems): a problem is a message for an argument that names no image.
+      (paths, problems): each file once (the first time an argument names it, however
+      written: `a.jpg`, `./a.jpg`, a link to it), and a message for each argument that
+      names no image.
     """
-    paths, problems = [], []
+    paths, problems, seen = [], [], set()
     for arg in args:
         if os.path.isdir(arg):
             found = sorted(
@@ -73,8 +92,40 @@ def expand(args):
                 problems.append(f"no file matches {arg!r}")
         else:
             found = [arg]
-        paths += found
+        for path in found:
+            key = os.path.realpath(path)
+            if key not in seen:
+                seen.add(key)
+                paths.append(path)
     return paths, problems
+
+
+def picture_names(paths):
+    """{path: file name of its attention picture}, no two alike: `<stem>_attention.png`,
+    or for stems that several inputs share, the path below their common folder with its
+    separators and dots as `_` (`a/img.jpg` -> `a_img_jpg_attention.png`), numbered if
+    that still is not enough."""
+    stems = {}
+    for path in paths:
+        stems.setdefault(os.path.splitext(os.path.basename(path))[0], []).append(path)
+    names, taken = {}, set()
+    for stem, group in stems.items():
+        if len(group) > 1:
+            root = os.path.commonpath([os.path.abspath(p) for p in group])
+            for path in group:
+                relative = os.path.relpath(os.path.abspath(path), root)
+                names[path] = relative.replace(os.sep, "_").replace(".", "_")
+        else:
+            names[group[0]] = stem
+    unique = {}
+    for path in paths:
+        name, number = names[path], 1
+        while f"{name}_attention.png" in taken:
+            number += 1
+            name = f"{names[path]}_{number}"
+        taken.add(f"{name}_attention.png")
+        unique[path] = f"{name}_attention.png"
+    return unique
 
 
 class _Progress:
@@ -101,9 +152,8 @@ class _Progress:
         print(f"error: {message}", file=sys.stderr, flush=True)
 
 
-def _write_picture(captioner, caption, path):
-    stem = os.path.splitext(os.path.basename(path))[0]
-    target = os.path.join(FLAGS.visualize, f"{stem}_attention.png")
+def _write_picture(captioner, caption, name):
+    target = os.path.join(FLAGS.visualize, name)
     captioner.attention_figure(caption, path=target)
     print(f"attention picture: {target}")
 
@@ -114,17 +164,27 @@ def _main(argv):
     beam_size = override(FLAGS, "beam_size")
     if FLAGS.batch_size < 1:
         raise ValueError(f"--batch_size={FLAGS.batch_size} must be at least 1")
+    if FLAGS.max_image_pixels < 1:
+        raise ValueError(f"--max_image_pixels={FLAGS.max_image_pixels} must be at least 1")
     paths, problems = expand(argv[1:])
-    captioner = api.Captioner(*load_model(FLAGS), batch_size=FLAGS.batch_size)
+    if not FLAGS.workdir and not FLAGS.preset:
+        FLAGS.preset = DEFAULT_PRESET
+    captioner = api.Captioner(
+        *load_model(FLAGS), batch_size=FLAGS.batch_size, max_image_pixels=FLAGS.max_image_pixels
+    )
+    pictures = picture_names(paths)
     if FLAGS.visualize:
         os.makedirs(FLAGS.visualize, exist_ok=True)
+    output = temporary = None
     if FLAGS.output:
-        os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output)), exist_ok=True)
-    output = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else None
+        folder, name = os.path.split(os.path.abspath(FLAGS.output))
+        os.makedirs(folder, exist_ok=True)
+        temporary = os.path.join(folder, f".tmp{os.getpid()}-{name}")
+        output = open(temporary, "w", encoding="utf-8")
     progress = _Progress(len(paths))
     for problem in problems:
         progress.report(problem)
-    failed = len(problems)
+    failed, captioned = len(problems), 0
     try:
         for start in range(0, len(paths), FLAGS.batch_size):
             chunk, pixels = [], []
@@ -140,7 +200,7 @@ def _main(argv):
                 print(f"{path}: {caption.text}")
                 print(captioner.attention_summary(caption))
                 if FLAGS.visualize:
-                    _write_picture(captioner, caption, path)
+                    _write_picture(captioner, caption, pictures[path])
                 if output:
                     record = {
                         "path": path,
@@ -149,12 +209,23 @@ def _main(argv):
                         "score": caption.score,
                     }
                     output.write(json.dumps(record) + "\n")
+                captioned += 1
             if output:
                 output.flush()
             progress.add(len(paths[start : start + FLAGS.batch_size]))
     finally:
         if output:
             output.close()
+            # What was captioned is kept, even when a later image stopped the run.
+            if captioned:
+                os.replace(temporary, FLAGS.output)
+            else:
+                os.remove(temporary)
+                if os.path.exists(FLAGS.output):
+                    print(
+                        f"error: nothing captioned; {FLAGS.output} is left as it was",
+                        file=sys.stderr,
+                    )
     if failed and len(paths) + len(problems) > 1:
         print(
             f"error: {failed} of {len(paths) + len(problems)} inputs not captioned (named above)",
