@@ -12,6 +12,8 @@ import re
 import runpy
 import shlex
 import shutil
+import subprocess
+import sys
 import tempfile
 from unittest import mock
 
@@ -21,6 +23,7 @@ from admission_test import png_bomb
 from api_test import PRESET, flickr8k_photos, made_photo
 
 import sat_tf
+import sat_tf.cli
 from sat_tf import config
 from sat_tf.cli import caption as caption_cli
 from sat_tf.cli import flags_lib
@@ -85,6 +88,46 @@ class EntryPointsTest(tf.test.TestCase):
             self.assertIn("sys.exit(main())", text, script)
             code = [line for line in text.splitlines() if line and not line.startswith(" ")]
             self.assertLessEqual(len(code), 8, script)
+
+
+class QuietCommandsTest(tf.test.TestCase):
+    def test_help_exits_0_for_every_command(self):
+        for name in COMMANDS:
+            module = importlib.import_module(f"sat_tf.cli.{name}")
+            for flag in ("--help", "-h", "--helpfull"):
+                self.assertEqual(run_main(module.main, f"sat-{name}", flag)[0], 0, (name, flag))
+            self.assertNotRegex(module.__doc__, r"python (scripts|export)/", name)
+
+    def test_help_prints_no_log_line(self):
+        done = subprocess.run(
+            [sys.executable, "scripts/caption.py", "--help"],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": ""},
+            capture_output=True,
+            text=True,
+        )
+        self.assertEqual((done.returncode, done.stderr), (0, ""))
+        self.assertIn("flickr8k_lite0_grid14_soft", done.stdout)
+        self.assertIn("--max_image_pixels", done.stdout)
+        self.assertTrue(sat_tf.cli.verbose(["sat-caption", "-v", "1"]))
+        self.assertTrue(sat_tf.cli.verbose(["sat-caption", "--verbosity=1"]))
+        self.assertFalse(sat_tf.cli.verbose(["sat-caption", "photo.jpg"]))
+
+    def test_the_demo_without_flask_says_which_install_brings_it(self):
+        with mock.patch.dict(sys.modules, {"flask": None}):
+            for name in ("sat_tf.cli.demo", "sat_tf.demo"):
+                sys.modules.pop(name, None)
+            demo_cli = importlib.import_module("sat_tf.cli.demo")
+            self.assertEqual(run_main(demo_cli.main, "sat-demo", "--help")[0], 0)
+            code, _, stderr = run_main(demo_cli.main, "sat-demo", f"--preset={PRESET}")
+        self.assertEqual(code, 1)
+        self.assertEqual(
+            stderr,
+            "error: the demo needs Flask, which sat_tf installs with its demo extra: "
+            'pip install "sat_tf[demo]"\n',
+        )
+        for name in ("sat_tf.cli.demo", "sat_tf.demo"):
+            sys.modules.pop(name, None)
 
 
 class CaptionCommandTest(tf.test.TestCase):

@@ -1,9 +1,9 @@
 """Serves a web page on 127.0.0.1 to try a captioner: upload or drop a photo, read its
 caption and see where the model looked for every word.
 
-  python scripts/demo.py --preset=flickr8k_lite0_soft
-  python scripts/demo.py --workdir=runs/shapes
-  python scripts/demo.py --export=exports/sat/1,exports/sat/2 --port=8000 --samples=photos/
+  sat-demo --preset=flickr8k_lite0_soft
+  sat-demo --workdir=runs/shapes
+  sat-demo --export=exports/sat/1,exports/sat/2 --port=8000 --samples=photos/
 
 With --preset or --workdir the trained model is exported twice (greedy and beam 3) into a
 temporary folder, removed when the demo stops; with --export (one or two SavedModel folders of
@@ -17,14 +17,18 @@ import tempfile
 
 from absl import flags
 
-from sat_tf import demo
 from sat_tf.cli.flags_lib import define_model_source, load_model, run
+
+# The one line a user without the demo's extra gets.
+NO_FLASK = (
+    'the demo needs Flask, which sat_tf installs with its demo extra: pip install "sat_tf[demo]"'
+)
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_multi_string(
     "export",
     [],
-    "SavedModel folder(s) of export/export.py, one per decoding (at most two).",
+    "SavedModel folder(s) of sat-export, one per decoding (at most two).",
     flag_values=FLAGS,
 )
 define_model_source(FLAGS)
@@ -37,6 +41,8 @@ flags.DEFINE_string(
 def export_dirs(folder):
     """The export folders to serve: --export's, or the model of --preset or --workdir
     exported into `folder`."""
+    from sat_tf import demo
+
     exports = [p for value in FLAGS.export for p in value.split(",") if p]
     trained = FLAGS.workdir or FLAGS.preset
     if exports and trained:
@@ -55,6 +61,12 @@ def export_dirs(folder):
 def _main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    try:
+        import flask  # noqa: F401
+    except ImportError:
+        raise ValueError(NO_FLASK) from None
+    from sat_tf import demo
+
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     samples = demo.find_samples(FLAGS.samples) if FLAGS.samples else []
     with tempfile.TemporaryDirectory(prefix="sat_tf_demo_") as folder:

@@ -1,8 +1,8 @@
 """Captions a split with a trained model or a preset and scores it with the coco-caption
 metrics.
 
-  python scripts/evaluate.py --workdir=runs/shapes --split=test --beam_size=3
-  python scripts/evaluate.py --preset=<name> --data_dir=../shared/data/flickr8k --split=test
+  sat-evaluate --workdir=runs/shapes --split=test --beam_size=3
+  sat-evaluate --preset=<name> --data_dir=../shared/data/flickr8k --split=test
 
 Writes captions_<split>.json (COCO results format), metrics_<split>.json and
 table_<split>.md (laid out like the paper's Table 1) into the workdir, or into

@@ -1,9 +1,9 @@
 """Exports a trained workdir or a preset as a SavedModel for TF Serving (and optionally
 TFLite).
 
-  python export/export.py --workdir=runs/shapes --output=exports/sat/1
-  python export/export.py --workdir=runs/shapes --output=exports/sat/2 --beam_size=3 --tflite
-  python export/export.py --preset=<name> --output=exports/preset/1 --tflite --quantize=dynamic
+  sat-export --workdir=runs/shapes --output=exports/sat/1
+  sat-export --workdir=runs/shapes --output=exports/sat/2 --beam_size=3 --tflite
+  sat-export --preset=<name> --output=exports/preset/1 --tflite --quantize=dynamic
 
 The export directory gets the SavedModel (signatures serving_default, caption_images,
 caption_features), vocab.txt, sat_tf_export.json and, with --tflite, caption.tflite;

@@ -1,7 +1,7 @@
 """Runs the frozen encoder once per image of a dataset and writes float16 feature shards.
 
-  python scripts/extract_features.py --flagfile=configs/coco.flags
-  python scripts/extract_features.py --dataset=flickr8k --data_dir=data/flickr8k \
+  sat-extract-features --flagfile=configs/coco.flags
+  sat-extract-features --dataset=flickr8k --data_dir=data/flickr8k \
       --encoder=vgg19 --encoder_weights=imagenet --image_size=224
 
 Shards go to --feature_dir (default <data_dir>/features_<encoder>). Running the same

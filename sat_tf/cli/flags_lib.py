@@ -26,6 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CONFIGS = os.path.join(ROOT, "configs")
 
 _DEFINE = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float}
+# absl's help flags, which print the help and exit with status 1; `run` makes it 0.
+HELP_FLAGS = ("-?", "-h", "-help", "--help", "--helpshort", "--helpfull", "--helpxml")
 
 
 def define_config_flags(flag_values=flags.FLAGS, only=None):
@@ -147,7 +149,7 @@ def define_model_source(flag_values=flags.FLAGS):
     flags.DEFINE_string(
         "workdir",
         None,
-        "A trained workdir (scripts/train.py); or --preset.",
+        "A trained workdir (sat-train); or --preset.",
         flag_values=flag_values,
     )
     flags.DEFINE_string(
@@ -243,10 +245,12 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc=""):
       doc: the command's help text, printed by --help before the flags.
 
     Returns:
-      the exit status: main's, 1 for a ValueError (printed as one line `error: ...`) or
-      for flags absl cannot parse.
+      the exit status: main's, 0 after --help, 1 for a ValueError (printed as one line
+      `error: ...`) or for flags absl cannot parse.
     """
     argv = list(sys.argv if argv is None else argv)
+    flag_args = argv[1 : argv.index("--")] if "--" in argv else argv[1:]
+    asked_help = any(arg.split("=", 1)[0] in HELP_FLAGS for arg in flag_args)
     try:
         argv = [argv[0], *expand_flagfiles(argv[1:])]
     except ValueError as e:
@@ -273,6 +277,8 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc=""):
         main_module.__doc__ = (doc or main_doc or "") + FLAGFILE_HELP
         app.run(wrapped, argv=argv)
     except SystemExit as e:
+        if asked_help and e.code == 1:
+            return 0
         return e.code if isinstance(e.code, int) else (0 if e.code is None else _error(e.code))
     finally:
         main_module.__doc__ = main_doc

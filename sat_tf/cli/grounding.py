@@ -5,8 +5,6 @@
   sat-grounding --export=exports/sat/1
   sat-grounding --workdir=runs/flickr8k_soft --captions=reference
 
-(`python scripts/grounding.py ...` is the same command.)
-
 Captions every photo of a COCO-format folder (annotations/instances_<name>.json and the
 photos in <name>/) with a trained workdir's best weights, a preset, or a SavedModel
 export (its `serving_default` signature, fed the photo files' bytes as a client would),
@@ -44,7 +42,7 @@ define_model_source(FLAGS)
 flags.DEFINE_string(
     "export",
     None,
-    "A SavedModel folder of export/export.py instead of --workdir / --preset.",
+    "A SavedModel folder of sat-export instead of --workdir / --preset.",
     flag_values=FLAGS,
 )
 flags.DEFINE_string(

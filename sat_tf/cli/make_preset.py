@@ -1,8 +1,8 @@
 """Makes a preset, `sat_tf/presets/<name>/`, from a trained workdir.
 
-  python scripts/make_preset.py --workdir=runs/flickr8k_lite0 --name=flickr8k_lite0_soft \\
+  sat-make-preset --workdir=runs/flickr8k_lite0 --name=flickr8k_lite0_soft \\
       --data_dir=../shared/data/flickr8k \\
-      --train_command="python scripts/train.py --flagfile=flickr8k_lite.flags ..."
+      --train_command="sat-train --flagfile=flickr8k_lite.flags ..."
 
 The weights are stored in float16 with the vocabulary, the config and metadata.json
 (see sat_tf/preset.py). The preset is written to a temporary folder beside its place,
@@ -18,7 +18,7 @@ this script with the new workdir, the same --name and --overwrite, and commit th
 folder. `--archive=out.tar.gz` also packs the preset for download
 (`--preset=https://host/out.tar.gz#sha256=<the printed sha256>`).
 
-  python scripts/make_preset.py --rescore=sat_tf/presets/flickr8k_lite0_soft \
+  sat-make-preset --rescore=sat_tf/presets/flickr8k_lite0_soft \
       --data_dir=../shared/data/flickr8k
 
 measures a preset's stored scores again with today's code (after a change to decoding,
@@ -40,7 +40,7 @@ PROGRAM = "sat-make-preset"
 
 FLAGS = flags.FlagValues()
 for _name, _default, _help in (
-    ("workdir", None, "The trained workdir (scripts/train.py)."),
+    ("workdir", None, "The trained workdir (sat-train)."),
     ("name", None, "Name of the preset: lowercase letters, digits, _ . -"),
     ("train_command", None, "The command that trained the workdir."),
     ("data_dir", None, "Dataset folder to evaluate on; default the training run's."),

@@ -1,6 +1,6 @@
 """Lays the test metrics of several runs out like Table 1 of the paper, beside its rows.
 
-  python scripts/table.py --dataset=flickr8k --output=docs/flickr8k_table_test.md \
+  sat-table --dataset=flickr8k --output=docs/flickr8k_table_test.md \
       "Soft, greedy=runs/f8k_soft/metrics_test.json" \
       "Soft, beam 3=runs/f8k_soft/metrics_test_beam3.json"
 
@@ -13,7 +13,7 @@ seeds of one model, shown as mean ± standard deviation. A metrics JSON inside a
 every setting but the seed, the paths and the decoding, else the table is refused, naming
 the settings that differ.
 
-  python scripts/table.py --seeds "soft=runs/s0/metrics_test.json,runs/s0/grounding.json" \
+  sat-table --seeds "soft=runs/s0/metrics_test.json,runs/s0/grounding.json" \
       "soft=runs/s1/metrics_test.json,runs/s1/grounding.json" "none=runs/n0/metrics_test.json"
 """
 

@@ -1,8 +1,8 @@
 """Trains Show, Attend and Tell, keeps the best model by validation BLEU-4, and prints
 its test metrics.
 
-  python scripts/train.py                                 # built-in shapes dataset
-  python scripts/train.py --flagfile=configs/coco.flags --workdir=runs/coco
+  sat-train                                 # built-in shapes dataset
+  sat-train --flagfile=configs/coco.flags --workdir=runs/coco
 
 Running the same command again after an interruption resumes from the last backup.
 """
