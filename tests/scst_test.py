@@ -137,8 +137,9 @@ def test_terms_of_a_tiny_model(attention, baseline):
         assert any(g is not None and float(tf.reduce_sum(tf.abs(g))) > 0 for g in grads)
 
 
-def test_log_likelihood_matches_the_sampling_loop():
-    model = _tiny_model("soft")
+@pytest.mark.parametrize("attention", ["soft", "hard", "none"])
+def test_log_likelihood_matches_the_sampling_loop(attention):
+    model = _tiny_model(attention)
     features = tf.random.stateless_normal([2, 4, 8], [5, 6])
     seed = tf.constant([1, 2], tf.int32)
     state = model.decoder.initial_state(tf.repeat(features, 3, axis=0))
