@@ -4,6 +4,8 @@ graph, the objective of a tiny model, and a few steps of the real loop."""
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -197,3 +199,51 @@ def test_a_few_steps_of_the_loop_and_a_resume(tmp_path, attention):
     assert any(n.startswith("cider_df_") for n in kept)  # beside the dataset's vocabulary
     # The same command again resumes the finished run: nothing more to train.
     assert train_lib.train_and_evaluate(config, workdir)["BLEU-4"] == scores["BLEU-4"]
+
+
+def _mirrored_child():
+    """Two SCST steps under a `MirroredStrategy` over two logical CPUs (a fresh process:
+    logical devices are set before TensorFlow starts); prints one JSON line."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(2)])
+    with strategy.scope():
+        model = _tiny_model("soft")
+        model.compile(optimizer="adam")
+    recorder = _Recorder()
+    model.rewarder = recorder
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    features = np.random.default_rng(0).normal(size=(8, 4, 8)).astype(np.float32)
+    ds = tf.data.Dataset.from_tensor_slices(
+        {"features": features, "image_index": np.arange(8, dtype=np.int32)}
+    ).batch(4)
+    history = model.fit(ds, epochs=1, steps_per_epoch=2, verbose=0)
+    moved = any(
+        not np.allclose(b, v.numpy())
+        for b, v in zip(before, model.trainable_variables, strict=True)
+    )
+    rows = sorted(int(i) for _, index in recorder.calls for i in index)
+    print(json.dumps({"loss": history.history["loss"][-1], "moved": moved, "rows": rows}))
+
+
+def test_trains_under_a_mirrored_strategy():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run(
+        [sys.executable, __file__, "mirrored"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=os.path.dirname(__file__),
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert np.isfinite(result["loss"]) and result["moved"]
+    # Each replica rewards its own 2 images x 3 samples: every image of both batches, 3 times.
+    assert result["rows"] == sorted(list(range(8)) * 3)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["mirrored"]:
+        _mirrored_child()
