@@ -259,3 +259,54 @@ class BombMemoryTest(tf.test.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class PipelineTest(tf.test.TestCase):
+    """Evaluation, training and feature extraction read images through tf.data: a bomb
+    among them is refused from its header, never decoded."""
+
+    def setUp(self):
+        super().setUp()
+        self.good = os.path.join(self.get_temp_dir(), "good.png")
+        with open(self.good, "wb") as f:
+            f.write(encode("PNG", 20, 20))
+        self.bomb = os.path.join(self.get_temp_dir(), "bomb.png")
+        with open(self.bomb, "wb") as f:
+            f.write(png_bomb())
+
+    def test_the_image_dataset_names_the_bomb_before_decoding(self):
+        from sat_tf.data import input_pipeline
+
+        with self.assertRaisesRegex(
+            ValueError,
+            rf"1 image file\(s\) refused before decoding:\n  {self.bomb}: 529,000,000 pixels",
+        ):
+            input_pipeline.image_dataset([self.good, self.bomb], 8, 1.0)
+        images = list(input_pipeline.image_dataset([self.good], 8, 1.0))
+        self.assertEqual(images[0].shape, (8, 8, 3))
+
+    def test_feature_extraction_skips_the_bomb_and_names_it(self):
+        import collections
+
+        from sat_tf.training import extract
+
+        record = collections.namedtuple("Record", "image_id image_path")
+        records = [record("good", self.good), record("bomb", self.bomb)]
+
+        class Progress:
+            def add(self, count):
+                pass
+
+        written, bad, _ = extract._write_shard(
+            os.path.join(self.get_temp_dir(), "shard.tfrecord"),
+            records,
+            lambda images: tf.zeros([tf.shape(images)[0], 4, 2]),
+            8,
+            1.0,
+            2,
+            True,
+            Progress(),
+        )
+        self.assertEqual(written, ["good"])
+        self.assertEqual([r.image_id for r, _ in bad], ["bomb"])
+        self.assertStartsWith(bad[0][1], f"{self.bomb}: 529,000,000 pixels (23000 x 23000)")

@@ -523,6 +523,44 @@ def _read_format(data):
     return found[0] if found else -1
 
 
+def admits(data, max_image_pixels: int = MAX_IMAGE_PIXELS):
+    """Scalar bool tensor: whether `admit` takes the bytes (`read_header_tf` in a graph),
+    for a `tf.data` filter before decoding."""
+    header = read_header_tf(data)
+    return tf.equal(header["status"], OK) & (header["pixels"] <= max_image_pixels)
+
+
+_HEADER_BYTES = 1 << 18
+
+
+def admit_files(paths: Sequence[str], max_image_pixels: int = MAX_IMAGE_PIXELS) -> None:
+    """`admit` for image files, reading their headers only (the first 256 KiB; a whole
+    GIF, whose frames all count, or a JPEG whose frame header lies further in).
+
+    Raises:
+      ValueError: listing up to 10 files that are missing, empty, not images, damaged
+        in their header or over `max_image_pixels`, each in one line.
+    """
+    bad = []
+    for path in paths:
+        problem = _path_problem(path)
+        if problem:
+            bad.append(f"{path} {problem}")
+            continue
+        with open(path, "rb") as f:
+            data = f.read(_HEADER_BYTES)
+            status, _ = _read_header(data)
+            if len(data) == _HEADER_BYTES and (status == CORRUPT or data.startswith(b"GIF")):
+                data += f.read()
+        try:
+            admit(data, path, max_image_pixels)
+        except ImageError as e:
+            bad.append(str(e))
+    if bad:
+        listed = "\n  ".join(bad[:10])
+        raise ValueError(f"{len(bad)} image file(s) refused before decoding:\n  {listed}")
+
+
 def decode_admitted(
     data: bytes,
     name: str,

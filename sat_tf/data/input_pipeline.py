@@ -41,8 +41,15 @@ def _caption_table(records, vocab, max_words):
 
 
 def image_dataset(paths, image_size, crop_fraction):
-    """Dataset of decoded images, one per path, in order."""
-    paths = tf.data.Dataset.from_tensor_slices(tf.constant(list(paths), tf.string))
+    """Dataset of decoded images, one per path, in order.
+
+    Raises:
+      ValueError: naming the files that admission refuses (`image_io.admit_files`: read
+        from their headers, before anything is decoded).
+    """
+    paths = list(paths)
+    image_io.admit_files(paths)
+    paths = tf.data.Dataset.from_tensor_slices(tf.constant(paths, tf.string))
     return paths.map(
         lambda p: image_io.decode_image(tf.io.read_file(p), image_size, crop_fraction),
         num_parallel_calls=AUTOTUNE,

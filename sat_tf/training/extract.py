@@ -46,11 +46,11 @@ def _write_shard(path, records, encode, image_size, crop_fraction, batch_size, s
     """
     paths = [r.image_path for r in records]
     ds = tf.data.Dataset.from_tensor_slices((np.arange(len(records), dtype=np.int64), paths))
+    ds = ds.map(lambda i, p: (i, tf.io.read_file(p))).filter(
+        lambda i, data: image_io.admits(data)  # a refused image is never decoded
+    )
     ds = ds.map(
-        lambda i, p: (
-            i,
-            image_io.decode_image(tf.io.read_file(p), image_size, crop_fraction),
-        ),
+        lambda i, data: (i, image_io.decode_image(data, image_size, crop_fraction)),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
