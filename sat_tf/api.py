@@ -9,8 +9,9 @@
 model's geometry with the package's own image code (`sat_tf.data.image_io`: shorter side
 to `image_size / crop_fraction`, centre crop), captions them in batches with the model's
 own decoding (`ShowAttendTell.generate`, greedy or beam search) and returns one `Caption`
-per image: the words, their ids, the caption's log-probability and where the model
-looked for every word.
+per image: the words, their ids, the caption's log-probability, where the model
+looked for every word and, for a model with off-world statistics (`sat_tf.off_world`),
+how unlike its training photos the photo is.
 """
 
 import dataclasses
@@ -22,6 +23,8 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image, ImageOps
 
+from sat_tf import off_world as off_world_lib
+from sat_tf import preset
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import visualize
@@ -46,6 +49,12 @@ class Caption:
         `words[i]`; a caption that ended with `<end>` has one map more, for `<end>`
         (M = len(words) + 1), one cut at the length limit has M = len(words).
       image: uint8 (S, S, 3) the pixels the model saw (after resize and centre crop).
+      off_world_score: how unlike the model's training photos the photo is
+        (`sat_tf.off_world`: a Mahalanobis distance of its pooled features); None for a
+        model without off-world statistics.
+      off_world: whether the score exceeds the statistics' threshold: the caption is
+        likely wrong, the photo being unlike any the model learnt from (it is still
+        captioned); None without statistics.
     """
 
     text: str
@@ -54,6 +63,8 @@ class Caption:
     score: float
     attention: np.ndarray
     image: np.ndarray
+    off_world_score: float | None = None
+    off_world: bool | None = None
 
 
 def _is_batch(images) -> bool:
@@ -115,6 +126,7 @@ class Captioner:
       max_image_pixels: the most pixels (width x height) of a file or bytes that are
         decoded; larger ones are refused from their header (`image_io.admit`), before
         a pixel is allocated.
+      off_world: its `sat_tf.off_world.Stats`, for `Caption.off_world_score`; None for none.
     """
 
     def __init__(
@@ -124,12 +136,19 @@ class Captioner:
         config,
         batch_size: int = 16,
         max_image_pixels: int = image_io.MAX_IMAGE_PIXELS,
+        off_world=None,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be at least 1")
         if max_image_pixels < 1:
             raise ValueError(f"max_image_pixels={max_image_pixels} must be at least 1")
+        if off_world is not None and off_world.feature_dim != model.feature_dim:
+            raise ValueError(
+                f"off-world statistics of {off_world.feature_dim}-wide features; the model "
+                f"reads {model.feature_dim}"
+            )
         self.model, self.vocab, self.config = model, vocab, config
+        self.off_world = off_world
         self.batch_size = batch_size
         self.max_image_pixels = max_image_pixels
         self.crop_fraction = config.effective_crop_fraction
@@ -140,14 +159,18 @@ class Captioner:
     @classmethod
     def from_preset(cls, source: str, cache_dir: str | None = None, **kwargs) -> "Captioner":
         """A captioner of a preset: a shipped name (`sat_tf.preset.names()`), a preset
-        folder, or an https:// URL of a preset archive (`#sha256=<hex>` checks it)."""
+        folder, or an https:// URL of a preset archive (`#sha256=<hex>` checks it); with
+        the preset's off-world statistics where it has them."""
         model = ShowAttendTell.from_preset(source, cache_dir)
-        return cls(model, model.vocab, model.config, **kwargs)
+        stats = off_world_lib.load_from(preset.resolve(source, cache_dir))
+        return cls(model, model.vocab, model.config, off_world=stats, **kwargs)
 
     @classmethod
     def from_workdir(cls, workdir: str, **kwargs) -> "Captioner":
-        """A captioner of a training workdir (`sat-train`): its best weights."""
-        return cls(*workdir_lib.load_trained(workdir), **kwargs)
+        """A captioner of a training workdir (`sat-train`): its best weights, and its
+        off-world statistics where `sat-off-world` wrote them."""
+        stats = off_world_lib.load_from(workdir)
+        return cls(*workdir_lib.load_trained(workdir), off_world=stats, **kwargs)
 
     @property
     def image_size(self) -> int:
@@ -191,11 +214,25 @@ class Captioner:
             raise ValueError(f"image {what}: give a file path, bytes, a PIL image or a numpy array")
         return np.asarray(pixels, np.float32)
 
+    def _features(self, pixels):
+        """(N, L, D) annotation vectors of (N, S, S, 3) pixels."""
+        if self._encoder is not None:
+            return self._encoder(pixels, training=False)
+        return self.model.encode({"image": pixels})
+
     def _caption_fn(self, beam_size):
+        """A `tf.function` of pixels -> (`DecodeResult`, off-world score or None)."""
         if beam_size not in self._caption_fns:
-            self._caption_fns[beam_size] = scoring.make_caption_fn(
-                self.model, self.config, beam_size, self._encoder
-            )
+            decode = scoring.make_caption_fn(self.model, self.config, beam_size, vocab=self.vocab)
+            stats = self.off_world
+
+            @tf.function(reduce_retracing=True)
+            def caption(pixels):
+                features = self._features(pixels)
+                scores = None if stats is None else off_world_lib.score(features, stats)[0]
+                return decode({"features": features}), scores
+
+            self._caption_fns[beam_size] = caption
         return self._caption_fns[beam_size]
 
     def caption_pixels(self, pixels: np.ndarray, beam_size: int | None = None) -> list[Caption]:
@@ -218,7 +255,7 @@ class Captioner:
         caption = self._caption_fn(beam_size)
         for start in range(0, len(pixels), self.batch_size):
             chunk = pixels[start : start + self.batch_size]
-            out = caption({"image": tf.constant(chunk)})
+            out, distances = caption(tf.constant(chunk))
             tokens, lengths = out.tokens.numpy(), out.length.numpy()
             maps = out.attention.numpy().reshape((*tokens.shape, *self.grid))  # (B, T, H, W)
             for i, n in enumerate(lengths):
@@ -232,9 +269,16 @@ class Captioner:
                         score=float(out.log_prob[i]),
                         attention=maps[i, :emitted],
                         image=np.clip(np.round(chunk[i]), 0, 255).astype(np.uint8),
+                        **self._off_world_fields(distances, i),
                     )
                 )
         return captions
+
+    def _off_world_fields(self, distances, i):
+        if distances is None:
+            return {}
+        score = float(distances[i])
+        return {"off_world_score": score, "off_world": score > self.off_world.threshold}
 
     def caption(self, images, beam_size: int | None = None) -> list[Caption]:
         """Captions one image or a list of images.
@@ -274,11 +318,7 @@ class Captioner:
         words = [vocab_lib.tokenize_py([c])[0] if isinstance(c, str) else list(c) for c in captions]
         if not words:
             return []
-        pixels = tf.constant(self.load_image(image)[None])
-        if self._encoder is not None:
-            features = self._encoder(pixels, training=False)
-        else:
-            features = self.model.encode({"image": pixels})
+        features = self._features(tf.constant(self.load_image(image)[None]))
         length = max(len(w) for w in words) + 1
         inputs = np.full((len(words), length), vocab_lib.PAD_ID, np.int32)
         for i, w in enumerate(words):

@@ -9,7 +9,9 @@ Each argument is an image file, a folder (its image files: .jpg .jpeg .png .gif 
 .webp, in name order) or a glob; a file that several of them name is captioned once.
 Prints each caption with a per-word attention summary (argmax cell and weight); with
 --output writes one JSON object a line per image: {"path", "caption", "tokens" (word
-ids), "score" (the caption's log-probability)}, into a temporary file renamed when done
+ids), "score" (the caption's log-probability), and for a model with off-world statistics
+(`sat-off-world`) "off_world_score" and "off_world" (the photo is unlike the training
+photos: the caption is likely wrong)}, into a temporary file renamed when done
 (an existing file is kept when nothing was captioned); with --visualize writes one PNG
 per image with a panel per word (paper Fig. 3), outlining the attended cell for a
 hard-attention model, named <name>_attention.png, or after the path below the inputs'
@@ -29,7 +31,14 @@ import sys
 from absl import flags
 
 from sat_tf import api
-from sat_tf.cli.flags_lib import define_model_source, define_override, load_model, override, run
+from sat_tf.cli.flags_lib import (
+    define_model_source,
+    define_override,
+    load_model,
+    load_off_world,
+    override,
+    run,
+)
 from sat_tf.data import image_io
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
@@ -158,6 +167,16 @@ def _write_picture(captioner, caption, name):
     print(f"attention picture: {target}")
 
 
+def _off_world_note(captioner, caption):
+    if not caption.off_world:
+        return ""
+    return (
+        f"  [off-world photo: score {caption.off_world_score:.1f} over "
+        f"{captioner.off_world.threshold:.1f}, unlike the training photos; the caption is "
+        "likely wrong]"
+    )
+
+
 def _main(argv):
     if len(argv) < 2:
         raise ValueError("give one or more image files, folders or globs to caption")
@@ -170,7 +189,10 @@ def _main(argv):
     if not FLAGS.workdir and not FLAGS.preset:
         FLAGS.preset = DEFAULT_PRESET
     captioner = api.Captioner(
-        *load_model(FLAGS), batch_size=FLAGS.batch_size, max_image_pixels=FLAGS.max_image_pixels
+        *load_model(FLAGS),
+        batch_size=FLAGS.batch_size,
+        max_image_pixels=FLAGS.max_image_pixels,
+        off_world=load_off_world(FLAGS),
     )
     pictures = picture_names(paths)
     if FLAGS.visualize:
@@ -197,7 +219,7 @@ def _main(argv):
                     failed += 1
             captions = captioner.caption_pixels(pixels, beam_size) if chunk else []
             for path, caption in zip(chunk, captions, strict=True):
-                print(f"{path}: {caption.text}")
+                print(f"{path}: {caption.text}{_off_world_note(captioner, caption)}")
                 print(captioner.attention_summary(caption))
                 if FLAGS.visualize:
                     _write_picture(captioner, caption, pictures[path])
@@ -208,6 +230,9 @@ def _main(argv):
                         "tokens": caption.tokens.tolist(),
                         "score": caption.score,
                     }
+                    if caption.off_world_score is not None:
+                        record["off_world_score"] = caption.off_world_score
+                        record["off_world"] = caption.off_world
                     output.write(json.dumps(record) + "\n")
                 captioned += 1
             if output:

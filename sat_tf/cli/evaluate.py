@@ -6,9 +6,10 @@ metrics.
 
 Writes captions_<split>.json (COCO results format), metrics_<split>.json and
 table_<split>.md (laid out like the paper's Table 1) into the workdir, or into
---output_dir (for a preset by default runs/presets/<its name>); `_beam<k>`, `_lp<value>`
-and `_<hard decoding>` come before the extension when --beam_size, --length_penalty or
---hard_decoding override the model's own. A workdir's model reads its
+--output_dir (for a preset by default runs/presets/<its name>); `_beam<k>`, `_lp<value>`,
+`_<hard decoding>`, `_repeats` and `_nobadendings` come before the extension when
+--beam_size, --length_penalty, --hard_decoding, --block_repeats or --block_bad_endings
+override the model's own. A workdir's model reads its
 feature cache, if it was trained on one; a preset is evaluated from the image files (its
 encoder runs on every photo, as in caption.py and the exports), and its scores are
 compared with those stored in its metadata.json.
@@ -87,6 +88,10 @@ def _main(argv):
     decoding = f", {config.hard_decoding} context" if config.attention == "hard" else ""
     if config.length_penalty:
         decoding += f", length penalty {config.length_penalty:g}"
+    if not config.block_repeats:
+        decoding += ", repeats allowed"
+    if config.block_bad_endings:
+        decoding += ", no bad endings"
     score = config.attention_score + (" + mean context" if config.global_context else "")
     if config.start_state != "mean":
         score += f", {config.start_state} start state"

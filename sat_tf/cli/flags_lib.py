@@ -146,6 +146,20 @@ def define_model_source(flag_values=flags.FLAGS):
         "--length_penalty.",
         flag_values=flag_values,
     )
+    flags.DEFINE_bool(
+        "block_repeats",
+        None,
+        "Never a word a third time in a row nor a trigram twice; left out: the trained "
+        "model's own --block_repeats.",
+        flag_values=flag_values,
+    )
+    flags.DEFINE_bool(
+        "block_bad_endings",
+        None,
+        "Never end a caption on a, the, with, of, ...; left out: the trained model's own "
+        "--block_bad_endings.",
+        flag_values=flag_values,
+    )
     flags.DEFINE_string(
         "workdir",
         None,
@@ -181,8 +195,8 @@ def model_source(flag_values):
 
 
 def decoding_overrides(flag_values, model, config):
-    """Applies --hard_decoding and --length_penalty to a loaded model before it captions
-    anything.
+    """Applies --hard_decoding, --length_penalty, --block_repeats and --block_bad_endings
+    to a loaded model before it captions anything.
 
     Returns:
       (config with the values, {name: value} of those that differ from the model's own).
@@ -198,6 +212,10 @@ def decoding_overrides(flag_values, model, config):
             raise ValueError(f"--length_penalty={penalty} must be >= 0 (0 = off)")
         if penalty != config.length_penalty:
             changed["length_penalty"] = penalty
+    for name in ("block_repeats", "block_bad_endings"):
+        value = flag_values[name].value
+        if value is not None and value != getattr(config, name):
+            changed[name] = value
     value = flag_values["hard_decoding"].value
     if value is not None and value != config.hard_decoding:
         if config.attention != "hard":
@@ -208,6 +226,15 @@ def decoding_overrides(flag_values, model, config):
         model.decoder.hard_decoding = value
         changed["hard_decoding"] = value
     return dataclasses.replace(config, **changed), changed
+
+
+def load_off_world(flag_values):
+    """The off-world statistics (`sat_tf.off_world`) of the workdir or preset the flags
+    name, None where it has none."""
+    from sat_tf import off_world, preset
+
+    kind, source = model_source(flag_values)
+    return off_world.load_from(source if kind == "workdir" else preset.resolve(source))
 
 
 def load_model(flag_values):

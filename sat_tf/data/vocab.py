@@ -149,6 +149,10 @@ class Vocab:
     def ids(self, words: Sequence[str]) -> list[int]:
         return [self._index.get(w, UNK_ID) for w in words]
 
+    def ids_present(self, words: Iterable[str]) -> tuple[int, ...]:
+        """The sorted ids of those `words` the vocabulary holds (e.g. `BAD_ENDINGS`)."""
+        return tuple(sorted(self._index[w] for w in words if w in self._index))
+
     def decode(self, ids: Iterable[int]) -> list[str]:
         """ids -> words, stopping at `<end>` and skipping `<pad>` and `<start>`."""
         words = []

@@ -8,6 +8,7 @@ import tensorflow as tf
 from sat_tf.config import Config
 from sat_tf.data import input_pipeline
 from sat_tf.data import vocab as vocab_lib
+from sat_tf.data.tokens import BAD_ENDINGS
 from sat_tf.evaluation import grounding, metrics
 from sat_tf.model.show_attend_tell import feature_encoder
 from sat_tf.training.prepare import Data, cached_features, prepare_data
@@ -21,7 +22,16 @@ def references(records):
     return {r.image_id: [" ".join(next(words)) for _ in r.captions] for r in records}
 
 
-def make_caption_fn(model, config: Config, beam_size=None, encoder=None):
+def decoding_options(config: Config, vocab=None) -> dict:
+    """`ShowAttendTell.generate`'s blocking arguments from `config.block_repeats` and
+    `config.block_bad_endings` (which needs the `vocab` to find `tokens.BAD_ENDINGS`)."""
+    if config.block_bad_endings and vocab is None:
+        raise ValueError("--block_bad_endings needs the vocabulary to find the bad endings")
+    bad = vocab.ids_present(BAD_ENDINGS) if config.block_bad_endings else ()
+    return {"block_repeats": config.block_repeats, "bad_ending_ids": bad}
+
+
+def make_caption_fn(model, config: Config, beam_size=None, encoder=None, vocab=None):
     """A `tf.function` that captions a batch dict; see `ShowAttendTell.generate`.
 
     With `--jit_compile` XLA compiles it too, once per batch shape: it fuses the decoding
@@ -33,8 +43,10 @@ def make_caption_fn(model, config: Config, beam_size=None, encoder=None):
       beam_size: None for `config.beam_size`.
       encoder: an encoder to run on batch["image"] first, for a model trained on cached
         features (`feature_encoder`); None feeds the batch to the model as it is.
+      vocab: the model's `Vocab`; needed with `config.block_bad_endings`.
     """
     beam = beam_size or config.beam_size
+    blocking = decoding_options(config, vocab)
 
     @tf.function(reduce_retracing=True, jit_compile=config.jit_compile)
     def caption(batch):
@@ -45,6 +57,7 @@ def make_caption_fn(model, config: Config, beam_size=None, encoder=None):
             max_length=config.max_decode_length,
             beam_size=beam,
             length_penalty=config.length_penalty,
+            **blocking,
         )
 
     return caption
@@ -70,7 +83,7 @@ def caption_records(
         features=cached,
     )
     key = "image" if cached is None else "features"
-    caption = make_caption_fn(model, config, beam_size, encoder)
+    caption = make_caption_fn(model, config, beam_size, encoder, vocab)
     results = []
     for batch in ds:
         out = caption({key: batch[key]})
@@ -157,7 +170,8 @@ def evaluate(
 def result_name(kind, split, config, beam_size=None, extension=".json", overrides=None):
     """`<kind>_<split><extension>`, with before the extension `_beam<k>` when `beam_size`
     overrides the model's own (`config.beam_size`), then `_lp<value>` and `_<value>` for
-    a length penalty and a hard decoding in `overrides` (`flags_lib.decoding_overrides`)."""
+    a length penalty and a hard decoding in `overrides` (`flags_lib.decoding_overrides`),
+    and `_repeats` / `_norepeats`, `_badendings` / `_nobadendings` for the blocking."""
     beam = beam_size or config.beam_size
     name = f"{kind}_{split}{f'_beam{beam}' if beam != config.beam_size else ''}"
     overrides = overrides or {}
@@ -165,6 +179,10 @@ def result_name(kind, split, config, beam_size=None, extension=".json", override
         name += f"_lp{overrides['length_penalty']:g}"
     if "hard_decoding" in overrides:
         name += f"_{overrides['hard_decoding']}"
+    if "block_repeats" in overrides:
+        name += "_norepeats" if overrides["block_repeats"] else "_repeats"
+    if "block_bad_endings" in overrides:
+        name += "_nobadendings" if overrides["block_bad_endings"] else "_badendings"
     return name + extension
 
 
