@@ -8,18 +8,25 @@ annotation vectors to those of the training photos (Lee et al., 2018, "A Simple 
 Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks").
 
 The pooled vector of annotation vectors a_1..a_L is [mean_i a_i, std_i a_i] (2D): the
-mean says what the photo holds, the spread over the L locations how much the frame varies
-(a flat frame has none). Its covariance is fitted as probabilistic PCA (Tipping and
-Bishop, 1999): the K leading principal directions u_k with their variances lambda_k, and
-one variance sigma^2 for the rest, so that the statistics stay small (K x 2D floats) and
-their inverse well conditioned with a few thousand photos:
+mean says what the photo holds, the spread over the L locations how much the frame varies.
+Its covariance is fitted as probabilistic PCA (Tipping and Bishop, 1999): the K leading
+principal directions u_k with their variances lambda_k, and one variance sigma^2 for the
+rest, so that the statistics stay small (K x 2D floats) and their inverse well
+conditioned with a few thousand photos:
 
     d(x)^2 = sum_k (u_k . (x - mu))^2 / lambda_k
              + (|x - mu|^2 - sum_k (u_k . (x - mu))^2) / sigma^2
 
-A photo is off-world when d exceeds a threshold set at a quantile of d over held-out
-photos of the same data (the validation split). The scoring is core TF ops, so it runs
-in the exported graph.
+In 2D dimensions d of a typical photo sits on a shell far from 0, and a flat frame lands
+*closer* to mu than real photos do: d alone misses a black frame. So the score adds the
+frame's spread s = mean_d std_i a_id, low for flat frames, noise, star fields and
+textures. Each count is standardised on the training photos, and the score is the worse:
+
+    score = max((d - mean d) / sd d, (mean log s - log s) / sd log s)
+
+A photo is off-world when the score exceeds a threshold set at a quantile of the scores
+of held-out photos of the same data (the validation split). The scoring is core TF ops,
+so it runs in the exported graph.
 """
 
 import dataclasses
@@ -35,19 +42,22 @@ from sat_tf.data import datasets, feature_cache
 FILE = "off_world.npz"
 NUM_COMPONENTS = 64
 QUANTILE = 0.99
+_STANDARDISATION = ("distance_mean", "distance_sd", "log_spread_mean", "log_spread_sd")
 
 
 @dataclasses.dataclass(frozen=True)
 class Stats:
-    """The training photos' pooled-feature statistics and the threshold on d.
+    """The training photos' pooled-feature statistics and the threshold on the score.
 
     Attributes:
       mean: float32 (2D,), mu.
       components: float32 (K, 2D), the leading principal directions u_k (orthonormal rows).
       variances: float32 (K,), lambda_k.
       noise_variance: sigma^2, the mean variance of the other directions.
-      threshold: the distance above which a photo is off-world; nan before calibration.
-      quantile: the quantile of the held-out photos' distances the threshold sits at.
+      distance_mean, distance_sd: mean and standard deviation of d over the training photos.
+      log_spread_mean, log_spread_sd: those of log s.
+      threshold: the score above which a photo is off-world; nan before calibration.
+      quantile: the quantile of the held-out photos' scores the threshold sits at.
       info: what the statistics were computed from (free text fields).
     """
 
@@ -55,6 +65,10 @@ class Stats:
     components: np.ndarray
     variances: np.ndarray
     noise_variance: float
+    distance_mean: float = 0.0
+    distance_sd: float = 1.0
+    log_spread_mean: float = 0.0
+    log_spread_sd: float = 1.0
     threshold: float = float("nan")
     quantile: float = float("nan")
     info: dict = dataclasses.field(default_factory=dict)
@@ -87,12 +101,21 @@ def fit(pooled: np.ndarray, num_components: int = NUM_COMPONENTS, **info) -> Sta
     order = np.argsort(eigenvalues)[::-1]
     eigenvalues, eigenvectors = eigenvalues[order], eigenvectors[:, order]
     rest = eigenvalues[num_components:]
-    return Stats(
+    stats = Stats(
         mean=mean.astype(np.float32),
         components=eigenvectors[:, :num_components].T.astype(np.float32),
         variances=eigenvalues[:num_components].astype(np.float32),
         noise_variance=float(max(rest.mean(), 1e-12)),
         info={"photos": num, **info},
+    )
+    d = distance(tf.constant(pooled, tf.float32), stats).numpy()
+    log_s = log_spread(tf.constant(pooled, tf.float32)).numpy()
+    return dataclasses.replace(
+        stats,
+        distance_mean=float(d.mean()),
+        distance_sd=float(max(d.std(), 1e-6)),
+        log_spread_mean=float(log_s.mean()),
+        log_spread_sd=float(max(log_s.std(), 1e-6)),
     )
 
 
@@ -107,18 +130,32 @@ def distance(pooled: tf.Tensor, stats: Stats) -> tf.Tensor:
     return tf.sqrt(squared)
 
 
+def log_spread(pooled: tf.Tensor) -> tf.Tensor:
+    """log s, s the mean over channels of the std over locations: (B, 2D) -> (B,)."""
+    spread = tf.reduce_mean(pooled[:, pooled.shape[-1] // 2 :], axis=-1)
+    return tf.math.log(tf.maximum(spread, 0.0) + 1e-6)
+
+
+def pooled_score(pooled: tf.Tensor, stats: Stats) -> tf.Tensor:
+    """The off-world score of pooled vectors (B, 2D) -> float32 (B,) (module docstring)."""
+    pooled = tf.cast(pooled, tf.float32)
+    far = (distance(pooled, stats) - stats.distance_mean) / stats.distance_sd
+    flat = (stats.log_spread_mean - log_spread(pooled)) / stats.log_spread_sd
+    return tf.maximum(far, flat)
+
+
 def score(features: tf.Tensor, stats: Stats) -> tuple[tf.Tensor, tf.Tensor]:
-    """(d float32 (B,), d > threshold bool (B,)) of annotation vectors (B, L, D)."""
-    d = distance(pool(features), stats)
-    return d, d > np.float32(stats.threshold)
+    """(score float32 (B,), score > threshold bool (B,)) of annotation vectors (B, L, D)."""
+    value = pooled_score(pool(features), stats)
+    return value, value > np.float32(stats.threshold)
 
 
 def calibrate(stats: Stats, held_out: np.ndarray, quantile: float = QUANTILE) -> Stats:
-    """`stats` with the threshold at `quantile` of the distances of held-out pooled
-    vectors (N, 2D), e.g. the validation photos'."""
+    """`stats` with the threshold at `quantile` of the scores of held-out pooled vectors
+    (N, 2D), e.g. the validation photos'."""
     if not 0.0 < quantile < 1.0:
         raise ValueError(f"quantile={quantile} must be between 0 and 1")
-    d = distance(tf.constant(held_out, tf.float32), stats).numpy()
+    d = pooled_score(tf.constant(held_out, tf.float32), stats).numpy()
     info = {**stats.info, "held_out_photos": len(d)}
     return dataclasses.replace(
         stats, threshold=float(np.quantile(d, quantile)), quantile=quantile, info=info
@@ -132,6 +169,7 @@ def save(stats: Stats, path: str) -> None:
         "components": stats.components,
         "variances": stats.variances,
         "noise_variance": np.float32(stats.noise_variance),
+        **{name: np.float32(getattr(stats, name)) for name in _STANDARDISATION},
         "threshold": np.float32(stats.threshold),
         "quantile": np.float32(stats.quantile),
         **{f"info_{k}": np.asarray(str(v)) for k, v in stats.info.items()},
@@ -154,6 +192,7 @@ def load(path: str) -> Stats:
             components=arrays["components"].astype(np.float32),
             variances=arrays["variances"].astype(np.float32),
             noise_variance=float(arrays["noise_variance"]),
+            **{name: float(arrays[name]) for name in _STANDARDISATION},
             threshold=float(arrays["threshold"]),
             quantile=float(arrays["quantile"]),
             info={k[5:]: str(v) for k, v in arrays.items() if k.startswith("info_")},
@@ -209,7 +248,7 @@ def compute(
     stats = fit(by_split["train"], num_components, **info)
     stats = calibrate(stats, by_split["val"], quantile)
     rates = {
-        split: float(np.mean(distance(tf.constant(p), stats).numpy() > stats.threshold))
+        split: float(np.mean(pooled_score(tf.constant(p), stats).numpy() > stats.threshold))
         for split, p in by_split.items()
     }
     return stats, rates

@@ -5,8 +5,11 @@ import os
 
 import numpy as np
 import tensorflow as tf
+from PIL import Image
 
-from sat_tf import off_world
+import sat_tf
+from sat_tf import off_world, preset
+from sat_tf.cli import caption as caption_cli
 from sat_tf.cli import off_world as off_world_cli
 from sat_tf.config import Config
 from sat_tf.data import datasets, feature_cache, shapes
@@ -58,16 +61,30 @@ class OffWorldTest(tf.test.TestCase):
 
         self.assertAllClose(off_world.distance(tf.constant(point), stats), expected[0], rtol=1e-4)
 
+    def test_score_is_the_worse_of_two_standardised_counts(self):
+        rng = np.random.default_rng(4)
+        photos = rng.normal(size=(300, 6, 5)) * rng.uniform(0.5, 1.5, size=(300, 1, 1)) + 1.0
+        pooled = np.concatenate([photos.mean(axis=1), photos.std(axis=1)], axis=-1)
+        stats = off_world.fit(pooled[:250], num_components=3)
+        d = off_world.distance(tf.constant(pooled), stats).numpy()
+        log_s = np.log(pooled[:, 5:].mean(axis=1) + 1e-6)
+        far = (d - d[:250].mean()) / d[:250].std()
+        flat = (log_s[:250].mean() - log_s) / log_s[:250].std()
+        scores = off_world.pooled_score(tf.constant(pooled), stats).numpy()
+
+        self.assertAllClose(scores, np.maximum(far, flat), atol=1e-4)
+        self.assertTrue(np.any(far > flat) and np.any(flat > far))
+
     def test_calibration_flags_the_quantile_and_far_points(self):
         stats = off_world.fit(_training_vectors(), num_components=4)
         held_out = _training_vectors(num=1000, seed=5)
         stats = off_world.calibrate(stats, held_out, quantile=0.95)
         features = np.stack([held_out, held_out], axis=1)  # (N, 2, D): std 0, mean held_out
-        d = off_world.distance(tf.constant(held_out), stats).numpy()
+        scores = off_world.pooled_score(tf.constant(held_out), stats).numpy()
 
-        self.assertAllClose(np.mean(d > stats.threshold), 0.05, atol=0.002)
+        self.assertAllClose(np.mean(scores > stats.threshold), 0.05, atol=0.002)
         self.assertEqual(stats.info["held_out_photos"], 1000)
-        far = off_world.distance(tf.constant(held_out[:1] + 100.0), stats)
+        far = off_world.pooled_score(tf.constant(held_out[:1] + 100.0), stats)
         self.assertGreater(far[0], stats.threshold)
         self.assertEqual(off_world.pool(tf.constant(features)).shape, (1000, 24))
 
@@ -92,6 +109,9 @@ class OffWorldTest(tf.test.TestCase):
 
         for name in ("mean", "components", "variances"):
             self.assertAllEqual(getattr(loaded, name), getattr(stats, name))
+        for name in ("distance_mean", "distance_sd", "log_spread_mean", "log_spread_sd"):
+            self.assertAllClose(getattr(loaded, name), getattr(stats, name))
+            self.assertNotIn(getattr(stats, name), (0.0, 1.0))
         self.assertAllClose(loaded.threshold, stats.threshold)
         self.assertAllClose(loaded.quantile, 0.99)
         self.assertEqual(
@@ -151,6 +171,77 @@ class OffWorldCommandTest(tf.test.TestCase):
         self.assertLessEqual(summary["flagged"]["val"], 0.05)
         self.assertAllClose(summary["threshold"], stats.threshold, atol=1e-4)
         self.assertEqual(stats.info["photos"], "60")
+
+
+GRID_PRESET = "flickr8k_lite0_grid14_soft"
+
+
+def _probes():
+    """Photos no Flickr8k model should take for its world: flat frames, noise, one pixel."""
+    noise = np.random.default_rng(0).integers(0, 256, (224, 224, 3)).astype(np.uint8)
+    return {
+        "black": np.zeros((224, 224, 3), np.uint8),
+        "grey": np.full((224, 224, 3), 128, np.uint8),
+        "noise": noise,
+        "1x1": np.array([[[120, 80, 200]]], np.uint8),
+    }
+
+
+class ShippedPresetTest(tf.test.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.captioner = sat_tf.Captioner.from_preset(GRID_PRESET)
+
+    def test_flat_frames_noise_and_one_pixel_are_flagged_and_captioned(self):
+        probes = _probes()
+        captions = self.captioner.caption(list(probes.values()))
+        threshold = self.captioner.off_world.threshold
+        for name, caption in zip(probes, captions, strict=True):
+            self.assertTrue(caption.off_world, name)
+            self.assertGreater(caption.off_world_score, threshold, name)
+            self.assertNotEmpty(caption.words, name)
+
+    def test_microscope_slide_and_galaxy_field_are_flagged(self):
+        try:
+            from skimage import data
+        except ImportError:
+            self.skipTest("scikit-image is not installed")
+        captions = self.captioner.caption([data.hubble_deep_field(), data.immunohistochemistry()])
+        self.assertEqual([c.off_world for c in captions], [True, True])
+
+    def test_stored_statistics_describe_the_preset(self):
+        folder = os.path.join(preset.PRESETS_DIR, GRID_PRESET)
+        metadata = preset.verify(folder)
+        self.assertIn(off_world.FILE, metadata["files"])
+        stats = self.captioner.off_world
+        self.assertEqual(stats.feature_dim, self.captioner.model.feature_dim)
+        self.assertAllClose(stats.quantile, 0.99)
+        self.assertLessEqual(metadata["off_world"]["flagged"]["test"], 0.02)
+        self.assertLess(os.path.getsize(os.path.join(folder, off_world.FILE)), 10**6)
+
+    def test_caption_command_writes_and_marks_the_score(self):
+        folder = self.get_temp_dir()
+        black = os.path.join(folder, "black.png")
+        Image.fromarray(_probes()["black"]).save(black)
+        output = os.path.join(folder, "captions.jsonl")
+        code, out, err = fixtures.run_main(
+            caption_cli.main, "sat-caption", black, f"--preset={GRID_PRESET}", f"--output={output}"
+        )
+
+        self.assertEqual(code, 0, err)
+        with open(output, encoding="utf-8") as f:
+            (record,) = [json.loads(line) for line in f]
+        self.assertTrue(record["off_world"])
+        self.assertGreater(record["off_world_score"], self.captioner.off_world.threshold)
+        self.assertIn("[off-world photo: score", out)
+
+    def test_a_preset_without_statistics_gives_none(self):
+        captioner = sat_tf.Captioner.from_preset("flickr8k_lite0_soft")
+        (caption,) = captioner.caption(_probes()["grey"])
+        self.assertIsNone(captioner.off_world)
+        self.assertIsNone(caption.off_world_score)
+        self.assertIsNone(caption.off_world)
 
 
 if __name__ == "__main__":
