@@ -255,7 +255,7 @@ class Captioner:
         caption = self._caption_fn(beam_size)
         for start in range(0, len(pixels), self.batch_size):
             chunk = pixels[start : start + self.batch_size]
-            out, distances = caption(tf.constant(chunk))
+            out, scores = caption(tf.constant(chunk))
             tokens, lengths = out.tokens.numpy(), out.length.numpy()
             maps = out.attention.numpy().reshape((*tokens.shape, *self.grid))  # (B, T, H, W)
             for i, n in enumerate(lengths):
@@ -269,15 +269,15 @@ class Captioner:
                         score=float(out.log_prob[i]),
                         attention=maps[i, :emitted],
                         image=np.clip(np.round(chunk[i]), 0, 255).astype(np.uint8),
-                        **self._off_world_fields(distances, i),
+                        **self._off_world_fields(scores, i),
                     )
                 )
         return captions
 
-    def _off_world_fields(self, distances, i):
-        if distances is None:
+    def _off_world_fields(self, scores, i):
+        if scores is None:
             return {}
-        score = float(distances[i])
+        score = float(scores[i])
         return {"off_world_score": score, "off_world": score > self.off_world.threshold}
 
     def caption(self, images, beam_size: int | None = None) -> list[Caption]:
