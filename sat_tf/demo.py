@@ -75,7 +75,7 @@ class Limits:
     """
 
     max_bytes: int = 10 * 2**20
-    max_pixels: int = 50_000_000
+    max_pixels: int = image_io.MAX_IMAGE_PIXELS
     max_aspect: float = 4.0
 
 
@@ -232,13 +232,13 @@ def find_samples(folder: str, limit: int = MAX_SAMPLES) -> list[str]:
 
 
 def check_image(data: bytes, name: str, limits: Limits) -> None:
-    """Refuses an upload that breaks `limits`, reading only the image's header.
-
-    Bytes that PIL cannot identify pass on to the model, whose own check names what is
-    wrong with them.
+    """Refuses an upload that breaks `limits`, reading only the image's header: the
+    package's admission rule (`image_io.admit`) with the demo's pixel limit, then the
+    demo's own aspect limit.
 
     Raises:
-      ImageError: naming `name`, its size and the limit it breaks.
+      ImageError: naming `name` and what is wrong (empty, not an image, a damaged
+        header), or its size and the limit it breaks.
     """
     if len(data) > limits.max_bytes:
         raise ImageError(
@@ -247,22 +247,16 @@ def check_image(data: bytes, name: str, limits: Limits) -> None:
         )
     limit = f"{limits.max_pixels / 1e6:g} megapixels"
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            width, height = image.size
-    except Image.DecompressionBombError:
-        bomb = 2 * Image.MAX_IMAGE_PIXELS / 1e6
+        header = image_io.admit(data, name, limits.max_pixels)
+    except image_io.ImageError as e:
+        if e.status != image_io.TOO_MANY_PIXELS:
+            raise ImageError(str(e)) from None
+        _, header = image_io.read_header(data)
         raise ImageError(
-            f"{name} has over {bomb:.0f} megapixels; the demo takes up to {limit}"
+            f"{name} is {header.width} x {header.height} pixels "
+            f"({header.pixels / 1e6:.0f} megapixels); the demo takes up to {limit}"
         ) from None
-    except Exception:  # noqa: BLE001 - unreadable bytes are the model's to name
-        return
-    if width * height > limits.max_pixels:
-        raise ImageError(
-            f"{name} is {width} x {height} pixels ({width * height / 1e6:.0f} megapixels); "
-            f"the demo takes up to {limit}"
-        )
-    if min(width, height) == 0:
-        raise ImageError(f"{name} has no pixels ({width} x {height})")
+    width, height = header.width, header.height
     aspect = max(width, height) / min(width, height)
     if aspect > limits.max_aspect:
         raise ImageError(

@@ -82,7 +82,11 @@ def bad_uploads():
     """{case: (file name, bytes, words the message must hold)} for the four bad inputs."""
     noise = np.random.default_rng(0).integers(0, 256, (2600, 2700, 3), dtype=np.uint8)
     return {
-        "text": ("notes.jpg", b"shopping list: milk, eggs\n" * 4, "notes.jpg (104 bytes) is not a"),
+        "text": (
+            "notes.jpg",
+            b"shopping list: milk, eggs\n" * 4,
+            "notes.jpg (104 bytes) is text, not a JPEG",
+        ),
         "empty": ("empty.jpg", b"", "empty.jpg is empty (0 bytes)"),
         "large": (
             "large.bmp",

@@ -98,7 +98,7 @@ class FuzzTest(tf.test.TestCase):
             self.assertStartsWith(outcome, "x.jpg")
             for internal in TF_INTERNALS:
                 self.assertNotIn(internal, outcome)
-        python = image_io._read_header(data)
+        python = image_io.read_header(data)
         graph = {k: int(v) for k, v in _graph_header(tf.constant(data)).items()}
         self.assertEqual(graph["status"], python[0])
         if python[1] is not None:

@@ -394,7 +394,7 @@ def _gif_frames(data):
     return (frames, pixels) if frames else None
 
 
-def _read_header(data: bytes):
+def read_header(data: bytes):
     """(status, header): status `OK` with an `ImageHeader`, else `EMPTY`,
     `NOT_AN_IMAGE` (also an animated WebP, which TensorFlow's decoder cannot read) or
     `CORRUPT` with None. The walk `read_header_tf` repeats in a graph."""
@@ -491,7 +491,7 @@ def admit(data: bytes, name: str, max_image_pixels: int = MAX_IMAGE_PIXELS) -> I
         image (naming TIFF, SVG, text ... when it is one), a header that is cut or
         damaged, or more pixels than `max_image_pixels`.
     """
-    status, header = _read_header(data)
+    status, header = read_header(data)
     if status == EMPTY:
         raise ImageError(f"{name} is empty (0 bytes)", EMPTY)
     if status == NOT_AN_IMAGE and _read_format(data) == _WEBP:
@@ -549,7 +549,7 @@ def admit_files(paths: Sequence[str], max_image_pixels: int = MAX_IMAGE_PIXELS) 
             continue
         with open(path, "rb") as f:
             data = f.read(_HEADER_BYTES)
-            status, _ = _read_header(data)
+            status, _ = read_header(data)
             if len(data) == _HEADER_BYTES and (status == CORRUPT or data.startswith(b"GIF")):
                 data += f.read()
         try:
