@@ -29,8 +29,7 @@ sys.path[:0] = [_ROOT, os.path.join(_ROOT, "bench")]
 
 from run import machine_info, stats  # noqa: E402
 
-from sat_tf import demo, preset  # noqa: E402
-from sat_tf.training import workdir as workdir_lib  # noqa: E402
+from sat_tf import demo, inference  # noqa: E402
 
 FLICKR8K = os.path.join(os.path.dirname(_ROOT), "shared", "data", "flickr8k")
 
@@ -92,7 +91,9 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="sat_tf_demo_bench_") as folder:
         if args.workdir or args.preset:
             trained = (
-                workdir_lib.load_trained(args.workdir) if args.workdir else preset.load(args.preset)
+                inference.load_workdir(args.workdir)
+                if args.workdir
+                else inference.load_preset(args.preset)
             )
             exports = demo.export_decodings(trained, folder)
         captioners = demo.load_captioners(exports)

@@ -9,7 +9,7 @@ element.
 
 import dataclasses
 
-from sat_tf.model.step import HiddenLayout
+from sat_tf.model.fast.layout import HiddenLayout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Shape:
         return self.attention == "soft" or (self.attention == "hard" and self.hard_gate)
 
     def hidden_projection_width(self):
-        """Columns W of the fused h_{t-1} kernel (`step.HiddenLayout`)."""
+        """Columns W of the fused h_{t-1} kernel (`fast.layout.HiddenLayout`)."""
         score = self.attention_dim if self.attention != "none" and self.score == "additive" else 0
         return HiddenLayout(4 * self.hidden_dim, score, self.gated()).width
 

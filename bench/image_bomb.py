@@ -130,11 +130,12 @@ def main():
     export = os.path.join(scratch, "export")
     if "serving_default" in paths:
         made = (
-            "import importlib, sys\n"
-            "from sat_tf import preset\n"
-            "try:\n    e = importlib.import_module('sat_tf.exporting')\n"
-            "except ImportError:\n    e = importlib.import_module('sat_tf.export_model')\n"
-            "e.export(*preset.load(sys.argv[1]), sys.argv[2])\n"
+            "import sys\n"
+            "try:\n    from sat_tf import exporting as e\n"
+            "    from sat_tf.inference import load_preset\n"
+            "except ImportError:\n    from sat_tf import export_model as e\n"
+            "    from sat_tf.preset import load as load_preset\n"
+            "e.export(*load_preset(sys.argv[1]), sys.argv[2])\n"
         )
         *_, status = _run([sys.executable, "-c", made, args.preset, export], env)
         if status:

@@ -42,15 +42,15 @@ import numpy as np
 import tensorflow as tf
 
 import sat_tf
-from sat_tf import machine
+from sat_tf import inference, machine
 from sat_tf.config import Config
 from sat_tf.data import input_pipeline
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.datasets import Record
 from sat_tf.evaluation import cider
-from sat_tf.model import reinforce as reinforce_lib
-from sat_tf.model import self_critical
+from sat_tf.model import losses, self_critical
 from sat_tf.model.encoder import ImageEncoder
+from sat_tf.model.fast import schedule as schedule_lib
 from sat_tf.model.show_attend_tell import build_model
 from sat_tf.training import optimizers, publish
 
@@ -142,10 +142,10 @@ TRAIN_SHAPES = {
 # stop 47; since then the schedule of `fused_hard` unset). "fused_whole_baseline" is
 # "fused" with hard attention's argmax baseline decoding every caption of the batch,
 # as it did until stop 49, instead of the sampled ones alone
-# (`reinforce.sampled_argmax_reward`); "fused_moving_average" is "fused" with the
+# (`losses.sampled_argmax_reward`); "fused_moving_average" is "fused" with the
 # paper's moving-average baseline, which needs no second pass. An
 # optional sixth value "keras" takes Keras's own Adam instead of the package's
-# (`training/optimizers.py`: each variable's update one fused kernel).
+# (`model/fast/optimizers.py`: each variable's update one fused kernel).
 TRAIN_CASES = {
     "soft_additive": ("soft", "additive", False, "float32", "fused"),
     "soft_additive_ops": ("soft", "additive", False, "float32", "fused_ops"),
@@ -534,7 +534,7 @@ def case_train_step(
         "parameters": int(sum(np.prod(v.shape) for v in model.trainable_weights)),
         "parameters_analytic": decoder_shape(p, attention, score).parameters(),
     }
-    report["compiled_score"] = model.decoder._uses_compiled_score()
+    report["compiled_score"] = schedule_lib.uses_compiled_score(model.decoder)
     settings = model.settings
     if attention == "hard" and settings.reinforce_baseline == "argmax":
         # The FLOP count has one forward pass; the argmax baseline's pass adds another,
@@ -557,9 +557,7 @@ def train_step_fn(p, attention, score, jit, policy="float32", schedule="fused", 
         model = feature_model(p, attention, score, optimizer)
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    if schedule.startswith("autodiff"):
-        model.decoder.uses_recurrence = lambda: False
-    else:
+    if not schedule.startswith("autodiff"):
         model.decoder.fused_hard = True  # the default, set for the fused cases all the same
     # XLA cannot compile the score's op (a custom op without an XLA kernel).
     compiled = ("fused", "fused_whole_baseline", "fused_moving_average", "autodiff_compiled")
@@ -570,7 +568,12 @@ def train_step_fn(p, attention, score, jit, policy="float32", schedule="fused", 
     if schedule == "fused_whole_baseline":
         # Patched while the step runs, so while `tf.function` traces it: the graph holds
         # the whole-batch pass.
-        patch = mock.patch.object(reinforce_lib, "sampled_argmax_reward", whole_batch_argmax_reward)
+        patch = mock.patch.object(losses, "sampled_argmax_reward", whole_batch_argmax_reward)
+        train_step = patch(train_step)
+    if schedule.startswith("autodiff"):
+        # The fast schedule without its recurrence: the reference loop (with the compiled
+        # score for "autodiff_compiled"), patched while `tf.function` traces the step.
+        patch = mock.patch.object(schedule_lib, "uses_recurrence", lambda decoder: False)
         train_step = patch(train_step)
     return model, blocking(tf.function(train_step, jit_compile=jit), train_batch(p))
 
@@ -631,12 +634,12 @@ def case_scst_step(p, samples=5):
 
 
 def whole_batch_argmax_reward(decoder, features, captions, mask, to_go, sampled, reward, state):
-    """`reinforce.sampled_argmax_reward` as it was until stop 49: the argmax baseline's
+    """`losses.sampled_argmax_reward` as it was until stop 49: the argmax baseline's
     pass decodes every caption of the batch whenever any sampled (the same values at the
     sampled rows; the others are never read)."""
     return tf.cond(
         tf.reduce_any(sampled > 0),
-        lambda: reinforce_lib.argmax_reward(decoder, features, captions, mask, to_go, state),
+        lambda: losses.argmax_reward(decoder, features, captions, mask, to_go, state),
         lambda: tf.zeros_like(reward),
     )
 
@@ -1066,9 +1069,9 @@ def _jpeg(size, seed):
 def case_serve(p):
     """The exported SavedModel's serving_default on JPEG bytes, and the TFLite file."""
     try:
-        from sat_tf import export_model
+        from sat_tf import exporting
     except ImportError as e:
-        return {"skipped": f"sat_tf.export_model cannot be imported: {e}"}
+        return {"skipped": f"sat_tf.exporting cannot be imported: {e}"}
     words = [f"w{i}" for i in range(p["vocab_words"])]
     vocab = vocab_lib.Vocab(list(vocab_lib.SPECIALS) + words)
     config = Config(
@@ -1085,7 +1088,7 @@ def case_serve(p):
         path = os.path.join(tmp, "export")
         try:
             start = time.perf_counter()
-            info = export_model.export(model, vocab, config, path, tflite=True)
+            info = exporting.export(model, vocab, config, path, tflite=True)
             export_seconds = time.perf_counter() - start
         except Exception as e:  # noqa: BLE001 - the export belongs to another module
             return {"skipped": "export failed", **error_report(e)}
@@ -1184,12 +1187,12 @@ def case_tflite(p, source, data_dir, limit):
     the SavedModel gets the decoded uint8 photo and resizes it in its graph. Without
     the dataset, random images give the latencies alone.
     """
-    from sat_tf import export_model, preset
+    from sat_tf import exporting, preset
     from sat_tf.data import image_io
     from sat_tf.evaluation import metrics
     from sat_tf.training import scoring
 
-    model, vocab, config = preset.load(source)
+    model, vocab, config = inference.load_preset(source)
     metadata = preset.read_metadata(preset.resolve(source))
     records, no_data = test_records(config, data_dir, limit)
     size, crop = config.image_size, config.effective_crop_fraction
@@ -1201,7 +1204,7 @@ def case_tflite(p, source, data_dir, limit):
         folder = os.path.join(tmp, "export")
         start = time.perf_counter()
         # Greedy, as the TFLite files decode (a preset's own beam may be larger).
-        info = export_model.export(
+        info = exporting.export(
             model, vocab, config, folder, beam_size=1, tflite=True, quantize="dynamic"
         )
         result["export_seconds"] = time.perf_counter() - start
@@ -1215,8 +1218,8 @@ def case_tflite(p, source, data_dir, limit):
             return out["tokens"].numpy()[0], int(out["length"].numpy()[0])
 
         engines = {
-            "tflite_float": _litert(os.path.join(folder, export_model.TFLITE_FILE), threads),
-            "tflite_int8": _litert(os.path.join(folder, export_model.TFLITE_INT8_FILE), threads),
+            "tflite_float": _litert(os.path.join(folder, exporting.TFLITE_FILE), threads),
+            "tflite_int8": _litert(os.path.join(folder, exporting.TFLITE_INT8_FILE), threads),
             "saved_model": saved_model,
         }
         rng = np.random.default_rng(4)
@@ -1290,7 +1293,7 @@ def _policy_model(model, vocab, config, policy):
 
 def case_float16(p, source, data_dir, limit):
     """Greedy decoding of the preset from encoder features with float32 weights and
-    compute (what `preset.load` gives), float16 weights and compute (Keras policy
+    compute (what `inference.load_preset` gives), float16 weights and compute (Keras policy
     "float16") and float32 weights with float16 compute ("mixed_float16"): ms per caption
     at batch 1 (the three alternating on every image) and at the batch of all images,
     and the share of captions equal to float32's. Features come from the preset's test
@@ -1298,7 +1301,7 @@ def case_float16(p, source, data_dir, limit):
     from sat_tf import preset
     from sat_tf.model.show_attend_tell import feature_encoder
 
-    model, vocab, config = preset.load(source)
+    model, vocab, config = inference.load_preset(source)
     if model.encoder is not None:
         return {"skipped": "the float16 case decodes features of a model on cached features"}
     records, no_data = test_records(config, data_dir, limit or FLOAT16_IMAGES)

@@ -1,11 +1,5 @@
-"""The command sat-export (sat_tf/cli/export.py); --help describes it."""
+"""`python export/export.py` is the command sat-export."""
 
-import os
-import sys
+from sat_tf.cli.export import main
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from sat_tf.cli.export import main  # noqa: E402
-
-if __name__ == "__main__":
-    sys.exit(main())
+raise SystemExit(main())

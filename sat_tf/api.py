@@ -23,14 +23,12 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image, ImageOps
 
+from sat_tf import inference, preset
 from sat_tf import off_world as off_world_lib
-from sat_tf import preset
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import visualize
 from sat_tf.model.show_attend_tell import ShowAttendTell, feature_encoder
-from sat_tf.training import scoring
-from sat_tf.training import workdir as workdir_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +168,7 @@ class Captioner:
         """A captioner of a training workdir (`sat-train`): its best weights, and its
         off-world statistics where `sat-off-world` wrote them."""
         stats = off_world_lib.load_from(workdir)
-        return cls(*workdir_lib.load_trained(workdir), off_world=stats, **kwargs)
+        return cls(*inference.load_workdir(workdir), off_world=stats, **kwargs)
 
     @property
     def image_size(self) -> int:
@@ -223,7 +221,7 @@ class Captioner:
     def _caption_fn(self, beam_size):
         """A `tf.function` of pixels -> (`DecodeResult`, off-world score or None)."""
         if beam_size not in self._caption_fns:
-            decode = scoring.make_caption_fn(self.model, self.config, beam_size, vocab=self.vocab)
+            decode = inference.make_caption_fn(self.model, self.config, beam_size, vocab=self.vocab)
             stats = self.off_world
 
             @tf.function(reduce_retracing=True)

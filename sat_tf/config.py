@@ -1,8 +1,8 @@
 """Every setting of a sat_tf run, its default and a one-line help string.
 
 The defaults train on the built-in `shapes` dataset; `configs/*.flags` list only what
-differs for Flickr8k, Flickr30k and COCO. Flags of `scripts/*.py` are generated from the
-fields of `Config` (see `scripts/flags_lib.py`).
+differs for Flickr8k, Flickr30k and COCO. The console commands' flags (`sat-train`, ...)
+are generated from the fields of `Config` by `sat_tf/cli/flags_lib.py`.
 """
 
 import dataclasses

@@ -1,7 +1,7 @@
 """A local web page to try a captioner: upload or drop a photo, read its caption and see
 where the model looked for every word (paper Fig. 3).
 
-The page is driven by exported SavedModels (`sat_tf.export_model`), each loaded once with
+The page is driven by exported SavedModels (`sat_tf.exporting`), each loaded once with
 `tf.saved_model.load`: a caption comes from the `serving_default` signature — the
 outputs TF Serving would return — and never from a second path through the Python
 model. Beam size is fixed in a SavedModel when it is exported, so the page offers one
@@ -34,7 +34,7 @@ import tensorflow as tf
 from PIL import Image
 from werkzeug import exceptions, serving
 
-from sat_tf import export_model
+from sat_tf import exporting
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
 
@@ -88,12 +88,12 @@ def decoding_name(beam_size: int) -> str:
     return "greedy" if beam_size == 1 else f"beam {beam_size}"
 
 
-class Captioner:
+class ExportedCaptioner:
     """The `serving_default` signature of one export, loaded once.
 
     Attributes:
       path: the export directory.
-      info: its `sat_tf_export.json` (`export_model.export` returns the same dict).
+      info: its `sat_tf_export.json` (`exporting.export` returns the same dict).
       beam_size: the beam size fixed in the graph; 1 is greedy.
       name: `decoding_name(beam_size)`.
     """
@@ -102,15 +102,15 @@ class Captioner:
         """Loads the SavedModel in `path`.
 
         Raises:
-          ValueError: when `path` is not a directory written by `export_model.export`.
+          ValueError: when `path` is not a directory written by `exporting.export`.
         """
         self.path = os.path.abspath(path)
-        info_path = os.path.join(self.path, export_model.EXPORT_INFO)
+        info_path = os.path.join(self.path, exporting.EXPORT_INFO)
         if not os.path.isdir(self.path):
             raise ValueError(f"export {path!r} is not a directory")
         if not os.path.exists(info_path):
             raise ValueError(
-                f"export {path!r} has no {export_model.EXPORT_INFO}: "
+                f"export {path!r} has no {exporting.EXPORT_INFO}: "
                 "give a folder written by export/export.py"
             )
         with open(info_path, encoding="utf-8") as f:
@@ -164,14 +164,14 @@ class Captioner:
         }
 
 
-def load_captioners(paths: Sequence[str]) -> list[Captioner]:
+def load_captioners(paths: Sequence[str]) -> list[ExportedCaptioner]:
     """Loads one or two exports, each offering the decoding it was exported with.
 
     Args:
       paths: export directories.
 
     Returns:
-      their `Captioner`s, by beam size.
+      their `ExportedCaptioner`s, by beam size.
 
     Raises:
       ValueError: for no path or more than two, a folder that is not an export, two
@@ -179,7 +179,7 @@ def load_captioners(paths: Sequence[str]) -> list[Captioner]:
     """
     if not 1 <= len(paths) <= 2:
         raise ValueError(f"give one or two export folders, got {len(paths)}: {list(paths)}")
-    captioners = sorted((Captioner(p) for p in paths), key=lambda c: c.beam_size)
+    captioners = sorted((ExportedCaptioner(p) for p in paths), key=lambda c: c.beam_size)
     if len(captioners) == 2:
         first, second = captioners
         if first.beam_size == second.beam_size:
@@ -200,8 +200,8 @@ def export_decodings(trained, folder: str, beam_sizes: Sequence[int] = (1, 3)) -
     """Exports a trained model once per beam size, for `load_captioners`.
 
     Args:
-      trained: `(model, vocab, config)` of a workdir (`workdir.load_trained`) or a preset
-        (`preset.load`).
+      trained: `(model, vocab, config)` of a workdir (`inference.load_workdir`) or a preset
+        (`inference.load_preset`).
       folder: where the exports go, one subfolder per beam size (a temporary folder).
       beam_sizes: the decodings to offer.
 
@@ -212,7 +212,7 @@ def export_decodings(trained, folder: str, beam_sizes: Sequence[int] = (1, 3)) -
     paths = []
     for beam_size in beam_sizes:
         path = os.path.join(folder, decoding_name(beam_size).replace(" ", ""))
-        export_model.export(model, vocab, config, path, beam_size=beam_size)
+        exporting.export(model, vocab, config, path, beam_size=beam_size)
         paths.append(path)
     return paths
 
@@ -272,7 +272,9 @@ def _data_url(pixels: np.ndarray) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def display_pixels(data: bytes, captioner: Captioner, size: int = DISPLAY_SIZE) -> np.ndarray:
+def display_pixels(
+    data: bytes, captioner: ExportedCaptioner, size: int = DISPLAY_SIZE
+) -> np.ndarray:
     """(size, size, 3) uint8: the centre crop the model captions, at `size` pixels.
 
     `image_io.decode_image` with the export's crop fraction, so the picture covers
@@ -288,7 +290,7 @@ def attention_panels(pixels: np.ndarray, result: dict, hard: bool) -> dict:
 
     Args:
       pixels: (h, w, 3) uint8, the picture the overlays are drawn on.
-      result: a `Captioner` result.
+      result: a `ExportedCaptioner` result.
       hard: mark the argmax cell of each map (hard attention, paper §4.1).
 
     Returns:
@@ -312,7 +314,7 @@ def attention_panels(pixels: np.ndarray, result: dict, hard: bool) -> dict:
 
 
 def caption_page(
-    captioner: Captioner, data: bytes, name: str, limits: Limits, model_lock=None
+    captioner: ExportedCaptioner, data: bytes, name: str, limits: Limits, model_lock=None
 ) -> dict:
     """Everything the page shows for one upload.
 
@@ -365,7 +367,7 @@ def _asset(name: str) -> bytes:
 
 
 def create_app(
-    captioners: Sequence[Captioner],
+    captioners: Sequence[ExportedCaptioner],
     samples: Sequence[str] = (),
     *,
     limits: Limits = Limits(),

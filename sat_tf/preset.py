@@ -4,23 +4,25 @@ A preset is a folder of weights.npz (float16, no pickle; a frozen ImageNet encod
 out), vocab.txt, config.json, features.json (cached-feature models) and metadata.json
 (name, model fields, vocabulary fingerprint, the test scores of these very weights, the
 machine, the commands, and the sha256 and size of every other file): docs/design.md §8.
-`load(source)` gives `(model, vocab, config)` from a shipped name, a folder, or the
-https:// URL of an archive (`download.py`, `#sha256=<hex>` on the URL); every file is
-checked against metadata.json first, and a bad one is refused with a one-line
-ValueError. `sat_tf/training/publish.py` makes, packs and scores presets.
+`read(source)` gives the config, vocabulary and feature geometry of a shipped name, a
+folder, or the https:// URL of an archive (`download.py`, `#sha256=<hex>` on the URL),
+every file checked against metadata.json first (a bad one is refused with a one-line
+ValueError); `load_weights(model, stored)` fills a model built from them. This module
+never builds a model: `sat_tf.inference.load_preset` (and `ShowAttendTell.from_preset`)
+do. `sat_tf/training/publish.py` makes, packs and scores presets.
 """
 
 import datetime
 import json
 import os
 import re
+from typing import NamedTuple
 
 import sat_tf
 from sat_tf import download, files, npz_weights
 from sat_tf.config import MODEL_FIELDS, Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.files import sha256_of
-from sat_tf.model.show_attend_tell import build_model
 
 PRESETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
 WEIGHTS_FILE = "weights.npz"
@@ -290,19 +292,35 @@ def write_metadata(directory: str, metadata: dict) -> None:
     files.write_json(os.path.join(directory, METADATA_FILE), metadata, indent=2, sort_keys=True)
 
 
-def load(source: str, cache_dir: str | None = None):
-    """Loads a preset: the float16 weights into a float32 model.
+class Stored(NamedTuple):
+    """A preset read and checked (`read`): what building its model takes.
+
+    Attributes:
+      directory: the preset folder.
+      config: the `Config` it was trained with.
+      vocab: its `Vocab`.
+      feature_shape: (L, D) of a model trained on cached features, else None.
+      grid: (H, W) of those features, else None.
+      encoder_in_weights: whether weights.npz holds the encoder's weights (else a
+        frozen ImageNet encoder's come from `config.encoder_weights`).
+    """
+
+    directory: str
+    config: Config
+    vocab: vocab_lib.Vocab
+    feature_shape: tuple | None
+    grid: tuple | None
+    encoder_in_weights: bool
+
+
+def read(source: str, cache_dir: str | None = None) -> Stored:
+    """Reads and checks a preset: its config, vocabulary and feature geometry.
 
     Args:
       source: a shipped preset's name (`names()`), a preset folder, or the https:// URL
         of a preset archive, optionally ending in `#sha256=<hex>` (`download`).
       cache_dir: where downloads are kept (in `presets/`); None for
         `download.default_cache_dir()`.
-
-    Returns:
-      (model, vocab, config), as `workdir.load_trained` returns them. A model trained on
-      cached features has no encoder: `show_attend_tell.feature_encoder(model, config)` rebuilds
-      the backbone that made them, for captioning images.
 
     Raises:
       ValueError: one line naming the preset and what is wrong with it.
@@ -323,12 +341,17 @@ def load(source: str, cache_dir: str | None = None):
             feature_shape, grid = tuple(stored["feature_shape"]), tuple(stored["grid"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"preset {directory}: cannot read {FEATURES_FILE}: {e}") from e
-    with_encoder = _encoder_in_weights(config)
-    model = build_model(
-        config, len(vocab), feature_shape, grid, load_encoder_weights=not with_encoder
-    )
+    return Stored(directory, config, vocab, feature_shape, grid, _encoder_in_weights(config))
+
+
+def load_weights(model, stored: Stored) -> None:
+    """Loads a preset's float16 weights into `model` (float32), built from `stored`.
+
+    Raises:
+      ValueError: naming the preset, when the weights do not fit the model.
+    """
+    path = os.path.join(stored.directory, WEIGHTS_FILE)
     try:
-        npz_weights.load(model, os.path.join(directory, WEIGHTS_FILE), with_encoder, CONFIG_FILE)
+        npz_weights.load(model, path, stored.encoder_in_weights, CONFIG_FILE)
     except ValueError as e:
-        raise ValueError(f"preset {directory}: {e}") from e
-    return model, vocab, config
+        raise ValueError(f"preset {stored.directory}: {e}") from e

@@ -1,11 +1,5 @@
-"""The command sat-caption (sat_tf/cli/caption.py); --help describes it."""
+"""`python scripts/caption.py` is the command sat-caption."""
 
-import os
-import sys
+from sat_tf.cli.caption import main
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from sat_tf.cli.caption import main  # noqa: E402
-
-if __name__ == "__main__":
-    sys.exit(main())
+raise SystemExit(main())

@@ -1,11 +1,5 @@
-"""The command sat-demo (sat_tf/cli/demo.py); --help describes it."""
+"""`python scripts/demo.py` is the command sat-demo."""
 
-import os
-import sys
+from sat_tf.cli.demo import main
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from sat_tf.cli.demo import main  # noqa: E402
-
-if __name__ == "__main__":
-    sys.exit(main())
+raise SystemExit(main())

@@ -1,11 +1,5 @@
-"""The command sat-evaluate (sat_tf/cli/evaluate.py); --help describes it."""
+"""`python scripts/evaluate.py` is the command sat-evaluate."""
 
-import os
-import sys
+from sat_tf.cli.evaluate import main
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from sat_tf.cli.evaluate import main  # noqa: E402
-
-if __name__ == "__main__":
-    sys.exit(main())
+raise SystemExit(main())

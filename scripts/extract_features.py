@@ -1,11 +1,5 @@
-"""The command sat-extract-features (sat_tf/cli/extract_features.py); --help describes it."""
+"""`python scripts/extract_features.py` is the command sat-extract-features."""
 
-import os
-import sys
+from sat_tf.cli.extract_features import main
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from sat_tf.cli.extract_features import main  # noqa: E402
-
-if __name__ == "__main__":
-    sys.exit(main())
+raise SystemExit(main())

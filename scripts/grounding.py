@@ -1,11 +1,5 @@
-"""The command sat-grounding (sat_tf/cli/grounding.py); --help describes it."""
+"""`python scripts/grounding.py` is the command sat-grounding."""
 
-import os
-import sys
+from sat_tf.cli.grounding import main
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from sat_tf.cli.grounding import main  # noqa: E402
-
-if __name__ == "__main__":
-    sys.exit(main())
+raise SystemExit(main())

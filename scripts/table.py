@@ -1,11 +1,5 @@
-"""The command sat-table (sat_tf/cli/table.py); --help describes it."""
+"""`python scripts/table.py` is the command sat-table."""
 
-import os
-import sys
+from sat_tf.cli.table import main
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from sat_tf.cli.table import main  # noqa: E402
-
-if __name__ == "__main__":
-    sys.exit(main())
+raise SystemExit(main())

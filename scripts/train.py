@@ -1,11 +1,5 @@
-"""The command sat-train (sat_tf/cli/train.py); --help describes it."""
+"""`python scripts/train.py` is the command sat-train."""
 
-import os
-import sys
+from sat_tf.cli.train import main
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from sat_tf.cli.train import main  # noqa: E402
-
-if __name__ == "__main__":
-    sys.exit(main())
+raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Tests for the Python API (`sat_tf.Captioner`, `ShowAttendTell.from_preset`) on the
 shipped preset: README's three lines, every input kind against the file path, batches
 against one image at a time, and the captions against the package's own pipeline of
-`scripts/caption.py` before the API (preset.load, image_io, make_caption_fn)."""
+`scripts/caption.py` before the API (inference.load_preset, image_io, make_caption_fn)."""
 
 import contextlib
 import io
@@ -20,11 +20,10 @@ from fixtures import scenes, tiny_model
 from PIL import Image
 
 import sat_tf
-from sat_tf import preset
+from sat_tf import inference, preset
 from sat_tf.config import Config
 from sat_tf.data import image_io
 from sat_tf.model.show_attend_tell import feature_encoder
-from sat_tf.training import scoring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLICKR8K = os.environ.get("SAT_TF_FLICKR8K", os.path.join(ROOT, "..", "shared", "data", "flickr8k"))
@@ -68,7 +67,7 @@ def pipeline_words(model, vocab, config, paths, beam_size):
     crop = config.effective_crop_fraction
     images = np.stack([image_io.load_image_file(p, config.image_size, crop) for p in paths])
     encoder = feature_encoder(model, config) if model.encoder is None else None
-    out = scoring.make_caption_fn(model, config, beam_size, encoder)({"image": images})
+    out = inference.make_caption_fn(model, config, beam_size, encoder)({"image": images})
     return [vocab.decode(out.tokens[i][: int(out.length[i])].numpy()) for i in range(len(paths))]
 
 
@@ -95,7 +94,7 @@ class CaptionerTest(tf.test.TestCase):
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):
                 exec(lines, {})
-            model, vocab, config = preset.load(name)
+            model, vocab, config = inference.load_preset(name)
             want = pipeline_words(model, vocab, config, ["photo.jpg"], config.beam_size)[0]
         finally:
             os.chdir(cwd)
@@ -178,7 +177,7 @@ class CaptionerTest(tf.test.TestCase):
 
     def test_batches_equal_one_image_at_a_time(self):
         photos = (flickr8k_photos(3) or []) + self.pngs
-        captioner = sat_tf.Captioner(*preset.load(PRESET), batch_size=2)
+        captioner = sat_tf.Captioner(*inference.load_preset(PRESET), batch_size=2)
         for beam in (1, 3):
             together = self.captioner.caption(photos, beam_size=beam)
             # Batches of two (a last one of one) with beam 3 only: its state is the one

@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 from fixtures import TINY
 
+from sat_tf import inference
 from sat_tf.config import Config
 from sat_tf.training import callbacks as callbacks_lib
 from sat_tf.training import scoring, train_lib
@@ -145,7 +146,7 @@ class SelectionOnCiderTest(tf.test.TestCase):
             [(h["val_bleu4"], h["val_cider"]) for h in history],
             [(0.9, 0.5), (0.1, 0.7), (0.95, 0.6), (0.99, 0.65)],
         )
-        with open(os.path.join(workdir, workdir_lib.BEST_INFO), encoding="utf-8") as f:
+        with open(os.path.join(workdir, inference.BEST_INFO), encoding="utf-8") as f:
             best = json.load(f)
         self.assertEqual(
             {k: best[k] for k in ("epoch", "selected_on", "val_bleu4", "val_cider")},

@@ -17,10 +17,10 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
+from sat_tf import inference
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model.show_attend_tell import build_model
-from sat_tf.training import workdir as workdir_lib
 
 V0 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata", "v0_workdirs")
 FEATURE_SHAPE = (16, 6)
@@ -38,7 +38,7 @@ class V0WorkdirTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.parameters(sorted(os.listdir(V0)))
     def test_loads_and_captions_as_before(self, name):
         workdir = os.path.join(V0, name)
-        model, vocab, config = workdir_lib.load_trained(workdir)
+        model, vocab, config = inference.load_workdir(workdir)
         self.assertLen(vocab, model.vocab_size)
         with open(os.path.join(workdir, "expected_captions.json"), encoding="utf-8") as f:
             expected = json.load(f)

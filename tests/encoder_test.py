@@ -1,4 +1,4 @@
-"""Tests for sat_tf.model.encoder: the backbone registry, AddCoords and ImageEncoder."""
+"""Tests for sat_tf.backbones.registry (the backbones, AddCoords) and sat_tf.model.encoder."""
 
 import os
 
@@ -9,8 +9,9 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 from sat_tf import config as config_lib
-from sat_tf.model import encoder
-from sat_tf.model.encoder import AddCoords, ImageEncoder
+from sat_tf.backbones import registry
+from sat_tf.backbones.registry import AddCoords
+from sat_tf.model.encoder import ImageEncoder
 
 # name -> (input size, feature grid (H, W, D)), from the published architectures: VGG and
 # ResNet conv4 / EfficientNet stage 5 have stride 16; InceptionV3 mixed7 is 17 x 17 at 299;
@@ -35,11 +36,11 @@ GRIDS = {
 
 class RegistryTest(tf.test.TestCase, parameterized.TestCase):
     def test_every_entry_is_listed_here(self):
-        self.assertEqual(set(encoder.REGISTRY), set(GRIDS))
+        self.assertEqual(set(registry.REGISTRY), set(GRIDS))
 
     @parameterized.parameters(*GRIDS)
     def test_entry_builds_and_cuts_at_its_layer(self, name):
-        spec = encoder.get_spec(name)
+        spec = registry.get_spec(name)
         self.assertTrue(spec.layer)
         size, grid = GRIDS[name]
         self.assertEqual(spec.image_size, size)
@@ -63,7 +64,7 @@ class RegistryTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_unknown_backbone_lists_the_known_ones(self):
         with self.assertRaisesRegex(ValueError, "alexnet") as raised:
-            encoder.get_spec("alexnet")
+            registry.get_spec("alexnet")
         for name in GRIDS:
             self.assertIn(name, str(raised.exception))
         with self.assertRaisesRegex(ValueError, "alexnet.*shapes_cnn.*vgg19"):

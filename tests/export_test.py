@@ -17,9 +17,8 @@ import pytest
 import tensorflow as tf
 from fixtures import MAX_LENGTH, encode, scenes, tiny_model
 
-from sat_tf import export_model, files
+from sat_tf import exporting, files, inference
 from sat_tf.data import image_io
-from sat_tf.training import workdir as workdir_lib
 
 # The `export` extra (pip install -e ".[export]"): without it these tests are skipped.
 Interpreter = pytest.importorskip("ai_edge_litert.interpreter").Interpreter
@@ -146,17 +145,17 @@ class ExportTest(tf.test.TestCase):
         cls.model, cls.vocab, cls.config = tiny_model()
         cls.workdir = os.path.join(cls.root, "workdir")
         os.makedirs(cls.workdir)
-        cls.config.save(os.path.join(cls.workdir, workdir_lib.CONFIG_FILE))
-        cls.vocab.save(os.path.join(cls.workdir, workdir_lib.VOCAB_FILE))
-        cls.model.save_weights(os.path.join(cls.workdir, workdir_lib.BEST_WEIGHTS))
+        cls.config.save(os.path.join(cls.workdir, inference.CONFIG_FILE))
+        cls.vocab.save(os.path.join(cls.workdir, inference.VOCAB_FILE))
+        cls.model.save_weights(os.path.join(cls.workdir, inference.BEST_WEIGHTS))
         cls.exports = os.path.join(cls.root, "exports", "sat")
         cls.greedy_dir = os.path.join(cls.exports, "1")
         cls.beam_dir = os.path.join(cls.exports, "2")
-        model, vocab, config = workdir_lib.load_trained(cls.workdir)
-        cls.info = export_model.export(
+        model, vocab, config = inference.load_workdir(cls.workdir)
+        cls.info = exporting.export(
             model, vocab, config, cls.greedy_dir, tflite=True, quantize="dynamic"
         )
-        export_model.export(cls.model, cls.vocab, cls.config, cls.beam_dir, beam_size=2)
+        exporting.export(cls.model, cls.vocab, cls.config, cls.beam_dir, beam_size=2)
 
         cls.images = scenes(0, 4)
         cls.png = [encode(x, "PNG") for x in cls.images]
@@ -229,7 +228,7 @@ class ExportTest(tf.test.TestCase):
 
     def assertFreshResults(self, results):
         for name, beam in (("greedy", 1), ("beam", 2)):
-            for signature in export_model.SIGNATURES:
+            for signature in exporting.SIGNATURES:
                 got = {
                     k.rsplit("/", 1)[1]: results[k]
                     for k in results.files
@@ -266,7 +265,7 @@ class ExportTest(tf.test.TestCase):
             meta_graph = tf.compat.v1.saved_model.loader.load(
                 session, [tf.saved_model.SERVING], self.greedy_dir
             )
-            for name in export_model.SIGNATURES:
+            for name in exporting.SIGNATURES:
                 method = meta_graph.signature_def[name].method_name
                 self.assertEqual(method, "tensorflow/serving/predict")
 
@@ -324,7 +323,7 @@ class ExportTest(tf.test.TestCase):
         self.assertAllEqual(got["tokens"][2:], self.generate({"image": gray[None]}, 1).tokens)
 
     def test_tflite_matches_saved_model(self):
-        path = os.path.join(self.greedy_dir, export_model.TFLITE_FILE)
+        path = os.path.join(self.greedy_dir, exporting.TFLITE_FILE)
         self.assertEqual(os.path.getsize(path), self.info["tflite"]["bytes"])
         runner = Interpreter(model_path=path).get_signature_runner()
         caption_images = tf.saved_model.load(self.greedy_dir).signatures["caption_images"]
@@ -349,7 +348,7 @@ class ExportTest(tf.test.TestCase):
     def test_int8_tflite(self):
         paths = {
             name: os.path.join(self.greedy_dir, name)
-            for name in (export_model.TFLITE_FILE, export_model.TFLITE_INT8_FILE)
+            for name in (exporting.TFLITE_FILE, exporting.TFLITE_INT8_FILE)
         }
         info = self.info["tflite_int8"]
         self.assertEqual(os.path.getsize(paths[info["file"]]), info["bytes"])
@@ -365,23 +364,23 @@ class ExportTest(tf.test.TestCase):
             int8 = [t for t in interpreter.get_tensor_details() if t["dtype"] == np.int8]
             # The encoder's convolution kernels have >= 1024 weights: the converter
             # quantizes those (smaller tensors stay float).
-            self.assertEqual(bool(int8), name == export_model.TFLITE_INT8_FILE, name)
+            self.assertEqual(bool(int8), name == exporting.TFLITE_INT8_FILE, name)
         runners = {name: i.get_signature_runner() for name, i in interpreters.items()}
         pixels = image_io.resize_and_crop(self.images, 112, 1.0).numpy()
-        float_input = interpreters[export_model.TFLITE_FILE].get_input_details()[0]
-        int8_input = interpreters[export_model.TFLITE_INT8_FILE].get_input_details()[0]
+        float_input = interpreters[exporting.TFLITE_FILE].get_input_details()[0]
+        int8_input = interpreters[exporting.TFLITE_INT8_FILE].get_input_details()[0]
         self.assertEqual(float_input["dtype"], int8_input["dtype"])
         self.assertAllEqual(float_input["shape"], int8_input["shape"])
         same = 0
         for i in range(len(pixels)):
             outs = {name: run(image=pixels[i : i + 1]) for name, run in runners.items()}
-            out = outs[export_model.TFLITE_INT8_FILE]
+            out = outs[exporting.TFLITE_INT8_FILE]
             self.assertTrue(np.all((out["tokens"] >= 0) & (out["tokens"] < len(self.vocab))))
             self.assertBetween(int(out["length"][0]), 0, MAX_LENGTH)
             want_words = [self.vocab.words[t].encode() for t in out["tokens"][0]]
             self.assertEqual(out["words"][0].tolist(), want_words)
             self.assertAllClose(np.sum(out["attention"][0], axis=(1, 2))[0], 1.0, atol=1e-4)
-            same += np.array_equal(out["tokens"], outs[export_model.TFLITE_FILE]["tokens"])
+            same += np.array_equal(out["tokens"], outs[exporting.TFLITE_FILE]["tokens"])
         # Agreement with the float model is measured, not asserted (int8 weights round).
         print(f"int8 TFLite captions equal to float TFLite: {same} of {len(pixels)}")
 
@@ -395,7 +394,7 @@ class ExportTest(tf.test.TestCase):
         converter = tf.lite.TFLiteConverter.from_keras_model(net)
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         hybrid = converter.convert()
-        fixed = export_model.float_depthwise_filters(hybrid)
+        fixed = exporting.float_depthwise_filters(hybrid)
         x = np.random.default_rng(1).normal(size=(1, 6, 6, 128)).astype(np.float32)
         outputs, kinds = [], []
         for flatbuffer in (hybrid, fixed):
@@ -423,31 +422,31 @@ class ExportTest(tf.test.TestCase):
 
     def test_quantize_settings(self):
         with self.assertRaisesRegex(ValueError, r"--quantize=dynamic quantizes the TFLite"):
-            export_model.export(self.model, self.vocab, self.config, "unused", quantize="dynamic")
+            exporting.export(self.model, self.vocab, self.config, "unused", quantize="dynamic")
         with self.assertRaisesRegex(ValueError, r"--quantize='int4' is not one of 'dynamic'"):
-            export_model.export(
+            exporting.export(
                 self.model, self.vocab, self.config, "unused", tflite=True, quantize="int4"
             )
         self.assertFalse(os.path.exists("unused"))
 
     def test_export_directory(self):
-        with open(os.path.join(self.greedy_dir, export_model.EXPORT_INFO)) as f:
+        with open(os.path.join(self.greedy_dir, exporting.EXPORT_INFO)) as f:
             info = json.load(f)
         self.assertEqual(info, json.loads(json.dumps(self.info)))
         self.assertEqual(info["vocab_size"], len(self.vocab))
         self.assertEqual(info["vocab_fingerprint"], self.vocab.fingerprint)
         self.assertEqual((info["grid"], info["beam_size"], info["max_length"]), ([14, 14], 1, 8))
         self.assertEqual(info["config"]["hidden_dim"], 16)
-        self.assertEqual(info["tflite_int8"]["file"], export_model.TFLITE_INT8_FILE)
-        with open(os.path.join(self.beam_dir, export_model.EXPORT_INFO)) as f:
+        self.assertEqual(info["tflite_int8"]["file"], exporting.TFLITE_INT8_FILE)
+        with open(os.path.join(self.beam_dir, exporting.EXPORT_INFO)) as f:
             beam_info = json.load(f)
         self.assertEqual(beam_info["beam_size"], 2)
         self.assertEqual((beam_info["tflite"], beam_info["tflite_int8"]), (None, None))
-        saved = os.path.join(self.greedy_dir, export_model.VOCAB_FILE)
+        saved = os.path.join(self.greedy_dir, exporting.VOCAB_FILE)
         self.assertEqual(self.vocab.load(saved).words, self.vocab.words)
         self.assertEqual(sorted(os.listdir(self.exports)), ["1", "2"])
         with self.assertRaisesRegex(ValueError, "exists; pass --overwrite"):
-            export_model.export(self.model, self.vocab, self.config, self.greedy_dir)
+            exporting.export(self.model, self.vocab, self.config, self.greedy_dir)
 
     def test_failed_export_leaves_nothing_behind(self):
         class Broken:
@@ -457,15 +456,13 @@ class ExportTest(tf.test.TestCase):
                 raise RuntimeError("disk full")
 
         before = sorted(os.listdir(self.beam_dir))
-        original = export_model.export_archive
-        export_model.export_archive = lambda *args: Broken()
+        original = exporting.export_archive
+        exporting.export_archive = lambda *args: Broken()
         try:
             with self.assertRaisesRegex(RuntimeError, "disk full"):
-                export_model.export(
-                    self.model, self.vocab, self.config, self.beam_dir, overwrite=True
-                )
+                exporting.export(self.model, self.vocab, self.config, self.beam_dir, overwrite=True)
         finally:
-            export_model.export_archive = original
+            exporting.export_archive = original
         self.assertEqual(sorted(os.listdir(self.exports)), ["1", "2"])
         self.assertEqual(sorted(os.listdir(self.beam_dir)), before)
 

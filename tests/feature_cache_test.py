@@ -16,13 +16,13 @@ import tensorflow as tf
 from absl.testing import parameterized
 from PIL import Image
 
+from sat_tf import inference
 from sat_tf.config import Config
 from sat_tf.data import datasets, feature_cache, image_io, input_pipeline
 from sat_tf.data.vocab import UNK, Vocab
 from sat_tf.evaluation import metrics
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.training import extract, scoring, train_lib
-from sat_tf.training import workdir as workdir_lib
 
 IMAGE_SIZE = 32  # shapes_cnn has stride 8: a 4 x 4 grid of 48 + 2 channels.
 GRID, DEPTH = (4, 4), 50
@@ -425,14 +425,14 @@ class _EndToEnd:
             for w in c.split()
         )
         top = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))[:12]
-        vocab = Vocab.load(os.path.join(workdir, workdir_lib.VOCAB_FILE))
+        vocab = Vocab.load(os.path.join(workdir, inference.VOCAB_FILE))
         self.assertEqual(vocab.words[4:], [w for w, _ in top])
         with open(os.path.join(os.path.dirname(feature_dir), "vocab_12.txt")) as f:
             self.assertEqual(f.read().split("\n")[:-1], vocab.words)
-        with open(os.path.join(workdir, workdir_lib.FEATURES_FILE)) as f:
+        with open(os.path.join(workdir, inference.FEATURES_FILE)) as f:
             self.assertEqual(json.load(f)["feature_shape"], [16, DEPTH])
 
-        model, vocab, config = workdir_lib.load_trained(workdir)
+        model, vocab, config = inference.load_workdir(workdir)
         self.assertIsNone(model.encoder)
         self.assertEqual(model.grid, GRID)
         test = [r for r in datasets.load_records(dataset, data_dir) if r.split == "test"]

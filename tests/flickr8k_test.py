@@ -10,10 +10,10 @@ import tempfile
 
 import tensorflow as tf
 
+from sat_tf import inference
 from sat_tf.config import Config
 from sat_tf.data import datasets
 from sat_tf.training import extract, scoring, train_lib
-from sat_tf.training import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.environ.get("SAT_TF_FLICKR8K", os.path.join(ROOT, "..", "shared", "data", "flickr8k"))
@@ -94,7 +94,7 @@ class Flickr8kTest(tf.test.TestCase):
         scores = train_lib.train_and_evaluate(config, workdir)
         for key in ("BLEU-4", "METEOR", "CIDEr", "paper BLEU-4 (no BP)"):
             self.assertIn(key, scores)
-        model, vocab, config = workdir_lib.load_trained(workdir)
+        model, vocab, config = inference.load_workdir(workdir)
         test = [r for r in datasets.load_records("flickr8k", data_dir) if r.split == "test"]
         self.assertLen(test, HANDFUL["test"])
         for beam in (1, 3):

@@ -1,4 +1,4 @@
-"""Tests for sat_tf.model.fused_score: the compiled additive score and its gradient
+"""Tests for sat_tf.model.fast.fused_score: the compiled additive score and its gradient
 against `AdditiveScore.step_scores` and autodiff of it, its shape errors, and the build's
 failure report. The recurrence's use of it is tested in recurrence_test.py."""
 
@@ -10,8 +10,8 @@ from unittest import mock
 import numpy as np
 import tensorflow as tf
 
-from sat_tf.model import fused_score
 from sat_tf.model.attention import AdditiveScore
+from sat_tf.model.fast import fused_score
 
 # Uneven sizes (A = 37 is no multiple of a vector width: the tail of every row counts).
 BATCH, CELLS, UNITS = 3, 5, 37

@@ -2,13 +2,11 @@
 
 Data flows one way: `data/` (readers, vocabulary, pixels, tf.data, the feature cache's
 format) imports neither the model nor anything above it; `model/` imports neither
-training nor the export; the export module does not import training; and no two parts
-of the package (a subpackage, or a module at the top) import each other, directly or
-around a loop. Imports inside functions count as much as those at the top.
-
-One loop is allowed, and named in `ALLOWED_LOOPS`: `ShowAttendTell.from_preset` (the
-class method a user expects, keras-hub's shape) imports `sat_tf.preset` when called,
-while the preset format builds the model it loads.
+training, inference nor the export; inference (the Python API, `inference.py`, the
+export, the preset format) never goes through `training/`; the preset format reads
+files and never imports the model; and no two parts of the package (a subpackage, or a
+module at the top) import each other, directly or around a loop. Imports inside
+functions count as much as those at the top.
 """
 
 import ast
@@ -18,16 +16,16 @@ import textwrap
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXPORT = "export_model"
+EXPORT = "exporting"
 # part -> the parts it may not import.
 FORBIDDEN = {
-    "data": ("model", "training", "evaluation", EXPORT),
-    "model": ("training", EXPORT),
+    "data": ("model", "training", "evaluation", "inference", EXPORT),
+    "model": ("training", "inference", "api", EXPORT),
+    "api": ("training",),
+    "inference": ("training",),
+    "preset": ("training", "model"),
     EXPORT: ("training",),
 }
-# Loops between parts that are allowed: (the sorted parts) -> the import that closes the
-# loop (only that import may).
-ALLOWED_LOOPS = {("model", "preset"): "sat_tf/model/show_attend_tell.py imports sat_tf.preset"}
 
 
 def _module_name(package_root, path):
@@ -136,11 +134,6 @@ def violations(package_root):
             witness.setdefault((source, imported), f"{where}:{line} imports {target}")
     for component in _cycles(parts_graph):
         links = [witness[(a, b)] for a in component for b in component if (a, b) in witness]
-        allowed = ALLOWED_LOOPS.get(tuple(sorted(component)))
-        if allowed and any(
-            link.split(":")[0] + " " + link.split(" ", 1)[1] == allowed for link in links
-        ):
-            continue
         problems.append(f"parts {', '.join(component)} import each other: " + "; ".join(links))
     return problems
 
@@ -156,6 +149,7 @@ def test_the_graph_sees_the_imports_that_exist():
     # training/ is where data and model meet; the model reads the vocabulary's ids.
     assert {("training", "model"), ("training", "data"), ("model", "data")} <= parts
     assert ("training", EXPORT) not in parts
+    assert {("api", "inference"), ("inference", "model"), ("training", "inference")} <= parts
 
 
 def _tree(tmp_path, files):
@@ -186,6 +180,21 @@ def test_a_planted_data_to_model_import_is_found(tmp_path):
     assert violations(root) == [
         "sat_tf/data/cache.py:5 imports sat_tf.model.encoder: data may not import model"
     ]
+
+
+@pytest.mark.parametrize(
+    "importer, imported, message",
+    [
+        ("api.py", "training/loop.py", "api may not import training"),
+        ("inference.py", "training/loop.py", "inference may not import training"),
+        ("preset.py", "model/step.py", "preset may not import model"),
+        ("preset.py", "training/loop.py", "preset may not import training"),
+    ],
+)
+def test_inference_never_goes_through_training(tmp_path, importer, imported, message):
+    target = "sat_tf." + imported[: -len(".py")].replace("/", ".")
+    root = _tree(tmp_path, {imported: "", importer: f"import {target}\n"})
+    assert violations(root) == [f"sat_tf/{importer}:1 imports {target}: {message}"]
 
 
 @pytest.mark.parametrize(

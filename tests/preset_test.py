@@ -26,7 +26,7 @@ from absl import flags
 from absl.testing import parameterized
 from fixtures import MAX_LENGTH, WORDS, run_main, scenes, tiny_model
 
-from sat_tf import download, files, preset
+from sat_tf import download, files, inference, preset
 from sat_tf.cli import caption as caption_cli
 from sat_tf.cli import flags_lib
 from sat_tf.config import CHOICES, Config
@@ -162,7 +162,7 @@ class PresetTest(tf.test.TestCase, parameterized.TestCase):
         return target
 
     def test_image_model_round_trip(self):
-        model, vocab, config = preset.load(self.image_dir)
+        model, vocab, config = inference.load_preset(self.image_dir)
         got = generate(model, {"image": self.images})
         self.assertAllEqual(got.tokens, self.image_want.tokens)
         self.assertAllEqual(got.length, self.image_want.length)
@@ -191,7 +191,7 @@ class PresetTest(tf.test.TestCase, parameterized.TestCase):
                     self.assertAllEqual(resaved[key], stored[key])
 
     def test_feature_model_round_trip(self):
-        model, _, config = preset.load(self.feature_dir)
+        model, _, config = inference.load_preset(self.feature_dir)
         self.assertIsNone(model.encoder)
         self.assertEqual((model.grid, model.feature_dim), (FEATURE_GRID, FEATURE_SHAPE[1]))
         self.assertTrue(config.use_feature_cache)
@@ -223,19 +223,19 @@ class PresetTest(tf.test.TestCase, parameterized.TestCase):
         with mock.patch.object(preset, "PRESETS_DIR", shipped):
             self.assertEqual(preset.names(), [])
             with self.assertRaisesRegex(ValueError, r"unknown preset 'tiny_image'; .*none"):
-                preset.load("tiny_image")
+                inference.load_preset("tiny_image")
             shutil.copytree(self.image_dir, os.path.join(shipped, "tiny_image"))
             os.makedirs(os.path.join(shipped, ".tiny.tmp123"))
             self.assertEqual(preset.names(), ["tiny_image"])
-            model, _, _ = preset.load("tiny_image")
+            model, _, _ = inference.load_preset("tiny_image")
             got = generate(model, {"image": self.images})
             self.assertAllEqual(got.tokens, self.image_want.tokens)
             with self.assertRaisesRegex(
                 ValueError, r"^unknown preset 'flickr8k'; shipped presets: tiny_image; or give"
             ):
-                preset.load("flickr8k")
+                inference.load_preset("flickr8k")
         with self.assertRaisesRegex(ValueError, r"preset folder \./no/such/folder does not exist"):
-            preset.load("./no/such/folder")
+            inference.load_preset("./no/such/folder")
 
     def _bad(self, source, case):
         """Damages a copy of `source` as `case` says."""
@@ -279,7 +279,7 @@ class PresetTest(tf.test.TestCase, parameterized.TestCase):
     def test_bad_preset_is_refused(self, case, message):
         directory = self._bad(self.image_dir, case)
         with self.assertRaises(ValueError) as raised:
-            preset.load(directory)
+            inference.load_preset(directory)
         text = str(raised.exception)
         self.assertRegex(text, message)
         self.assertIn(directory, text)
@@ -288,7 +288,7 @@ class PresetTest(tf.test.TestCase, parameterized.TestCase):
     def test_feature_preset_without_features_json_is_refused(self):
         directory = self._bad(self.feature_dir, "features_missing")
         with self.assertRaisesRegex(ValueError, r"^preset .*: features\.json is missing$"):
-            preset.load(directory)
+            inference.load_preset(directory)
 
     def test_metadata_from_before_a_later_field(self):
         # A preset made before a field existed (`global_context`, `start_state`,
@@ -298,7 +298,7 @@ class PresetTest(tf.test.TestCase, parameterized.TestCase):
         for field, default in preset.ADDED_FIELDS.items():
             directory = self.copy(self.image_dir)
             rewrite_metadata(directory, lambda m, field=field: m["config"].pop(field))
-            _, _, config = preset.load(directory)
+            _, _, config = inference.load_preset(directory)
             self.assertEqual(getattr(config, field), default)
             if isinstance(default, bool):
                 changed = not default
@@ -309,7 +309,7 @@ class PresetTest(tf.test.TestCase, parameterized.TestCase):
                 config_path, lambda c, field=field, changed=changed: c.update({field: changed})
             )
             with self.assertRaisesRegex(ValueError, f"{field}={changed!r} in config.json"):
-                preset.load(directory)
+                inference.load_preset(directory)
 
     def test_save_refuses(self):
         model, vocab, config = tiny_model()
@@ -489,7 +489,7 @@ class DownloadTest(tf.test.TestCase):
 
     def test_download_once_then_from_the_cache(self):
         url = f"{self.base}/tiny.tar.gz#sha256={self.digest}"
-        model, vocab, _ = preset.load(url, cache_dir=self.cache)
+        model, vocab, _ = inference.load_preset(url, cache_dir=self.cache)
         self.assertAllEqual(generate(model, {"image": self.images}).tokens, self.want.tokens)
         self.assertEqual(vocab.words, WORDS)
         self.assertEqual(self.server.requests, ["/tiny.tar.gz"])
@@ -500,12 +500,12 @@ class DownloadTest(tf.test.TestCase):
 
         with mock.patch.dict(os.environ, {download.CACHE_ENV: self.cache}):
             self.assertEqual(download.default_cache_dir(), self.cache)
-            model, _, _ = preset.load(url)
+            model, _, _ = inference.load_preset(url)
         self.assertAllEqual(generate(model, {"image": self.images}).tokens, self.want.tokens)
         self.assertEqual(self.server.requests, ["/tiny.tar.gz"])
 
         # Without the fragment: another cache entry, one more download.
-        preset.load(f"{self.base}/tiny.tar.gz", cache_dir=self.cache)
+        inference.load_preset(f"{self.base}/tiny.tar.gz", cache_dir=self.cache)
         self.assertEqual(self.server.requests, ["/tiny.tar.gz"] * 2)
         self.assertLen(self.cached(), 2)
 
@@ -513,13 +513,13 @@ class DownloadTest(tf.test.TestCase):
         flip_byte(os.path.join(folder, preset.WEIGHTS_FILE))
         message = rf"fails its checksum.*delete {re.escape(folder)} to download it again\)$"
         with self.assertRaisesRegex(ValueError, message):
-            preset.load(url, cache_dir=self.cache)
+            inference.load_preset(url, cache_dir=self.cache)
 
     def assertRefused(self, path, message, fragment=""):
         url = f"{self.base}{path}{fragment}"
         for attempt in (1, 2):
             with self.assertRaises(ValueError) as raised:
-                preset.load(url, cache_dir=self.cache)
+                inference.load_preset(url, cache_dir=self.cache)
             self.assertRegex(str(raised.exception), message)
             self.assertNotIn("\n", str(raised.exception))
             # Nothing was kept: the next load downloads again.
@@ -575,14 +575,16 @@ class DownloadTest(tf.test.TestCase):
 
     def test_a_url_without_a_checksum_warns_what_was_not_checked(self):
         with mock.patch.object(download.logging, "warning") as warning:
-            preset.load(f"{self.base}/tiny.tar.gz", cache_dir=self.cache)
-            preset.load(f"{self.base}/tiny.tar.gz", cache_dir=self.cache)
+            inference.load_preset(f"{self.base}/tiny.tar.gz", cache_dir=self.cache)
+            inference.load_preset(f"{self.base}/tiny.tar.gz", cache_dir=self.cache)
         warning.assert_called_once()
         self.assertIn(
             "has no #sha256=<hex>: the archive is trusted on TLS alone", warning.call_args[0][0]
         )
         with mock.patch.object(download.logging, "warning") as warning:
-            preset.load(f"{self.base}/tiny.tar.gz#sha256={self.digest}", cache_dir=self.cache)
+            inference.load_preset(
+                f"{self.base}/tiny.tar.gz#sha256={self.digest}", cache_dir=self.cache
+            )
         warning.assert_not_called()
 
     def test_corrupt_download_is_refused(self):
@@ -599,14 +601,14 @@ class DownloadTest(tf.test.TestCase):
 
     def test_bad_urls(self):
         with self.assertRaisesRegex(ValueError, r"cannot download .*/none.tar.gz: HTTP 404"):
-            preset.load(f"{self.base}/none.tar.gz", cache_dir=self.cache)
+            inference.load_preset(f"{self.base}/none.tar.gz", cache_dir=self.cache)
         with self.assertRaisesRegex(ValueError, r"is not https://; downloads go over HTTPS only"):
-            preset.load(f"http://127.0.0.1:{self.server.server_address[1]}/tiny.tar.gz")
+            inference.load_preset(f"http://127.0.0.1:{self.server.server_address[1]}/tiny.tar.gz")
         with self.assertRaisesRegex(ValueError, r"fragment #md5=abc of .* is not sha256="):
-            preset.load(f"{self.base}/tiny.tar.gz#md5=abc", cache_dir=self.cache)
+            inference.load_preset(f"{self.base}/tiny.tar.gz#md5=abc", cache_dir=self.cache)
         with mock.patch.dict(os.environ, {"SSL_CERT_FILE": "", "SSL_CERT_DIR": self.cache}):
             with self.assertRaisesRegex(ValueError, r"cannot download .*CERTIFICATE_VERIFY"):
-                preset.load(f"{self.base}/tiny.tar.gz", cache_dir=self.cache)
+                inference.load_preset(f"{self.base}/tiny.tar.gz", cache_dir=self.cache)
         self.assertEqual(self.cached(), [])
 
 
@@ -618,9 +620,9 @@ def tiny_workdir(root):
     )
     workdir = os.path.join(root, "run")
     os.makedirs(workdir)
-    config.save(os.path.join(workdir, workdir_lib.CONFIG_FILE))
-    vocab.save(os.path.join(workdir, workdir_lib.VOCAB_FILE))
-    model.save_weights(os.path.join(workdir, workdir_lib.BEST_WEIGHTS))
+    config.save(os.path.join(workdir, inference.CONFIG_FILE))
+    vocab.save(os.path.join(workdir, inference.VOCAB_FILE))
+    model.save_weights(os.path.join(workdir, inference.BEST_WEIGHTS))
     workdir_lib.write_best_info(
         workdir, vocab, epoch=3, selected_on="val_cider", val_bleu4=0.5, val_cider=1.25
     )
@@ -658,7 +660,7 @@ class MakePresetTest(tf.test.TestCase):
                 self.assertIn(key, scores[f"beam_{beam}"])
 
         # The stored scores are those of the loaded preset, evaluated again.
-        model, vocab, config = preset.load(os.path.join(presets, "tiny"))
+        model, vocab, config = inference.load_preset(os.path.join(presets, "tiny"))
         outputs = os.path.join(root, "outputs")
         again = scoring.evaluate_images(model, vocab, config, outputs, "test", 3)
         self.assertEqual(publish.score_differences(scores["beam_3"], again), [])
@@ -863,10 +865,10 @@ from sat_tf.training import scoring
 photo, names = sys.argv[1], sys.argv[2:]
 captions = {}
 for name in names:
-    model, vocab, config = preset.load(name)
+    model, vocab, config = inference.load_preset(name)
     image = image_io.load_image_file(photo, config.image_size, config.effective_crop_fraction)
     encoder = feature_encoder(model, config) if model.encoder is None else None
-    out = scoring.make_caption_fn(model, config, 1, encoder)({"image": image.numpy()[None]})
+    out = inference.make_caption_fn(model, config, 1, encoder)({"image": image.numpy()[None]})
     captions[name] = vocab.decode(out.tokens[0][: int(out.length[0])].numpy())
 print(json.dumps(captions))
 """

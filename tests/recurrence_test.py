@@ -1,4 +1,4 @@
-"""Tests for sat_tf.model.recurrence: the hand-written backward pass of the attention
+"""Tests for sat_tf.model.fast.recurrence: the hand-written backward pass of the attention
 recurrence (soft, and hard with its samples) against autodiff of the decoder's loop, and
 against finite differences."""
 
@@ -7,8 +7,8 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from sat_tf.model import recurrence
 from sat_tf.model.decoder import AttentionDecoder
+from sat_tf.model.fast import recurrence, schedule
 
 # Uneven sizes, so that a transposed or misplaced axis cannot go unnoticed.
 BATCH, STEPS, LOCATIONS = 3, 5, 7
@@ -91,21 +91,17 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
         decoder = _decoder(score, seed=1)
         old, _ = _gradients(decoder, features, captions, autodiff=True, function=function)
         new, _ = _gradients(decoder, features, captions, autodiff=False, function=function)
-        if function:
-            # Grappler rewrites the two graphs differently: a few float32 ulps, as far
-            # as the autodiff loop's own graph is from its eager run.
-            self.assertAllClose(new["logits"], old["logits"], atol=1e-6, rtol=0.0)
-            self.assertAllClose(new["alpha"], old["alpha"], atol=1e-7, rtol=0.0)
-        else:
-            self.assertAllEqual(new["logits"], old["logits"])
-            self.assertAllEqual(new["alpha"], old["alpha"])
+        # The reference loop makes one product per kernel with h_{t-1}, the recurrence one
+        # over the fused kernel (and Grappler rewrites the graphs): a few float32 ulps.
+        self.assertAllClose(new["logits"], old["logits"], atol=1e-6, rtol=0.0)
+        self.assertAllClose(new["alpha"], old["alpha"], atol=1e-7, rtol=0.0)
 
     @parameterized.product(function=(False, True))
     def test_compiled_score_forward_is_the_autodiff_loop(self, function):
         # The op sums v . tanh in another order than the tensordot: float32 rounding.
         features, captions = _inputs(seed=1)
         decoder = _decoder("additive", seed=1, compiled=True)
-        self.assertTrue(decoder._uses_compiled_score())
+        self.assertTrue(schedule.uses_compiled_score(decoder))
         old, _ = _gradients(decoder, features, captions, autodiff=True, function=function)
         new, _ = _gradients(decoder, features, captions, autodiff=False, function=function)
         self.assertAllClose(new["logits"], old["logits"], atol=1e-6, rtol=0.0)
@@ -118,7 +114,7 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
     def test_gradients_match_autodiff_loop(self, score, function, use_alpha, compiled):
         features, captions = _inputs(seed=2)
         decoder = _decoder(score, seed=2, compiled=compiled)
-        self.assertEqual(decoder._uses_compiled_score(), compiled)
+        self.assertEqual(schedule.uses_compiled_score(decoder), compiled)
         names = ["features"] + [v.path for v in decoder.trainable_variables]
         _, old = _gradients(decoder, features, captions, True, use_alpha, function)
         _, new = _gradients(decoder, features, captions, False, use_alpha, function)
@@ -151,7 +147,7 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
         # returns: theirs comes from it, and must not be zero.
         features, captions = _inputs(seed=10)
         decoder = _decoder(score, seed=10, location_prior=True, compiled=compiled)
-        self.assertEqual(decoder._uses_compiled_score(), compiled)
+        self.assertEqual(schedule.uses_compiled_score(decoder), compiled)
         names = ["features"] + [v.path for v in decoder.trainable_variables]
         self.assertTrue(any(name.endswith("/location") for name in names), names)
         _, old = _gradients(decoder, features, captions, autodiff=True)
@@ -194,16 +190,18 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
             self.assertAllClose(jac, num, atol=1e-7, rtol=1e-6, msg=f"input {i}")
 
     def test_bfloat16_runs_the_recurrence_and_float16_the_autodiff_loop(self):
-        self.assertTrue(_decoder("additive").uses_recurrence())
+        self.assertTrue(schedule.uses_recurrence(_decoder("additive")))
         # Gated hard attention by default; not where `fused_hard` is unset, nor ungated.
         gated = AttentionDecoder(VOCAB, attention="hard", hard_gate=True)
-        self.assertTrue(gated.uses_recurrence())
+        self.assertTrue(schedule.uses_recurrence(gated))
         gated.fused_hard = False
-        self.assertFalse(gated.uses_recurrence())
-        self.assertTrue(_decoder("additive", attention="hard").uses_recurrence())
-        self.assertFalse(_decoder("additive", attention="hard", hard_gate=False).uses_recurrence())
-        self.assertTrue(AttentionDecoder(VOCAB, dtype="mixed_bfloat16").uses_recurrence())
-        self.assertFalse(AttentionDecoder(VOCAB, dtype="mixed_float16").uses_recurrence())
+        self.assertFalse(schedule.uses_recurrence(gated))
+        self.assertTrue(schedule.uses_recurrence(_decoder("additive", attention="hard")))
+        self.assertFalse(
+            schedule.uses_recurrence(_decoder("additive", attention="hard", hard_gate=False))
+        )
+        self.assertTrue(schedule.uses_recurrence(AttentionDecoder(VOCAB, dtype="mixed_bfloat16")))
+        self.assertFalse(schedule.uses_recurrence(AttentionDecoder(VOCAB, dtype="mixed_float16")))
 
     @parameterized.parameters(*SCORES)
     def test_bfloat16_recurrence_is_as_close_to_float32_as_the_autodiff_loop(self, score):
@@ -218,7 +216,7 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
             mixed = _decoder(score, seed=4)
         finally:
             keras.mixed_precision.set_global_policy("float32")
-        self.assertTrue(mixed.uses_recurrence())
+        self.assertTrue(schedule.uses_recurrence(mixed))
         fused = _gradients(mixed, features, captions, False)
         looped = _gradients(mixed, features, captions, True)
         names = ["features"] + [v.path for v in mixed.trainable_variables]
@@ -280,8 +278,8 @@ class HardAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
     def test_outputs_and_gradients_match_autodiff_loop(self, score, function, mix, compiled):
         features, captions = _inputs(seed=5)
         decoder = _decoder(score, seed=5, attention="hard", compiled=compiled)
-        self.assertEqual(decoder._uses_compiled_score(), compiled)
-        self.assertTrue(decoder.uses_recurrence())
+        self.assertEqual(schedule.uses_compiled_score(decoder), compiled)
+        self.assertTrue(schedule.uses_recurrence(decoder))
         rng = np.random.default_rng(5)
         noise = tf.constant(rng.gumbel(size=(BATCH, STEPS, LOCATIONS)), tf.float32)
         expected = tf.constant(
@@ -296,8 +294,8 @@ class HardAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
         features, captions = _inputs(seed=6)
         decoder = _decoder("additive", seed=6, attention="hard", compiled=True)
         decoder.fused_hard = False
-        self.assertFalse(decoder.uses_recurrence())
-        self.assertTrue(decoder._uses_compiled_score())
+        self.assertFalse(schedule.uses_recurrence(decoder))
+        self.assertTrue(schedule.uses_compiled_score(decoder))
         rng = np.random.default_rng(6)
         noise = tf.constant(rng.gumbel(size=(BATCH, STEPS, LOCATIONS)), tf.float32)
         expected = tf.constant([True, False, True])

@@ -6,11 +6,11 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from sat_tf import inference
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.tokens import BAD_ENDINGS
 from sat_tf.model.show_attend_tell import build_model
-from sat_tf.training import scoring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,8 +24,8 @@ class CaptionFnTest(tf.test.TestCase):
         features = np.random.default_rng(0).normal(size=(3, 9, 12)).astype(np.float32)
         jit = dataclasses.replace(config, jit_compile=True)
         for beam in (1, 2):
-            plain = scoring.make_caption_fn(model, config, beam)({"features": features})
-            compiled = scoring.make_caption_fn(model, jit, beam)({"features": features})
+            plain = inference.make_caption_fn(model, config, beam)({"features": features})
+            compiled = inference.make_caption_fn(model, jit, beam)({"features": features})
             self.assertGreater(np.count_nonzero(plain.length), 0)
             self.assertAllEqual(compiled.tokens, plain.tokens)
             self.assertAllClose(compiled.log_prob, plain.log_prob, atol=1e-4)
@@ -58,7 +58,7 @@ class BlockingTest(tf.test.TestCase):
         self.vocab = vocab_lib.Vocab(WORDS)
 
     def _captions(self, config, beam):
-        out = scoring.make_caption_fn(self.model, config, beam, vocab=self.vocab)(
+        out = inference.make_caption_fn(self.model, config, beam, vocab=self.vocab)(
             {"features": self.features}
         )
         return [
@@ -74,13 +74,13 @@ class BlockingTest(tf.test.TestCase):
 
     def test_bad_ending_ids_are_those_of_the_vocabulary(self):
         config = dataclasses.replace(self.config, block_bad_endings=True)
-        options = scoring.decoding_options(config, self.vocab)
+        options = inference.decoding_options(config, self.vocab)
         self.assertEqual(options, {"block_repeats": True, "bad_ending_ids": (4, 5, 8, 10)})
         self.assertEqual({WORDS[i] for i in options["bad_ending_ids"]}, {"a", "the", "on", "of"})
         self.assertContainsSubset({"a", "the", "on", "of"}, BAD_ENDINGS)
-        self.assertEqual(scoring.decoding_options(self.config)["bad_ending_ids"], ())
+        self.assertEqual(inference.decoding_options(self.config)["bad_ending_ids"], ())
         with self.assertRaisesRegex(ValueError, "needs the vocabulary"):
-            scoring.decoding_options(config)
+            inference.decoding_options(config)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,11 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from sat_tf.model import reinforce as reinforce_lib
-from sat_tf.model import search
+from sat_tf.model import losses, search
 from sat_tf.model.decoder import AttentionDecoder
 from sat_tf.model.encoder import ImageEncoder
-from sat_tf.model.reinforce import BASELINE_SLOTS
+from sat_tf.model.fast import schedule
+from sat_tf.model.losses import BASELINE_SLOTS
 from sat_tf.model.show_attend_tell import ShowAttendTell
 
 VOCAB, WIDTH, LOCATIONS, FEATURES = 12, 8, 4, 8
@@ -254,10 +254,10 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
             return (tf.function(objective_and_gradients) if graph else objective_and_gradients)()
 
         model.decoder.fused_hard = False
-        self.assertFalse(model.decoder.uses_recurrence())  # the loop where asked
+        self.assertFalse(schedule.uses_recurrence(model.decoder))  # the loop where asked
         autodiff, autodiff_grads = run()
         model.decoder.fused_hard = True
-        self.assertTrue(model.decoder.uses_recurrence())
+        self.assertTrue(schedule.uses_recurrence(model.decoder))
         fused, fused_grads = run()
         self.assertAllClose(fused, autodiff, rtol=1e-5)
         for got, want in zip(fused_grads, autodiff_grads, strict=True):
@@ -351,18 +351,18 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         sampled = tf.constant([1.0, 0.0, 1.0, 0.0])
         reward = tf.zeros([4, 4] if to_go else [4])
         state = model.decoder.initial_state(features)
-        whole = reinforce_lib.argmax_reward(model.decoder, features, captions, mask, to_go)
-        decoded, argmax_reward = [], reinforce_lib.argmax_reward
+        whole = losses.argmax_reward(model.decoder, features, captions, mask, to_go)
+        decoded, argmax_reward = [], losses.argmax_reward
 
         def recording(decoder, features, *args):
             decoded.append(features.shape[0])
             return argmax_reward(decoder, features, *args)
 
-        with mock.patch.object(reinforce_lib, "argmax_reward", recording):
-            got = reinforce_lib.sampled_argmax_reward(
+        with mock.patch.object(losses, "argmax_reward", recording):
+            got = losses.sampled_argmax_reward(
                 model.decoder, features, captions, mask, to_go, sampled, reward, state
             )
-            none = reinforce_lib.sampled_argmax_reward(
+            none = losses.sampled_argmax_reward(
                 model.decoder, features, captions, mask, to_go, 0.0 * sampled, reward, state
             )
         self.assertEqual(decoded, [2])

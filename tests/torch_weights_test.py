@@ -1,4 +1,4 @@
-"""Tests for sat_tf.model.torch_weights on torch files written by hand (no torch needed)."""
+"""Tests for sat_tf.backbones.torch_weights on torch files written by hand (no torch needed)."""
 
 import builtins
 import collections
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from sat_tf.model import torch_weights
+from sat_tf.backbones import torch_weights
 
 _MAGIC = 0x1950A86A20F9469CFC6C
 _CODES = {"FloatStorage": "<f4", "HalfStorage": "<f2", "LongStorage": "<i8", "BoolStorage": "?"}

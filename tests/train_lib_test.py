@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 from fixtures import TINY, TRAINED, run_main, trained_run
 
+from sat_tf import inference
 from sat_tf.cli import train as train_cli
 from sat_tf.config import Config
 from sat_tf.training import optimizers, prepare, scoring, train_lib
@@ -68,14 +69,14 @@ class TrainAndEvaluateTest(tf.test.TestCase):
         )
         self.assertEqual(code, 0, stderr[-3000:])
         self.assertIn(f"starting from the best weights of {self.workdir}", stderr)
-        continued, _, _ = workdir_lib.load_trained(workdir)
-        shared, _, _ = workdir_lib.load_trained(self.workdir)
+        continued, _, _ = inference.load_workdir(workdir)
+        shared, _, _ = inference.load_workdir(self.workdir)
         pairs = zip(continued.trainable_weights, shared.trainable_weights, strict=True)
         for got, want in pairs:
             self.assertAllClose(got, want, atol=1e-6, rtol=0)
 
     def test_trained_steps_and_reload(self):
-        model, vocab, config = workdir_lib.load_trained(self.workdir)
+        model, vocab, config = inference.load_workdir(self.workdir)
         self.assertEqual(config, self.config)
         with open(os.path.join(self.workdir, "captions_test.json"), encoding="utf-8") as f:
             saved = json.load(f)
@@ -101,7 +102,7 @@ class TrainAndEvaluateTest(tf.test.TestCase):
         with open(os.path.join(copy, "vocab.txt"), "w", encoding="utf-8") as f:
             f.write("\n".join(words))
         with self.assertRaisesRegex(ValueError, r"not the vocabulary its weights were trained"):
-            workdir_lib.load_trained(copy)
+            inference.load_workdir(copy)
 
 
 class UnwritableWorkdirTest(tf.test.TestCase):
@@ -199,7 +200,7 @@ def _final_state(workdir):
     """[(path, array)] of every model and optimizer variable after the last epoch, in the
     order the model and optimizer create them (their paths carry per-process names such
     as "adam_1" or "show_attend_tell_1")."""
-    model, _, config = workdir_lib.load_trained(workdir)
+    model, _, config = inference.load_workdir(workdir)
     steps = config.epochs * config.steps_per_epoch
     model.compile(optimizer=optimizers.build(config, total_steps=steps))
     model.optimizer.build(model.trainable_variables)

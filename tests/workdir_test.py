@@ -9,6 +9,7 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
+from sat_tf import inference
 from sat_tf.config import Config
 from sat_tf.data.vocab import SPECIALS, Vocab
 from sat_tf.model.encoder import ImageEncoder
@@ -43,7 +44,7 @@ class ResumeSelectionTest(tf.test.TestCase):
     def _workdir(self, **best_info):
         workdir = tempfile.mkdtemp(dir=self.get_temp_dir())
         workdir_lib.check_workdir(Config(), workdir)
-        with open(os.path.join(workdir, workdir_lib.BEST_WEIGHTS), "wb") as f:
+        with open(os.path.join(workdir, inference.BEST_WEIGHTS), "wb") as f:
             f.write(b"weights")
         vocab = Vocab([*SPECIALS, "a"])
         workdir_lib.write_best_info(workdir, vocab, epoch=2, **best_info)
@@ -58,7 +59,7 @@ class ResumeSelectionTest(tf.test.TestCase):
         for info, this_run, kept in cases:
             with self.subTest(info=info, this_run=this_run):
                 workdir = self._workdir(**info)
-                config_path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
+                config_path = os.path.join(workdir, inference.CONFIG_FILE)
                 Config(selection_metric=kept).save(config_path)
                 message = (
                     f"best.json: best.weights.h5 was selected on val_{kept}, this run selects "
@@ -77,7 +78,7 @@ class ResumeSelectionTest(tf.test.TestCase):
 
     def test_a_workdir_without_best_weights_takes_either(self):
         workdir = self._workdir(selected_on="val_bleu4", val_bleu4=0.2)
-        os.remove(os.path.join(workdir, workdir_lib.BEST_WEIGHTS))
+        os.remove(os.path.join(workdir, inference.BEST_WEIGHTS))
         workdir_lib.check_workdir(Config(selection_metric="cider"), workdir)
 
 
@@ -101,7 +102,7 @@ class LoadInitialWeightsTest(tf.test.TestCase):
         workdir_lib.check_workdir(SMALL, self.source)  # writes config.json
         self.trained = _model(SMALL, seed=1)
         workdir_lib.save_weights_atomically(
-            self.trained, os.path.join(self.source, workdir_lib.BEST_WEIGHTS)
+            self.trained, os.path.join(self.source, inference.BEST_WEIGHTS)
         )
         workdir_lib.write_best_info(self.source, VOCAB, epoch=2)
 
@@ -137,7 +138,7 @@ class LoadInitialWeightsTest(tf.test.TestCase):
             workdir_lib.load_initial_weights(model, SMALL, other, self.source)
 
     def test_unfinished_workdir_is_named(self):
-        os.remove(os.path.join(self.source, workdir_lib.BEST_WEIGHTS))
+        os.remove(os.path.join(self.source, inference.BEST_WEIGHTS))
         with self.assertRaisesRegex(
             ValueError, f"--init_from={self.source} is not a finished workdir: best.weights.h5"
         ):
@@ -173,7 +174,7 @@ class FineTuneFromCachedFeaturesTest(tf.test.TestCase):
         for w in self.trained.weights:
             w.assign(rng.normal(size=w.shape).astype(np.float32))
         workdir_lib.save_weights_atomically(
-            self.trained, os.path.join(self.source, workdir_lib.BEST_WEIGHTS)
+            self.trained, os.path.join(self.source, inference.BEST_WEIGHTS)
         )
         workdir_lib.write_best_info(self.source, VOCAB, epoch=2)
 
@@ -210,7 +211,7 @@ class FineTuneFromCachedFeaturesTest(tf.test.TestCase):
         source = os.path.join(self.get_temp_dir(), "images")
         workdir_lib.check_workdir(self.config, source)
         model = build_model(self.config, len(VOCAB))
-        workdir_lib.save_weights_atomically(model, os.path.join(source, workdir_lib.BEST_WEIGHTS))
+        workdir_lib.save_weights_atomically(model, os.path.join(source, inference.BEST_WEIGHTS))
         workdir_lib.write_best_info(source, VOCAB, epoch=1)
         with self.assertRaisesRegex(ValueError, "--use_feature_cache: .* has False, this run True"):
             workdir_lib.load_initial_weights(self.trained, self.trained_config(), VOCAB, source)

@@ -21,7 +21,7 @@ import os
 
 from absl import flags
 
-from sat_tf import files, preset
+from sat_tf import files, inference, preset
 from sat_tf.cli.flags_lib import (
     decoding_overrides,
     define_model_source,
@@ -32,7 +32,6 @@ from sat_tf.cli.flags_lib import (
 )
 from sat_tf.evaluation import metrics
 from sat_tf.training import prepare, publish, scoring
-from sat_tf.training import workdir as workdir_lib
 
 FLAGS = flags.FlagValues()
 define_model_source(FLAGS)
@@ -63,7 +62,7 @@ def _main(argv):
     kind, source = model_source(FLAGS)
     stored = None
     if kind == "workdir":
-        model, vocab, config = workdir_lib.load_trained(source)
+        model, vocab, config = inference.load_workdir(source)
         config = _with_data_dir(config)
         config, overrides = decoding_overrides(FLAGS, model, config)
         output_dir = FLAGS.output_dir or source
@@ -74,7 +73,7 @@ def _main(argv):
             model, data, config, output_dir, FLAGS.split, beam_size, overrides=overrides
         )
     else:
-        model, vocab, config = preset.load(source)
+        model, vocab, config = inference.load_preset(source)
         metadata = preset.read_metadata(preset.resolve(source))
         config = _with_data_dir(config)
         config, overrides = decoding_overrides(FLAGS, model, config)

@@ -16,7 +16,7 @@ import os
 
 from absl import flags
 
-from sat_tf import export_model
+from sat_tf import exporting
 from sat_tf.cli.flags_lib import define_model_source, define_override, load_model, override, run
 
 FLAGS = flags.FlagValues()
@@ -38,7 +38,7 @@ flags.DEFINE_bool(
 flags.DEFINE_enum(
     "quantize",
     None,
-    list(export_model.QUANTIZATIONS),
+    list(exporting.QUANTIZATIONS),
     "With --tflite, also write caption_int8.tflite: dynamic = int8 weights, float activations.",
     flag_values=FLAGS,
 )
@@ -50,7 +50,7 @@ def _main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
     model, vocab, config = load_model(FLAGS)
-    info = export_model.export(
+    info = exporting.export(
         model,
         vocab,
         config,

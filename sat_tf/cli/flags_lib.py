@@ -240,14 +240,13 @@ def load_off_world(flag_values):
 def load_model(flag_values):
     """(model, vocab, config) of the workdir or preset the flags name (`model_source`),
     with --hard_decoding and --length_penalty applied (`decoding_overrides`)."""
-    from sat_tf import preset
-    from sat_tf.training import workdir as workdir_lib
+    from sat_tf import inference  # TensorFlow: not for --help
 
     kind, source = model_source(flag_values)
     if kind == "workdir":
-        model, vocab, config = workdir_lib.load_trained(source)
+        model, vocab, config = inference.load_workdir(source)
     else:
-        model, vocab, config = preset.load(source)
+        model, vocab, config = inference.load_preset(source)
     config, _ = decoding_overrides(flag_values, model, config)
     return model, vocab, config
 

@@ -31,7 +31,7 @@ import time
 import tensorflow as tf
 from absl import flags
 
-from sat_tf import api, export_model, files, preset
+from sat_tf import api, exporting, files, preset
 from sat_tf.cli.flags_lib import define_model_source, define_override, load_model, override, run
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import coco_grounding, coco_photos, naming
@@ -133,11 +133,9 @@ def _reference_grounding(captioner, photos, coco_dir):
 
 def _export_captioner(path, beam_size):
     """(caption_batch, geometry, description) of a SavedModel export's serving_default."""
-    info_path = os.path.join(path, export_model.EXPORT_INFO)
+    info_path = os.path.join(path, exporting.EXPORT_INFO)
     if not os.path.isfile(info_path):
-        raise ValueError(
-            f"--export={path} has no {export_model.EXPORT_INFO}: give an export folder"
-        )
+        raise ValueError(f"--export={path} has no {exporting.EXPORT_INFO}: give an export folder")
     with open(info_path, encoding="utf-8") as f:
         info = json.load(f)
     if beam_size is not None and beam_size != info["beam_size"]:

@@ -27,7 +27,7 @@ from sat_tf import files
 from sat_tf.cli.flags_lib import run
 from sat_tf.config import Config
 from sat_tf.evaluation import coco_grounding, metrics
-from sat_tf.training.workdir import CONFIG_FILE
+from sat_tf.inference import CONFIG_FILE
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string(

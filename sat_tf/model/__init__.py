@@ -1,2 +1,3 @@
-"""The model: encoders, attention scores, the decoder step and its schedules, the
-captioner with its losses and REINFORCE terms, and decoding over any step function."""
+"""The model, as the paper writes it: the encoder, attention scores, the decoder step and
+its teacher-forced loop, the captioner with its losses (REINFORCE included), and decoding
+over any step function. Speed lives in `fast/`, a second schedule of the same step."""

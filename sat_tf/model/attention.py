@@ -2,7 +2,7 @@
 
 A score layer splits into `project(a)`, `W_a a`, which does not depend on t and runs
 once per image, and `step_scores`, which runs every step on the score's slice of the
-fused projection of h_{t-1} (`step.HiddenLayout`): each layer names its slice
+fused projection of h_{t-1} (`fast.layout.HiddenLayout`): each layer names its slice
 (`hidden_kernels`) and the other weights its step reads (`step_kernels`).
 `score(projected, h)` and `call(a, h)` run the same step from the layer's own weights.
 

@@ -19,17 +19,12 @@ half of the gates and the output's input once per caption, outside the recurrenc
 (`attention.py`), so it can prefer places as well as content.
 
 The step itself is `step.attention_step`; this layer owns the weights and runs that
-step in three schedules: `step` (decoding, one word at a time), and under teacher forcing
-`call`, where everything that does not depend on t runs once outside the recurrence
-(`W_a a`, the embedding half of the gates, the deep output over all steps) and the
-h-dependent projections share one product over the fused kernel. Soft attention in
-float32 or bfloat16 runs the fused recurrence of `recurrence.py`, whose hand-written
-backward pass computes the kernel gradients once over all steps, and so does gated hard
-attention (`fused_hard`, on by default since stop 48); ungated hard attention, the ablation
-and float16 run the autodiff loop.
-Under teacher forcing in float32 on a CPU both run the additive score through its
-compiled op (`fused_score`, `compiled_score`); decoding never does, so exported graphs
-hold only TensorFlow's own ops.
+step one word at a time when decoding (`step`) and, under teacher forcing, in a
+`tf.while_loop` that autodiff differentiates (`teacher_forced_loop`), where everything that
+does not depend on t runs once outside the loop (`W_a a`, the word half of the gates, the
+deep output over all steps). `call` takes the faster schedule of `fast/schedule.py` (a
+fused recurrence with a hand-written backward pass, the additive score as a compiled op)
+where it applies; `call(..., autodiff=True)` runs the reference loop.
 """
 
 import keras
@@ -37,7 +32,8 @@ import tensorflow as tf
 
 from sat_tf.config import ATTENTIONS, HARD_DECODINGS, START_STATES
 from sat_tf.model import attention as attention_lib
-from sat_tf.model import fused_score, recurrence, step
+from sat_tf.model import step
+from sat_tf.model.fast import schedule
 
 
 @keras.saving.register_keras_serializable(package="sat_tf")
@@ -119,16 +115,11 @@ class AttentionDecoder(keras.layers.Layer):
                 "has no score"
             )
         self.location_prior = bool(location_prior)
-        # Gated hard attention trains through the fused recurrence (checked against the
-        # autodiff loop). It was opt-in from stop 30 to 47 while shapes pointing leaned
-        # to the loop; stop 48 found that part of that evidence had read another seed's
-        # images and measured four more pairs: no lean (BUILD_NOTES, stop 48). False
-        # selects the autodiff loop (tests and the bench's baseline cases).
+        # Switches of the fast schedule (`fast/schedule.py`): gated hard attention through
+        # the fused recurrence, and the additive score through its compiled op. False
+        # selects the reference loop or TensorFlow's score ops (tests, the bench's
+        # baselines, XLA, which cannot compile a custom op).
         self.fused_hard = True
-        # Teacher forcing runs the additive score through its compiled op
-        # (`fused_score`) where that applies (float32, no GPU, the op builds). The bench
-        # turns it off to time the TensorFlow ops, and for its XLA cases: XLA cannot
-        # compile a custom op (the trainer compiles the train step only on GPUs).
         self.compiled_score = True
 
         self.embedding = keras.layers.Embedding(vocab_size, embed_dim, name="embedding")
@@ -174,41 +165,25 @@ class AttentionDecoder(keras.layers.Layer):
             self.out_global.build((None, feature_dim))
         self.deep_output.build((None, None, self.embed_dim))
 
-    @property
-    def hidden_layout(self) -> step.HiddenLayout:
-        """The columns of the fused kernel applied to h_{t-1}."""
-        score = 0
-        if self.f_att is not None:
-            score = sum(k.shape[1] for k in self.f_att.hidden_kernels())
-        return step.HiddenLayout(4 * self.hidden_dim, score, self.beta is not None)
-
-    def _read(self, variable):
+    def read(self, variable):
+        """A weight in the compute dtype."""
         return tf.cast(variable, self.compute_dtype)
 
-    def _hidden_kernels(self):
-        """[U, the score's slice, w_beta] in the order of `hidden_layout`."""
-        kernels = [self.lstm_hidden.kernel]
-        if self.f_att is not None:
-            kernels += self.f_att.hidden_kernels()
+    def _project_hidden(self, h):
+        """(U h, the score's U_a h or None, beta's logit w_beta h + b_beta or None)."""
+        score_in = gate_logit = None
+        if self.f_att is not None and self.f_att.hidden_kernels():
+            (kernel,) = self.f_att.hidden_kernels()
+            score_in = tf.matmul(h, self.read(kernel))
         if self.beta is not None:
-            kernels.append(self.beta.kernel)
-        return [self._read(k) for k in kernels]
+            gate_logit = tf.matmul(h, self.read(self.beta.kernel)) + self.read(self.beta.bias)
+        return tf.matmul(h, self.read(self.lstm_hidden.kernel)), score_in, gate_logit
 
-    def _gate_bias(self):
-        return self._read(self.beta.bias) if self.beta is not None else None
-
-    def _score_fn(self, compiled=False):
-        """The score's per-step function on its own weights; None without attention.
-        `compiled`: the additive score's compiled op (`fused_score`), for training only:
-        graphs that are exported must not hold it."""
+    def _score_fn(self):
+        """The score's per-step function on its own weights; None without attention."""
         if self.f_att is None:
             return None
-        kernels = [self._read(k) for k in self.f_att.step_kernels()]
-        if compiled:
-            return lambda projected, score_in, h: (
-                fused_score.scores(projected, score_in, *kernels),
-                None,
-            )
+        kernels = [self.read(k) for k in self.f_att.step_kernels()]
         return lambda projected, score_in, h: self.f_att.step_scores(
             projected, score_in, h, *kernels
         )
@@ -267,8 +242,6 @@ class AttentionDecoder(keras.layers.Layer):
     def step(self, tokens, state):
         """One decoding step; the `step_fn` that `search.py` drives.
 
-        The projections of h_{t-1} run as one product per kernel: at batch 1 joining the
-        kernels on every call would copy them, which costs as much as the products.
         Hard attention attends as `hard_decoding` says (docs/design.md §1.4).
 
         Args:
@@ -279,17 +252,14 @@ class AttentionDecoder(keras.layers.Layer):
           (log_probs (B, V), new state, alpha (B, L)).
         """
         embedded = self.embedding(tokens)
-        projected_h = self.hidden_layout.project(
-            state["h"], self._hidden_kernels(), self._gate_bias()
-        )
         out = step.attention_step(
             self._word_gates(embedded, state),
             state["h"],
             state["c"],
-            projected_h,
+            self._project_hidden(state["h"]),
             state["features"],
             state.get("projected"),
-            self._read(self.lstm_context.kernel),
+            self.read(self.lstm_context.kernel),
             self._score_fn(),
             self._decoding_attend_fn(),
         )
@@ -317,9 +287,9 @@ class AttentionDecoder(keras.layers.Layer):
             the sampled locations; without it the decoder attends at `argmax alpha`.
           use_expected: hard attention only: (B,) bool, sequences that use the expected
             context instead of a sample (paper §4.1).
-          autodiff: run the autodiff loop, with the score as TensorFlow ops, instead of
-            the fused recurrence: the reference its hand-written backward pass and the
-            compiled score are checked against.
+          autodiff: run the reference loop (`teacher_forced_loop`, the score as
+            TensorFlow ops) instead of the fast schedule (`fast/schedule.py`), which is
+            checked against it.
           state: `initial_state(features)`, when the caller has it (hard attention's
             training computes it once for the sampled pass and the argmax baseline's);
             None computes it.
@@ -335,60 +305,26 @@ class AttentionDecoder(keras.layers.Layer):
         if gumbel_noise is not None:
             # Time-major (T, B, L), as both schedules read it one step at a time.
             gumbel_noise = tf.transpose(tf.cast(gumbel_noise, tf.float32), [1, 0, 2])
-        if self.uses_recurrence() and not autodiff:
-            hard = self.attention == "hard"
-            # `_read` casts to the compute dtype: one dtype for every input, also when
-            # only this layer has a mixed policy and its sublayers compute in float32.
-            hs, zs, alphas, *wheres = recurrence.attention_recurrence(
-                self._read(word_gates),
-                self._read(state["projected"]),
-                state["features"],  # cast by `initial_state`
-                self._read(state["h"]),
-                self._read(state["c"]),
-                tf.concat(self._hidden_kernels(), axis=1),
-                self._read(self.lstm_context.kernel),
-                self._gate_bias(),
-                *[self._read(k) for k in self.f_att.step_kernels()],
-                hard=hard,
-                gumbel_noise=gumbel_noise,
-                use_expected=use_expected,
-                compiled_score=self._uses_compiled_score(),
+        if autodiff:
+            return self.teacher_forced_loop(
+                embedded, word_gates, state, training, gumbel_noise, use_expected
             )
-            outputs = self._outputs(embedded, hs, zs, alphas, state, training)
-            if hard:
-                # log alpha at the attended locations and the entropy of alpha, from the
-                # alphas (their gradient reaches the scores through the recurrence's).
-                alpha = outputs["alpha"]  # (B, T, L)
-                where = tf.transpose(wheres[0])  # (B, T)
-                chosen = tf.gather(alpha, where, axis=2, batch_dims=2)
-                outputs["log_p_s"] = tf.math.log(chosen)
-                outputs["entropy"] = -tf.reduce_sum(tf.math.xlogy(alpha, alpha), axis=-1)
-            return outputs
-        return self._autodiff_loop(
-            embedded,
-            word_gates,
-            state,
-            training,
-            gumbel_noise,
-            use_expected,
-            compiled=not autodiff and self._uses_compiled_score(),
+        return schedule.teacher_forced(
+            self, embedded, word_gates, state, training, gumbel_noise, use_expected
         )
 
-    def _autodiff_loop(
-        self, embedded, word_gates, state, training, gumbel_noise, use_expected, compiled
+    def teacher_forced_loop(
+        self, embedded, word_gates, state, training, gumbel_noise, use_expected, score=None
     ):
-        """`call` through a `tf.while_loop` that autodiff differentiates (`gumbel_noise`
-        time-major, (T, B, L)); `compiled`: the additive score through its compiled op
-        and the gradient `fused_score` registers (never when `call` asks for the
-        autodiff loop as the reference)."""
+        """`call` through a `tf.while_loop` that autodiff differentiates: the reference.
+
+        `word_gates` (T, B, 4n) and `gumbel_noise` (T, B, L) are time-major; `score`
+        replaces the score's per-step function (the fast schedule's compiled op)."""
         steps = tf.shape(word_gates)[0]
         features, projected = state["features"], state.get("projected")
         hard = self.attention == "hard"
-        layout = self.hidden_layout
-        hidden_kernel = tf.concat(self._hidden_kernels(), axis=1)
-        gate_bias = self._gate_bias()
-        context_kernel = self._read(self.lstm_context.kernel)
-        score = self._score_fn(compiled)
+        context_kernel = self.read(self.lstm_context.kernel)
+        score = score or self._score_fn()
 
         def body(t, h, c, hs, zs, alphas, *hard_arrays):
             noise = gumbel_noise[t] if gumbel_noise is not None else None
@@ -396,7 +332,7 @@ class AttentionDecoder(keras.layers.Layer):
                 word_gates[t],
                 h,
                 c,
-                layout.split(tf.matmul(h, hidden_kernel), gate_bias),
+                self._project_hidden(h),
                 features,
                 projected,
                 context_kernel,
@@ -429,28 +365,15 @@ class AttentionDecoder(keras.layers.Layer):
         _, _, _, hs, zs, alphas, *hard_arrays = tf.while_loop(
             lambda t, *_: t < steps, body, loop_vars, maximum_iterations=steps
         )
-        outputs = self._outputs(embedded, hs.stack(), zs.stack(), alphas.stack(), state, training)
+        outputs = self.outputs(embedded, hs.stack(), zs.stack(), alphas.stack(), state, training)
         if hard:
             log_p_s, entropy = hard_arrays
             outputs["log_p_s"] = tf.transpose(log_p_s.stack())  # (B, T)
             outputs["entropy"] = tf.transpose(entropy.stack())  # (B, T)
         return outputs
 
-    def uses_recurrence(self):
-        """Whether `call` runs `recurrence.attention_recurrence`: soft attention, or hard
-        attention gated by beta (`hard_gate`) unless `fused_hard` is unset, in float32 or
-        bfloat16 (`mixed_bfloat16`). float16 keeps the autodiff loop."""
-        fused_hard = self.attention == "hard" and self.hard_gate and self.fused_hard
-        attention = self.attention == "soft" or fused_hard
-        return attention and self.compute_dtype in ("float32", "bfloat16")
-
-    def _uses_compiled_score(self):
-        """Whether `call` runs the additive score's compiled op (either schedule)."""
-        additive = self.attention_score == "additive"
-        return self.compiled_score and additive and fused_score.applies(self.compute_dtype)
-
-    def _outputs(self, embedded, hs, zs, alphas, state, training):
-        """Logits and alpha from the time-major (T, B, .) states of the recurrence."""
+    def outputs(self, embedded, hs, zs, alphas, state, training):
+        """Logits and alpha from the time-major (T, B, .) states of a teacher-forced pass."""
         hs = tf.transpose(hs, [1, 0, 2])  # (B, T, n)
         zs = tf.transpose(zs, [1, 0, 2])  # (B, T, D)
         return {

@@ -13,12 +13,11 @@ import tensorflow as tf
 
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model import losses as losses_lib
-from sat_tf.model import reinforce as reinforce_lib
 from sat_tf.model import search
 from sat_tf.model import self_critical as self_critical_lib
 from sat_tf.model.decoder import AttentionDecoder
 from sat_tf.model.encoder import ImageEncoder
-from sat_tf.model.resumable import ResumableModel
+from sat_tf.resumable import ResumableModel
 
 
 @keras.saving.register_keras_serializable(package="sat_tf")
@@ -32,7 +31,7 @@ class ShowAttendTell(ResumableModel):
       feature_dim: D of cached features (only without an encoder).
       grid: (H, W) of cached features (only without an encoder), for attention maps.
       alpha_c: weight of the doubly stochastic penalty (soft attention, §4.2.1).
-      reinforce: dict of `reinforce.Settings` fields (hard attention, §4.1); None for
+      reinforce: dict of `losses.Settings` fields (hard attention, §4.1); None for
         the paper's.
       seed: seed of the hard-attention samples and of self-critical training's.
       self_critical: dict of `self_critical.Settings` fields to train by self-critical
@@ -58,7 +57,7 @@ class ShowAttendTell(ResumableModel):
         if isinstance(decoder, dict):
             decoder = keras.saving.deserialize_keras_object(decoder)
         self.alpha_c = alpha_c
-        self.settings = reinforce_lib.Settings(**(reinforce or {}))
+        self.settings = losses_lib.Settings(**(reinforce or {}))
         self.seed = seed
         self.self_critical = None
         if self_critical is not None:
@@ -76,7 +75,7 @@ class ShowAttendTell(ResumableModel):
             self.feature_dim = feature_dim
             self.grid = tuple(grid) if grid else None
         self.decoder = decoder
-        self.baseline, self.baseline_seen = reinforce_lib.add_baselines(self)
+        self.baseline, self.baseline_seen = losses_lib.add_baselines(self)
         self.seed_generator = keras.random.SeedGenerator(seed, name="hard_attention_seed")
         self.loss_tracker = keras.metrics.Mean(name="loss")
         self.nll_tracker = keras.metrics.Mean(name="nll_per_word")
@@ -123,9 +122,9 @@ class ShowAttendTell(ResumableModel):
         return self.decoder(features, batch["caption"][:, :-1], training=training)
 
     def hard_noise(self, features, steps):
-        """`reinforce.sample_noise` from the model's generator, at the optimizer's step."""
-        prob = reinforce_lib.mix_prob(self.settings, getattr(self, "optimizer", None))
-        return reinforce_lib.sample_noise(self.seed_generator, features, steps, prob)
+        """`losses.sample_noise` from the model's generator, at the optimizer's step."""
+        prob = losses_lib.mix_prob(self.settings, getattr(self, "optimizer", None))
+        return losses_lib.sample_noise(self.seed_generator, features, steps, prob)
 
     def loss_terms(self, batch, training=True, gumbel_noise=None, use_expected=None):
         """Per-sequence objective and its parts.
@@ -140,7 +139,7 @@ class ShowAttendTell(ResumableModel):
           loss: -log p(y|a), plus the penalty for soft attention), "log_likelihood",
           "words" (unmasked targets), and for hard attention "reward" (log p(y|s,a)),
           "sampled" (1.0 where a sample was used) and what moves the moving averages
-          (`reinforce.hard_terms`).
+          (`losses.hard_terms`).
         """
         captions = batch["caption"]
         targets = captions[:, 1:]
@@ -167,7 +166,7 @@ class ShowAttendTell(ResumableModel):
         if hard:
             sampled = 1.0 - tf.cast(use_expected, tf.float32)
             terms.update(
-                reinforce_lib.hard_terms(
+                losses_lib.hard_terms(
                     self.settings,
                     self.decoder,
                     self.baseline,
@@ -229,7 +228,7 @@ class ShowAttendTell(ResumableModel):
         grads = tape.gradient(scaled, variables)
         self.optimizer.apply(grads, variables)
         if self.attention == "hard" and self.self_critical is None:
-            reinforce_lib.update_baselines(
+            losses_lib.update_baselines(
                 self.baseline,
                 self.baseline_seen,
                 self.settings.baseline_decay,
@@ -265,14 +264,18 @@ class ShowAttendTell(ResumableModel):
         Raises:
           ValueError: one line naming the preset and what is wrong with it.
         """
-        from sat_tf import preset  # the preset format is built on the model, not in it
+        from sat_tf import preset  # the format's files; it never imports the model
 
-        model, vocab, config = preset.load(source, cache_dir)
-        if not isinstance(model, cls):
-            raise ValueError(
-                f"preset {source} holds a {type(model).__name__}, not a {cls.__name__}"
-            )
-        model.vocab, model.config = vocab, config
+        stored = preset.read(source, cache_dir)
+        model = build_model(
+            stored.config,
+            len(stored.vocab),
+            stored.feature_shape,
+            stored.grid,
+            load_encoder_weights=not stored.encoder_in_weights,
+        )
+        preset.load_weights(model, stored)
+        model.vocab, model.config = stored.vocab, stored.config
         return model
 
     def generate(
@@ -386,7 +389,7 @@ def build_model(config, vocab_size, feature_shape=None, grid=None, load_encoder_
     kwargs = dict(
         alpha_c=config.alpha_c,
         reinforce={
-            f.name: getattr(config, f.name) for f in dataclasses.fields(reinforce_lib.Settings)
+            f.name: getattr(config, f.name) for f in dataclasses.fields(losses_lib.Settings)
         },
         seed=config.seed,
         self_critical=dataclasses.asdict(

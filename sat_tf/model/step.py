@@ -8,12 +8,11 @@ and the annotations a with their hoisted projection W_a a:
   z_t = beta_t attend(alpha_t, a),  beta_t = sigmoid(P_t^beta + b_beta)  (when gated)
   c_t, h_t = LSTM(x_t + P_t^U + Z z_t, c_{t-1})
 
-Three schedules run `attention_step`: decoding one word at a time (`AttentionDecoder.step`,
-the projections of h as separate products, `HiddenLayout.project`), the teacher-forced
-autodiff loop (`AttentionDecoder.call`) and the fused recurrence with a hand-written
-backward pass (`recurrence.py`), both with P_t as one product over the fused kernel.
-Every function here takes tensors, never variables, so that the fused recurrence can
-run it inside `tf.custom_gradient`.
+The decoder runs `attention_step` one word at a time when decoding
+(`AttentionDecoder.step`) and in its teacher-forced loop (`AttentionDecoder.teacher_forced_loop`);
+the fast schedule (`fast/`) runs it inside a recurrence with a hand-written backward pass,
+with P_t as one product over the fused kernel. Every function here takes tensors, never
+variables, so that the fused recurrence can run it inside `tf.custom_gradient`.
 """
 
 from typing import NamedTuple
@@ -27,49 +26,6 @@ def lstm_cell(gates, c):
     i, f, o, g = tf.sigmoid(i), tf.sigmoid(f), tf.sigmoid(o), tf.tanh(g)
     c = f * c + i * g
     return o * tf.tanh(c), c, (i, f, o, g)
-
-
-class HiddenLayout(NamedTuple):
-    """The columns of the fused kernel `[U | S | w_beta]` applied to h_{t-1}.
-
-    Attributes:
-      gates: 4n, the LSTM's U.
-      score: width of the score's slice (the additive score's U_a: A; dot: 0).
-      gated: whether the last column is the gate's w_beta.
-    """
-
-    gates: int
-    score: int
-    gated: bool
-
-    @property
-    def width(self) -> int:
-        return self.gates + self.score + int(self.gated)
-
-    def split(self, projected, gate_bias=None):
-        """(B, W) `h [U | S | w_beta]` -> (gates (B, 4n), score input (B, S) or None,
-        gate logit (B, 1) with `gate_bias` added, or None)."""
-        gates = projected[:, : self.gates]
-        score_in = projected[:, self.gates : self.gates + self.score] if self.score else None
-        gate_logit = projected[:, self.gates + self.score :] + gate_bias if self.gated else None
-        return gates, score_in, gate_logit
-
-    def join(self, d_gates, d_score_in, d_gate_logit):
-        """The inverse of `split` for gradients: (B, W) from the three parts."""
-        parts = [d_gates]
-        if self.score:
-            parts.append(d_score_in)
-        if self.gated:
-            parts.append(d_gate_logit)
-        return tf.concat(parts, -1)
-
-    def project(self, h, kernels, gate_bias=None):
-        """`split(h @ concat(kernels))` computed as one product per kernel: the decoding
-        schedule, where concatenating the kernels on every call would copy them."""
-        gates = tf.matmul(h, kernels[0])
-        score_in = tf.matmul(h, kernels[1]) if self.score else None
-        gate_logit = tf.matmul(h, kernels[-1]) + gate_bias if self.gated else None
-        return gates, score_in, gate_logit
 
 
 class StepOutputs(NamedTuple):
@@ -99,7 +55,7 @@ def attention_step(
       word_gates: (B, 4n) x_t, the word half of the gates with their bias.
       h, c: (B, n) the previous state.
       projected_h: (gates (B, 4n), score input (B, S) or None, gate logit (B, 1) or
-        None), from `HiddenLayout.split` or `HiddenLayout.project`.
+        None): the projections of h_{t-1}.
       features: (B, L, D) annotation vectors a.
       projected: (B, L, P) the score's `W_a a`; None without attention.
       context_kernel: (D, 4n) Z.

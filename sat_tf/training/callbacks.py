@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from sat_tf import inference
 from sat_tf.config import SELECTION_METRICS
 from sat_tf.data import image_io
 from sat_tf.evaluation import metrics, visualize
@@ -99,7 +100,7 @@ class BestCheckpoint(keras.callbacks.Callback):
 
     Writes `best.weights.h5` atomically, then `best.json` with the epoch, its validation
     scores and the fingerprint of the vocabulary the weights were trained with, which
-    `load_trained` checks against the workdir's `vocab.txt`.
+    `inference.load_workdir` checks against the workdir's `vocab.txt`.
 
     Args:
       workdir: where the files go.
@@ -122,7 +123,7 @@ class BestCheckpoint(keras.callbacks.Callback):
             return
         self.best = score
         workdir_lib.save_weights_atomically(
-            self.model, os.path.join(self.workdir, workdir_lib.BEST_WEIGHTS)
+            self.model, os.path.join(self.workdir, inference.BEST_WEIGHTS)
         )
         scores = {k: logs[k] for k in SELECTION_METRICS.values() if k in logs}
         workdir_lib.write_best_info(
@@ -205,5 +206,5 @@ class StopOnNonFinite(keras.callbacks.Callback):
             raise TrainingDiverged(
                 f"training diverged at step {step}: the loss is {float(loss)}; the last good "
                 f"state is kept in {os.path.join(self.workdir, 'backup')} and "
-                f"{os.path.join(self.workdir, workdir_lib.BEST_WEIGHTS)}"
+                f"{os.path.join(self.workdir, inference.BEST_WEIGHTS)}"
             )

@@ -167,7 +167,7 @@ def extract_features(
 
     Args:
       records: the images, in the order they go into shards (ids must be unique).
-      encoder_name: backbone name in `encoder.REGISTRY`.
+      encoder_name: backbone name in `sat_tf.backbones.registry.REGISTRY`.
       encoder_weights: "" or None (random), "imagenet", or a weights file.
       image_size: square encoder input size.
       out_dir: the feature folder.

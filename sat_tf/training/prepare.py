@@ -8,7 +8,7 @@ from absl import logging
 from sat_tf.config import Config, derived_dir
 from sat_tf.data import datasets, feature_cache, shapes
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.training.workdir import VOCAB_FILE
+from sat_tf.inference import VOCAB_FILE
 
 
 @dataclasses.dataclass

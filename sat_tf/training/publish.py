@@ -8,10 +8,9 @@ import os
 import tarfile
 import tempfile
 
-from sat_tf import files, machine, preset
+from sat_tf import files, inference, machine, preset
 from sat_tf.evaluation import coco_grounding
 from sat_tf.training import scoring
-from sat_tf.training import workdir as workdir_lib
 
 
 def make(
@@ -34,7 +33,7 @@ def make(
     once complete: the stored scores are those of the shipped weights.
 
     Args:
-      workdir: a trained workdir (`workdir.load_trained`).
+      workdir: a trained workdir (`inference.load_workdir`).
       output_root: the folder of presets (`preset.PRESETS_DIR` for a shipped preset).
       name: the preset's name (its folder).
       train_command: the command that trained the workdir, stored in the metadata.
@@ -57,9 +56,9 @@ def make(
             raise ValueError(f"{target} exists; pass --overwrite to replace it")
         if not os.path.isfile(os.path.join(target, preset.METADATA_FILE)):
             raise ValueError(f"{target} exists and is not a preset; refusing to replace it")
-    model, vocab, config = workdir_lib.load_trained(workdir)
+    model, vocab, config = inference.load_workdir(workdir)
     best = {}
-    best_path = os.path.join(workdir, workdir_lib.BEST_INFO)
+    best_path = os.path.join(workdir, inference.BEST_INFO)
     if os.path.exists(best_path):
         with open(best_path, encoding="utf-8") as f:
             best = json.load(f)
@@ -116,7 +115,7 @@ def _store_scores(directory, data_dir, split):
     """Loads the preset at `directory` as users load it, scores it on `split` of
     `data_dir` (None: its config's) greedily and with beam 3 from the image files, and
     stores the scores and the machine in its metadata."""
-    shipped, shipped_vocab, shipped_config = preset.load(directory)
+    shipped, shipped_vocab, shipped_config = inference.load_preset(directory)
     evaluated = dataclasses.replace(shipped_config, data_dir=data_dir or shipped_config.data_dir)
     scores = {"split": split, "dataset": shipped_config.dataset, "inputs": "image files"}
     with tempfile.TemporaryDirectory() as outputs:

@@ -3,13 +3,11 @@
 import dataclasses
 import os
 
-import tensorflow as tf
-
 from sat_tf.config import Config
 from sat_tf.data import input_pipeline
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.data.tokens import BAD_ENDINGS
 from sat_tf.evaluation import grounding, metrics
+from sat_tf.inference import make_caption_fn
 from sat_tf.model.show_attend_tell import feature_encoder
 from sat_tf.training.prepare import Data, cached_features, prepare_data
 from sat_tf.training.workdir import write_json
@@ -20,47 +18,6 @@ def references(records):
     texts = [c for r in records for c in r.captions]
     words = iter(vocab_lib.tokenize_py(texts))
     return {r.image_id: [" ".join(next(words)) for _ in r.captions] for r in records}
-
-
-def decoding_options(config: Config, vocab=None) -> dict:
-    """`ShowAttendTell.generate`'s blocking arguments from `config.block_repeats` and
-    `config.block_bad_endings` (which needs the `vocab` to find `tokens.BAD_ENDINGS`)."""
-    if config.block_bad_endings and vocab is None:
-        raise ValueError("--block_bad_endings needs the vocabulary to find the bad endings")
-    bad = vocab.ids_present(BAD_ENDINGS) if config.block_bad_endings else ()
-    return {"block_repeats": config.block_repeats, "bad_ending_ids": bad}
-
-
-def make_caption_fn(model, config: Config, beam_size=None, encoder=None, vocab=None):
-    """A `tf.function` that captions a batch dict; see `ShowAttendTell.generate`.
-
-    With `--jit_compile` XLA compiles it too, once per batch shape: it fuses the decoding
-    step's small ops (BUILD_NOTES.md has the measured effect).
-
-    Args:
-      model: a `ShowAttendTell`.
-      config: its settings.
-      beam_size: None for `config.beam_size`.
-      encoder: an encoder to run on batch["image"] first, for a model trained on cached
-        features (`feature_encoder`); None feeds the batch to the model as it is.
-      vocab: the model's `Vocab`; needed with `config.block_bad_endings`.
-    """
-    beam = beam_size or config.beam_size
-    blocking = decoding_options(config, vocab)
-
-    @tf.function(reduce_retracing=True, jit_compile=config.jit_compile)
-    def caption(batch):
-        if encoder is not None:
-            batch = {"features": encoder(batch["image"], training=False)}
-        return model.generate(
-            batch,
-            max_length=config.max_decode_length,
-            beam_size=beam,
-            length_penalty=config.length_penalty,
-            **blocking,
-        )
-
-    return caption
 
 
 def caption_records(
@@ -209,7 +166,7 @@ def evaluate_images(
     exports run it, so the scores are those of the model as users run it.
 
     Args:
-      model, vocab, config: the model (e.g. from `preset.load`); `config.data_dir` names
+      model, vocab, config: the model (e.g. from `inference.load_preset`); `config.data_dir` names
         the dataset folder.
       output_dir: where the captions and the metrics go (file names as `evaluate`).
       split: "train", "val" or "test".

@@ -12,6 +12,7 @@ import tensorflow as tf
 from absl import logging
 
 import sat_tf
+from sat_tf import inference
 from sat_tf.config import Config, derived_dir
 from sat_tf.data import feature_cache, image_io, input_pipeline
 from sat_tf.data import vocab as vocab_lib
@@ -46,7 +47,7 @@ def _callbacks(config, workdir, data, val, grid, done):
         history_path = os.path.join(workdir, workdir_lib.HISTORY_FILE)
         history = workdir_lib.read_history(history_path)
         key, best_so_far = config.selection_key, None
-        if os.path.exists(os.path.join(workdir, workdir_lib.BEST_WEIGHTS)):
+        if os.path.exists(os.path.join(workdir, inference.BEST_WEIGHTS)):
             best_so_far = max((h[key] for h in history if key in h), default=None)
         callbacks.append(
             callbacks_lib.EvaluationCallback(
@@ -194,7 +195,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
         )
     else:
         model.fit(train_ds, epochs=config.epochs, steps_per_epoch=steps, callbacks=callbacks)
-    best = os.path.join(workdir, workdir_lib.BEST_WEIGHTS)
+    best = os.path.join(workdir, inference.BEST_WEIGHTS)
     if os.path.exists(best):
         model.load_weights(best)
     else:

@@ -1,5 +1,5 @@
-"""The workdir of a run: its files, the check that it holds the same model, and loading
-the trained model from it.
+"""The workdir of a run: its files, the check that it holds the same model, and starting
+from another run's weights (`sat_tf.inference.load_workdir` loads a trained workdir).
 
 A workdir holds `config.json`, `vocab.txt`, `best.weights.h5` (best validation BLEU-4,
 paper §4.3, or CIDEr: `--selection_metric`) with `best.json` (its epoch, scores and
@@ -15,13 +15,16 @@ import os
 
 from sat_tf import files, npz_weights
 from sat_tf.config import MODEL_FIELDS, SELECTION_METRICS, Config
-from sat_tf.data import vocab as vocab_lib
+from sat_tf.inference import (
+    BEST_INFO,
+    BEST_WEIGHTS,
+    CONFIG_FILE,
+    FEATURES_FILE,
+    check_weights_vocab,
+)
 from sat_tf.model.show_attend_tell import build_model
 
-CONFIG_FILE, VOCAB_FILE, BEST_WEIGHTS = "config.json", "vocab.txt", "best.weights.h5"
-BEST_INFO = "best.json"
 HISTORY_FILE = "val_history.json"
-FEATURES_FILE = "features.json"
 
 
 def write_json(path, value):
@@ -115,7 +118,7 @@ def load_initial_weights(model, config: Config, vocab, source: str) -> None:
     onto_images, diff = _differences(saved, config, source)
     if diff:
         raise ValueError(f"--init_from={source} holds another model:\n  " + "\n  ".join(diff))
-    _check_weights_vocab(
+    check_weights_vocab(
         paths[1],
         vocab,
         f"--init_from={source}: its weights were trained with another vocabulary than this run's",
@@ -139,9 +142,9 @@ def _is_preset(source: str) -> bool:
 
 def _load_preset_weights(model, config: Config, vocab, source: str) -> None:
     """`load_initial_weights` from a preset (name or folder) with this run's settings."""
-    from sat_tf import preset
+    from sat_tf import inference
 
-    trained, trained_vocab, saved = preset.load(source)
+    trained, trained_vocab, saved = inference.load_preset(source)
     onto_images, diff = _differences(saved, config, source)
     if onto_images:
         diff.append(f"--use_feature_cache: the preset {source} reads cached features")
@@ -207,19 +210,6 @@ def _load_all_but_the_encoder(model, saved: Config, vocab_size: int, path: str) 
         weight.assign(theirs[key])
 
 
-def _check_weights_vocab(info_path, vocab, what, whose):
-    """Raises ValueError, beginning with `what`, when the `best.json` at `info_path` names
-    another vocabulary than `vocab` (`whose` vocabulary, in the message)."""
-    with open(info_path, encoding="utf-8") as f:
-        info = json.load(f)
-    if info.get("vocab_fingerprint") != vocab.fingerprint:
-        raise ValueError(
-            f"{what}: the weights had {info.get('vocab_words')} words (fingerprint "
-            f"{info.get('vocab_fingerprint')}), {whose} has {len(vocab)} words (fingerprint "
-            f"{vocab.fingerprint})"
-        )
-
-
 def save_weights_atomically(model, path):
     """`model.save_weights(path)` through a temporary file and a rename, so that a kill
     never leaves a half-written file under `path`."""
@@ -261,51 +251,3 @@ def write_features_info(workdir, feature_dir, index):
     keys = ("encoder", "encoder_weights", "image_size", "feature_shape", "grid")
     info = {"feature_dir": os.path.abspath(feature_dir), **{k: index[k] for k in keys}}
     write_json(os.path.join(workdir, FEATURES_FILE), info)
-
-
-def load_trained(workdir: str):
-    """Rebuilds the model of a workdir with its best (else latest backup) weights.
-
-    Returns:
-      (model, vocab, config).
-
-    Raises:
-      ValueError: when the workdir lacks its files or the weights do not fit.
-    """
-    config_path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.exists(config_path):
-        raise ValueError(f"{workdir} is not a sat_tf workdir: {CONFIG_FILE} is missing")
-    config = Config.load(config_path)
-    vocab = vocab_lib.Vocab.load(os.path.join(workdir, VOCAB_FILE))
-    feature_shape = grid = None
-    if config.use_feature_cache:
-        features_path = os.path.join(workdir, FEATURES_FILE)
-        if not os.path.exists(features_path):
-            raise ValueError(f"{workdir} trained on cached features lacks {FEATURES_FILE}")
-        with open(features_path, encoding="utf-8") as f:
-            stored = json.load(f)
-        feature_shape = tuple(stored["feature_shape"])
-        grid = tuple(stored["grid"]) if "grid" in stored else None
-    info_path = os.path.join(workdir, BEST_INFO)
-    if os.path.exists(info_path):
-        _check_weights_vocab(
-            info_path,
-            vocab,
-            f"{VOCAB_FILE} of {workdir} is not the vocabulary its weights were trained with",
-            VOCAB_FILE,
-        )
-    model = build_model(config, len(vocab), feature_shape, grid, load_encoder_weights=False)
-    for path in (
-        os.path.join(workdir, BEST_WEIGHTS),
-        os.path.join(workdir, "backup", "latest.weights.h5"),
-    ):
-        if os.path.exists(path):
-            try:
-                model.load_weights(path)
-            except ValueError as e:
-                raise ValueError(
-                    f"weights {path} do not fit the model of {config_path} with a "
-                    f"vocabulary of {len(vocab)} words: {e}"
-                ) from e
-            return model, vocab, config
-    raise ValueError(f"{workdir} holds no trained weights ({BEST_WEIGHTS} or backup/)")

@@ -32,7 +32,9 @@ autodiff loop of the same policy runs them. float16 keeps the autodiff loop.
 import tensorflow as tf
 
 from sat_tf.model import attention as attention_lib
-from sat_tf.model import fused_score, step
+from sat_tf.model import step
+from sat_tf.model.fast import fused_score
+from sat_tf.model.fast.layout import HiddenLayout
 from sat_tf.model.step import lstm_cell
 
 
@@ -94,7 +96,7 @@ def attention_recurrence(
       h0: (B, n) initial hidden state.
       c0: (B, n) initial cell.
       hidden_kernel: (n, W) `[U | U_a | w_beta]` (additive, W = 4n + A + 1) or
-        `[U | w_beta]` (dot, W = 4n + 1), as `step.HiddenLayout` orders them.
+        `[U | w_beta]` (dot, W = 4n + 1), as `layout.HiddenLayout` orders them.
       context_kernel: (D, 4n) Z.
       beta_bias: (1,) bias of the gating scalar beta.
       score_kernel: (A, 1) v of the additive score; None for the dot score.
@@ -115,7 +117,7 @@ def attention_recurrence(
     alpha_type = alpha_dtype(gates_x.dtype)
     additive = score_kernel is not None
     n4 = context_kernel.shape[1]
-    layout = step.HiddenLayout(n4, projected.shape[-1] if additive else 0, gated=True)
+    layout = HiddenLayout(n4, projected.shape[-1] if additive else 0, gated=True)
     kernels = (hidden_kernel, context_kernel, beta_bias)
     if additive:
         kernels += (score_kernel,)

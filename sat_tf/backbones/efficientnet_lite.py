@@ -28,7 +28,7 @@ import pathlib
 import keras
 import numpy as np
 
-from sat_tf.model import torch_weights
+from sat_tf.backbones import torch_weights
 
 _VARIANTS = {
     "lite0": {"width": 1.0, "depth": 1.0, "resolution": 224, "dropout": 0.2},

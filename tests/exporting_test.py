@@ -1,4 +1,4 @@
-"""Tests for sat_tf.export_model in-process: request checks, captions, the three signatures."""
+"""Tests for sat_tf.exporting in-process: request checks, captions, the three signatures."""
 
 import os
 import tempfile
@@ -9,7 +9,7 @@ from absl.testing import parameterized
 from fixtures import MAX_LENGTH, WORDS, encode, scenes, tiny_model
 from PIL import Image
 
-from sat_tf import export_model
+from sat_tf import exporting
 from sat_tf.config import Config
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
@@ -19,7 +19,7 @@ from sat_tf.model.show_attend_tell import build_model, feature_encoder
 
 def traced(model, vocab, spec):
     """The serving functions traced as the export traces them."""
-    functions = export_model.serving_functions(model, model.encoder, vocab, spec)
+    functions = exporting.serving_functions(model, model.encoder, vocab, spec)
     return {
         name: tf.function(fn, input_signature=signature, autograph=False)
         for name, (fn, signature) in functions.items()
@@ -31,7 +31,7 @@ class RequestTest(tf.test.TestCase, parameterized.TestCase):
         words = tf.constant(WORDS)
         tokens = tf.constant([[4, 7, 9, 2, 0], [9, 2, 0, 0, 0], [2, 0, 0, 0, 0], [5, 6, 5, 6, 5]])
         length = tf.constant([3, 1, 0, 5])
-        captions = export_model.join_words(words, tokens, length).numpy().tolist()
+        captions = exporting.join_words(words, tokens, length).numpy().tolist()
         self.assertEqual(captions, [b"a red circle", b"circle", b"", b"big small big small big"])
 
     @parameterized.named_parameters(
@@ -42,12 +42,12 @@ class RequestTest(tf.test.TestCase, parameterized.TestCase):
     def test_bad_bytes_named_by_index(self, bad, message):
         good = encode(scenes(0, 1, 16, 16)[0], "PNG")
         with self.assertRaisesRegex(tf.errors.InvalidArgumentError, message):
-            export_model.decode_images(tf.constant([good, bad, good]), 16, 1.0)
+            exporting.decode_images(tf.constant([good, bad, good]), 16, 1.0)
 
     def test_truncated_image_is_an_invalid_argument(self):
         data = encode(scenes(0, 1, 16, 16)[0], "PNG")
         with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "PNG"):
-            export_model.decode_images(tf.constant([data[: len(data) // 2]]), 16, 1.0)
+            exporting.decode_images(tf.constant([data[: len(data) // 2]]), 16, 1.0)
 
     def test_decode_images_converts_every_format_to_rgb(self):
         pixels = np.random.default_rng(3).integers(0, 256, (16, 16, 3), dtype=np.uint8)
@@ -66,7 +66,7 @@ class RequestTest(tf.test.TestCase, parameterized.TestCase):
             (encode(smooth, "JPEG", mode="L", quality=100), smooth_gray, 6),
             (encode(smooth, "JPEG", mode="CMYK", quality=100), smooth, 6),
         ]
-        decoded = export_model.decode_images(tf.constant([c[0] for c in cases]), 16, 1.0).numpy()
+        decoded = exporting.decode_images(tf.constant([c[0] for c in cases]), 16, 1.0).numpy()
         self.assertEqual(decoded.shape, (len(cases), 16, 16, 3))
         for got, (_, want, atol) in zip(decoded, cases, strict=True):
             self.assertAllClose(got, want, atol=atol + 1e-3, rtol=0)
@@ -75,21 +75,21 @@ class RequestTest(tf.test.TestCase, parameterized.TestCase):
         images = [scenes(1, 1, 30, 40)[0], scenes(2, 1, 50, 20)[0]]
         data = tf.constant([encode(x, "PNG") for x in images])
         crop = 224 / 256
-        got = export_model.decode_images(data, 16, crop)
+        got = exporting.decode_images(data, 16, crop)
         resized = [image_io.resize_and_crop(x, 16, crop) for x in images]
         self.assertAllClose(got, tf.stack(resized))
 
     def test_resize_images_matches_decode_image(self):
         images = scenes(4, 2, 30, 44)
         crop = 224 / 256
-        got = export_model.resize_images(tf.constant(images), 16, crop)
+        got = exporting.resize_images(tf.constant(images), 16, crop)
         want = [image_io.decode_image(encode(x, "PNG"), 16, crop) for x in images]
         self.assertEqual(got.shape, (2, 16, 16, 3))
         self.assertAllClose(got, tf.stack(want), atol=1e-4)
 
     def test_resize_images_refuses_empty_images(self):
         with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "size 0x5"):
-            export_model.resize_images(tf.zeros([1, 0, 5, 3], tf.uint8), 16, 1.0)
+            exporting.resize_images(tf.zeros([1, 0, 5, 3], tf.uint8), 16, 1.0)
 
 
 class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
@@ -101,7 +101,7 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
 
     def spec(self, beam_size, model=None, config=None):
         model, config = model or self.model, config or self.config
-        return export_model.export_spec(model, model.encoder, config, beam_size, MAX_LENGTH)
+        return exporting.export_spec(model, model.encoder, config, beam_size, MAX_LENGTH)
 
     @parameterized.parameters(1, 2)
     def test_signatures_match_generate(self, beam_size):
@@ -162,24 +162,24 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
             fns["serving_default"](tf.constant([], tf.string))
 
     def test_export_spec(self):
-        spec = export_model.export_spec(self.model, self.model.encoder, self.config)
+        spec = exporting.export_spec(self.model, self.model.encoder, self.config)
         self.assertEqual(spec.grid, (14, 14))
         self.assertEqual(spec.feature_dim, self.model.feature_dim)
         self.assertEqual((spec.beam_size, spec.max_length), (1, MAX_LENGTH))
         self.assertEqual(spec.crop_fraction, 1.0)
         with self.assertRaisesRegex(ValueError, "--beam_size=-1"):
-            export_model.export_spec(self.model, self.model.encoder, self.config, beam_size=-1)
+            exporting.export_spec(self.model, self.model.encoder, self.config, beam_size=-1)
 
     def test_export_refuses_bad_targets(self):
         root = tempfile.mkdtemp(dir=self.get_temp_dir())
         with self.assertRaisesRegex(ValueError, "vocabulary has 5 words but the model 12"):
-            export_model.export(self.model, vocab_lib.Vocab([*WORDS[:4], "x"]), self.config, root)
+            exporting.export(self.model, vocab_lib.Vocab([*WORDS[:4], "x"]), self.config, root)
         with open(os.path.join(root, "notes.txt"), "w") as f:
             f.write("keep me")
         with self.assertRaisesRegex(ValueError, "exists; pass --overwrite"):
-            export_model.export(self.model, self.vocab, self.config, root)
+            exporting.export(self.model, self.vocab, self.config, root)
         with self.assertRaisesRegex(ValueError, "is not an export; refusing"):
-            export_model.export(self.model, self.vocab, self.config, root, overwrite=True)
+            exporting.export(self.model, self.vocab, self.config, root, overwrite=True)
         self.assertEqual(os.listdir(root), ["notes.txt"])
 
     def test_feature_encoder_of_a_feature_cache_model(self):
@@ -200,7 +200,7 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
         # The whole export of a model trained on cached features: its serving_default
         # runs the rebuilt encoder and captions as the model does on its features.
         output = os.path.join(self.get_temp_dir(), "cached_export")
-        export_model.export(features, vocab_lib.Vocab(WORDS), config, output)
+        exporting.export(features, vocab_lib.Vocab(WORDS), config, output)
         serve = tf.saved_model.load(output).signatures["caption_images"]
         got = serve(images=tf.constant(self.images[:2]))
         want = features.generate({"features": encoder(pixels)}, max_length=MAX_LENGTH)

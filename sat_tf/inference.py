@@ -1,0 +1,150 @@
+"""Inference without `training/`: a trained captioner from a preset or a workdir, and the
+caption function that decodes batches with it.
+
+- `load_preset(source)`: (model, vocab, config) from a preset (`sat_tf.preset`'s format).
+- `load_workdir(workdir)`: the same from a trained workdir, the read side of
+  `sat_tf.training.workdir` (whose files are named here).
+- `make_caption_fn(model, config)`: a `tf.function` that captions a batch.
+
+The Python API (`sat_tf.api`), the export (`sat_tf.exporting`) and the demo read trained
+models through this module.
+"""
+
+import json
+import os
+
+import tensorflow as tf
+
+from sat_tf.config import Config
+from sat_tf.data import vocab as vocab_lib
+from sat_tf.data.tokens import BAD_ENDINGS
+from sat_tf.model.show_attend_tell import ShowAttendTell, build_model
+
+# A workdir's files (`sat_tf.training.workdir` writes them).
+CONFIG_FILE, VOCAB_FILE, BEST_WEIGHTS = "config.json", "vocab.txt", "best.weights.h5"
+BEST_INFO = "best.json"
+FEATURES_FILE = "features.json"
+BACKUP_WEIGHTS = os.path.join("backup", "latest.weights.h5")
+
+
+def load_preset(source: str, cache_dir: str | None = None):
+    """Loads a preset: the float16 weights into a float32 model.
+
+    Args:
+      source: a shipped preset's name (`sat_tf.preset.names()`), a preset folder, or the
+        https:// URL of a preset archive, optionally ending in `#sha256=<hex>`.
+      cache_dir: where downloads are kept (in `presets/`); None for
+        `sat_tf.download.default_cache_dir()`.
+
+    Returns:
+      (model, vocab, config), as `load_workdir` returns them. A model trained on cached
+      features has no encoder: `show_attend_tell.feature_encoder(model, config)` rebuilds
+      the backbone that made them, for captioning images.
+
+    Raises:
+      ValueError: one line naming the preset and what is wrong with it.
+    """
+    model = ShowAttendTell.from_preset(source, cache_dir)
+    return model, model.vocab, model.config
+
+
+def check_weights_vocab(info_path, vocab, what, whose):
+    """Raises ValueError, beginning with `what`, when the `best.json` at `info_path` names
+    another vocabulary than `vocab` (`whose` vocabulary, in the message)."""
+    with open(info_path, encoding="utf-8") as f:
+        info = json.load(f)
+    if info.get("vocab_fingerprint") != vocab.fingerprint:
+        raise ValueError(
+            f"{what}: the weights had {info.get('vocab_words')} words (fingerprint "
+            f"{info.get('vocab_fingerprint')}), {whose} has {len(vocab)} words (fingerprint "
+            f"{vocab.fingerprint})"
+        )
+
+
+def load_workdir(workdir: str):
+    """Rebuilds the model of a trained workdir with its best (else latest backup) weights.
+
+    Returns:
+      (model, vocab, config).
+
+    Raises:
+      ValueError: when the workdir lacks its files or the weights do not fit.
+    """
+    config_path = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.exists(config_path):
+        raise ValueError(f"{workdir} is not a sat_tf workdir: {CONFIG_FILE} is missing")
+    config = Config.load(config_path)
+    vocab = vocab_lib.Vocab.load(os.path.join(workdir, VOCAB_FILE))
+    feature_shape = grid = None
+    if config.use_feature_cache:
+        features_path = os.path.join(workdir, FEATURES_FILE)
+        if not os.path.exists(features_path):
+            raise ValueError(f"{workdir} trained on cached features lacks {FEATURES_FILE}")
+        with open(features_path, encoding="utf-8") as f:
+            stored = json.load(f)
+        feature_shape = tuple(stored["feature_shape"])
+        grid = tuple(stored["grid"]) if "grid" in stored else None
+    info_path = os.path.join(workdir, BEST_INFO)
+    if os.path.exists(info_path):
+        check_weights_vocab(
+            info_path,
+            vocab,
+            f"{VOCAB_FILE} of {workdir} is not the vocabulary its weights were trained with",
+            VOCAB_FILE,
+        )
+    model = build_model(config, len(vocab), feature_shape, grid, load_encoder_weights=False)
+    for path in (
+        os.path.join(workdir, BEST_WEIGHTS),
+        os.path.join(workdir, BACKUP_WEIGHTS),
+    ):
+        if os.path.exists(path):
+            try:
+                model.load_weights(path)
+            except ValueError as e:
+                raise ValueError(
+                    f"weights {path} do not fit the model of {config_path} with a "
+                    f"vocabulary of {len(vocab)} words: {e}"
+                ) from e
+            return model, vocab, config
+    raise ValueError(f"{workdir} holds no trained weights ({BEST_WEIGHTS} or backup/)")
+
+
+def decoding_options(config: Config, vocab=None) -> dict:
+    """`ShowAttendTell.generate`'s blocking arguments from `config.block_repeats` and
+    `config.block_bad_endings` (which needs the `vocab` to find `tokens.BAD_ENDINGS`)."""
+    if config.block_bad_endings and vocab is None:
+        raise ValueError("--block_bad_endings needs the vocabulary to find the bad endings")
+    bad = vocab.ids_present(BAD_ENDINGS) if config.block_bad_endings else ()
+    return {"block_repeats": config.block_repeats, "bad_ending_ids": bad}
+
+
+def make_caption_fn(model, config: Config, beam_size=None, encoder=None, vocab=None):
+    """A `tf.function` that captions a batch dict; see `ShowAttendTell.generate`.
+
+    With `--jit_compile` XLA compiles it too, once per batch shape: it fuses the decoding
+    step's small ops (BUILD_NOTES.md has the measured effect).
+
+    Args:
+      model: a `ShowAttendTell`.
+      config: its settings.
+      beam_size: None for `config.beam_size`.
+      encoder: an encoder to run on batch["image"] first, for a model trained on cached
+        features (`feature_encoder`); None feeds the batch to the model as it is.
+      vocab: the model's `Vocab`; needed with `config.block_bad_endings`.
+    """
+    beam = beam_size or config.beam_size
+    blocking = decoding_options(config, vocab)
+
+    @tf.function(reduce_retracing=True, jit_compile=config.jit_compile)
+    def caption(batch):
+        if encoder is not None:
+            batch = {"features": encoder(batch["image"], training=False)}
+        return model.generate(
+            batch,
+            max_length=config.max_decode_length,
+            beam_size=beam,
+            length_penalty=config.length_penalty,
+            **blocking,
+        )
+
+    return caption
