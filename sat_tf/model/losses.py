@@ -121,6 +121,21 @@ def reinforce_surrogate(
 BASELINE_SLOTS = 128
 
 
+def leave_one_out_baseline(rewards, samples):
+    """(N,) the mean reward of the other `samples - 1` captions of the same image, for
+    rewards (N,) laid out image by image (N = images x samples)."""
+    per_image = tf.reshape(rewards, [-1, samples])  # (B, K)
+    others = (tf.reduce_sum(per_image, axis=1, keepdims=True) - per_image) / (samples - 1)
+    return tf.reshape(others, [-1])
+
+
+def self_critical_surrogate(log_likelihood, reward, baseline):
+    """(N,) loss per sampled caption whose gradient is `-(r - b) d log p(sample)/dW`: the
+    REINFORCE estimate on the words of self-critical training (`self_critical.py`), the
+    reward r and baseline b without gradient, as in `reinforce_surrogate`."""
+    return -tf.stop_gradient(reward - baseline) * log_likelihood
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """How hard attention is trained; the fields of `Config` of the same names. The

@@ -5,8 +5,9 @@ same image as the baseline.
 Per image, K captions are sampled in the graph from the model's own decoding step
 (`search.greedy_decode` with a seed); each is scored against the image's references by
 a reward function outside the graph (`evaluation.cider.Rewarder`, through
-`tf.numpy_function`); and the loss is `-(r - b) log p(sample)`, with `log p` from a
-teacher-forced pass over the samples, so that its gradient comes from the training
+`tf.numpy_function`); and the loss is `-(r - b) log p(sample)`
+(`losses.self_critical_surrogate`, beside hard attention's REINFORCE), with `log p` from
+a teacher-forced pass over the samples, so that its gradient comes from the training
 schedule (the fused recurrence) rather than through the sampling loop. The policy is the
 model as it captions: no dropout, and hard attention attends as `hard_decoding` says, so
 that the words are the only samples and the estimate is the exact score-function
@@ -50,19 +51,6 @@ class Settings:
                 f"scst_samples={self.samples}: the {self.baseline} baseline needs at least "
                 f"{minimum}"
             )
-
-
-def leave_one_out_baseline(rewards, samples):
-    """(N,) the mean reward of the other `samples - 1` captions of the same image, for
-    rewards (N,) laid out image by image (N = images x samples)."""
-    per_image = tf.reshape(rewards, [-1, samples])  # (B, K)
-    others = (tf.reduce_sum(per_image, axis=1, keepdims=True) - per_image) / (samples - 1)
-    return tf.reshape(others, [-1])
-
-
-def surrogate(log_likelihood, reward, baseline):
-    """(N,) loss per sample whose gradient is `-(r - b) d log p(sample)/dW`."""
-    return -tf.stop_gradient(reward - baseline) * log_likelihood
 
 
 def sample_seed(seed_generator):
@@ -119,7 +107,7 @@ def terms(settings: Settings, decoder, step_fn, features, image_index, seed, rew
     tokens = tf.stop_gradient(sampled.tokens)  # (B K, T): words, <end>, then <pad>
     reward = _reward(rewarder, tokens, index)
     if settings.baseline == "mean":
-        baseline = leave_one_out_baseline(reward, k)
+        baseline = losses.leave_one_out_baseline(reward, k)
     else:
         first = features[::k]
         greedy = search.greedy_decode(
@@ -144,7 +132,7 @@ def terms(settings: Settings, decoder, step_fn, features, image_index, seed, rew
     )
     log_likelihood = losses.sequence_log_likelihood(outputs["logits"], tokens, mask)
     return {
-        "objective": surrogate(log_likelihood, reward, baseline),
+        "objective": losses.self_critical_surrogate(log_likelihood, reward, baseline),
         "reward": reward,
         "baseline": baseline,
         "log_likelihood": log_likelihood,
