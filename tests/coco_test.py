@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from fixtures import coco_file_name, run_main, write_coco_captions
+from fixtures import coco_file_name, offline, run_main, write_coco_captions
 from PIL import Image
 
 from sat_tf.cli import export as export_cli
@@ -171,8 +171,8 @@ class Coco2014LayoutTest(_Headline):
 
 
 class UnreadableFolderTest(tf.test.TestCase):
-    """A folder `--dataset=coco` cannot read, or TFDS without its prepared data, stops the
-    command with one line."""
+    """A folder `--dataset=coco` cannot read, TFDS without its prepared data, or the
+    flagfile's VGG19 weights without a network stop the command with one line."""
 
     def _one_line(self, data_dir, *args):
         code, _, stderr = run_main(
@@ -210,3 +210,21 @@ class UnreadableFolderTest(tf.test.TestCase):
         line = self._one_line(data_dir, "--dataset=coco_captions_tfds")
         self.assertStartsWith(line, "error: TFDS coco_captions/train: no prepared data in ")
         self.assertIn(f"run `tfds build coco_captions --data_dir={data_dir}` once", line)
+
+    def test_the_flagfiles_vgg19_offline(self):
+        root = self.get_temp_dir()
+        write_coco_captions(root, "train2014", {9: ["a dog ."]}, {9: _photo(9)})
+        os.makedirs(os.path.join(root, "keras"))
+        with offline(os.path.join(root, "keras")):
+            code, _, stderr = run_main(
+                extract_cli.main,
+                "sat-extract-features",
+                FLAGFILE,
+                f"--data_dir={root}",
+                cwd=self.get_temp_dir(),
+            )
+        self.assertEqual(code, 1)
+        self.assertNotIn("Traceback", stderr)
+        (line,) = [x for x in stderr.splitlines() if x.startswith("error:")]
+        self.assertStartsWith(line, "error: the ImageNet weights of VGG19 cannot be downloaded")
+        self.assertIn(f"Keras's cache folder {os.path.join(root, 'keras', 'models')}", line)

