@@ -146,8 +146,9 @@ class ExportedCaptioner:
           attention: float32 (T, H, W)}.
 
         Raises:
-          ImageError: naming `name` when the signature refuses the bytes (empty, not an
-            image, truncated or corrupt).
+          ImageError: naming `name` when the signature gives no caption (its `status`
+            and `error` outputs; an older export fails instead): empty, not an image,
+            truncated or corrupt, too many pixels.
         """
         try:
             out = self._serve(image_bytes=tf.constant([data]))
@@ -155,6 +156,9 @@ class ExportedCaptioner:
             found = _ASSERTION.search(e.message)
             reason = found.group(1) if found else e.message.strip().splitlines()[0]
             raise ImageError(reason.replace("image_bytes[0]", name, 1)) from None
+        if "status" in out and int(out["status"][0]) != 0:  # exports since the status output
+            reason = out["error"].numpy()[0].decode("utf-8")
+            raise ImageError(reason.replace("image_bytes[0]", name, 1))
         return {
             "caption": out["caption"].numpy()[0].decode("utf-8"),
             "tokens": out["tokens"].numpy()[0],

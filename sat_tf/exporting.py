@@ -8,7 +8,11 @@ The SavedModel (written with `keras.export.ExportArchive`) has three signatures,
 
 each returning caption string (N,), tokens int32 (N, T), length int32 (N,),
 log_prob float32 (N,) and attention float32 (N, T, H, W) on the encoder's grid: the
-fields of `search.DecodeResult`, T the export's max_length. Decoding, resizing
+fields of `search.DecodeResult`, T the export's max_length. `serving_default` also
+returns status int32 (N,) and error string (N,) per image: 0 and '' for a caption, else
+1 empty, 2 not an image, 3 truncated or corrupt, 4 more pixels than the export's
+max_image_pixels (read from the header, so nothing is allocated), with a one-line reason
+and blank outputs (caption '', zeros); one bad image never fails the request. Decoding, resizing
 (`input_pipeline`, paper §5.4), the encoder, greedy or beam search (paper §4) and the
 id -> word lookup all run in the graph as core TensorFlow ops, so the export loads with
 `tf.saved_model.load` alone; the vocabulary is a constant of the graph. The TFLite file
@@ -37,10 +41,7 @@ TFLITE_INT8_FILE = "caption_int8.tflite"
 # with float activations (quantized per product at run time).
 QUANTIZATIONS = ("dynamic",)
 SIGNATURES = ("serving_default", "caption_images", "caption_features")
-FORMATS = "JPEG, PNG, GIF, BMP or WebP"
-
-_SIGNATURE_BYTES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM")
-_FORMAT_NAMES = ("WebP", "JPEG", "PNG", "GIF", "GIF", "BMP")
+FORMATS = image_io.FORMATS_TEXT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,7 @@ class ExportSpec:
       max_length: T, tokens decoded per caption (`<end>` included).
       beam_size: 1 for greedy decoding, else beam search.
       length_penalty: GNMT length penalty exponent of beam search.
+      max_image_pixels: `serving_default` refuses images over it (`image_io.admit`).
     """
 
     image_size: int
@@ -64,70 +66,11 @@ class ExportSpec:
     max_length: int
     beam_size: int = 1
     length_penalty: float = 0.0
+    max_image_pixels: int = image_io.MAX_IMAGE_PIXELS
 
     @property
     def num_locations(self) -> int:
         return self.grid[0] * self.grid[1]
-
-
-def _format_matches(data):
-    """bool (6,): whether `data` starts like a WebP file, then like each of _SIGNATURE_BYTES."""
-    head = tf.strings.substr(data + b"\0" * 12, 0, 12)
-    webp = tf.logical_and(
-        tf.equal(tf.strings.substr(head, 0, 4), b"RIFF"),
-        tf.equal(tf.strings.substr(head, 8, 4), b"WEBP"),
-    )
-    matches = [tf.equal(tf.strings.substr(head, 0, len(s)), s) for s in _SIGNATURE_BYTES]
-    return tf.stack([webp, *matches])
-
-
-def decodable(image_bytes):
-    """bool (N,): which images the decoder of `image_io.decode_image` reads.
-
-    A graph cannot catch an op's error, but `tf.data` can drop the elements whose map
-    fails; the mask lets `check_image_bytes` name the index of a truncated or corrupt
-    file. Each image is decoded once more for it.
-    """
-    read = (
-        tf.data.Dataset.from_tensor_slices(image_bytes)
-        .enumerate()
-        .map(lambda i, data: (i, tf.shape(tf.io.decode_image(data, expand_animations=False))))
-        .ignore_errors()
-    )
-    return read.reduce(
-        tf.zeros_like(image_bytes, tf.bool),
-        lambda mask, element: tf.tensor_scatter_nd_update(mask, [[element[0]]], [True]),
-    )
-
-
-def check_image_bytes(data, index, decodes=True):
-    """Fails with InvalidArgumentError unless `data` is non-empty bytes of a known format
-    that the decoder reads.
-
-    Args:
-      data: scalar string tensor, one request's image.
-      index: its position in the request, named in the error.
-      decodes: scalar bool, whether the decoder reads `data` (see `decodable`).
-
-    Returns:
-      `data`, after the check has run.
-    """
-    size = tf.strings.length(data)
-    matches = _format_matches(data)
-    known = tf.reduce_any(matches)
-    name = tf.gather(_FORMAT_NAMES, tf.argmax(tf.cast(matches, tf.int32)))
-    empty = tf.strings.format("image_bytes[{}] is empty (0 bytes)", index)
-    unknown = tf.strings.format(
-        "image_bytes[{}] ({} bytes) is not a " + FORMATS + " image", (index, size)
-    )
-    prefix = tf.strings.format(
-        "image_bytes[{}] ({} bytes) is a truncated or corrupt ", (index, size)
-    )
-    corrupt = tf.strings.join([prefix, name, " file"])
-    message = tf.where(size > 0, tf.where(known, corrupt, unknown), empty)
-    check = tf.debugging.Assert(tf.reduce_all([size > 0, known, decodes]), [message])
-    with tf.control_dependencies([check]):
-        return tf.identity(data)
 
 
 def _require_batch(inputs, name):
@@ -139,25 +82,25 @@ def _require_batch(inputs, name):
         return tf.identity(inputs)
 
 
-def decode_images(image_bytes, image_size, crop_fraction):
-    """A batch of encoded images -> (N, S, S, 3) float32 pixels via `decode_image`.
+def decode_images(
+    image_bytes, image_size, crop_fraction, max_image_pixels=image_io.MAX_IMAGE_PIXELS
+):
+    """A batch of encoded images -> (pixels (N, S, S, 3) float32, status int32 (N,),
+    error string (N,)): `image_io.decode_images_admitted`. Each image is admitted from
+    its header and decoded on its own, so a request may mix sizes and formats and one
+    bad image (zeros, its status and reason) does not fail the others."""
+    return image_io.decode_images_admitted(image_bytes, image_size, crop_fraction, max_image_pixels)
 
-    Each image is checked by `check_image_bytes` first, so an error names a bad image's
-    index, and decoded on its own, so a request may mix sizes and formats; grayscale and
-    alpha are converted to RGB.
-    """
-    index = tf.range(tf.size(image_bytes))
 
-    def decode(args):
-        data, i, decodes = args
-        data = check_image_bytes(data, i, decodes)
-        return image_io.decode_image(data, image_size, crop_fraction)
-
-    return tf.map_fn(
-        decode,
-        (image_bytes, index, decodable(image_bytes)),
-        fn_output_signature=tf.TensorSpec([image_size, image_size, 3], tf.float32),
-    )
+def blank_refused(outputs, status):
+    """`outputs` with the rows of refused images (status != 0) blanked: '' for strings,
+    zeros for numbers."""
+    ok = tf.equal(status, image_io.OK)
+    blank = {}
+    for name, value in outputs.items():
+        row = tf.reshape(ok, tf.concat([[-1], tf.ones([tf.rank(value) - 1], tf.int32)], 0))
+        blank[name] = tf.where(row, value, tf.zeros_like(value))
+    return blank
 
 
 def resize_images(images, image_size, crop_fraction):
@@ -238,8 +181,10 @@ def serving_functions(model, encoder, vocab, spec):
         return caption(encoder(images, training=False))
 
     def serving_default(image_bytes):
-        images = decode_images(_require_batch(image_bytes, "image_bytes"), size, crop)
-        return caption(encoder(images, training=False))
+        image_bytes = _require_batch(image_bytes, "image_bytes")
+        images, status, error = decode_images(image_bytes, size, crop, spec.max_image_pixels)
+        outputs = blank_refused(caption(encoder(images, training=False)), status)
+        return {**outputs, "status": status, "error": error}
 
     shape = [None, spec.num_locations, spec.feature_dim]
     return {
@@ -361,7 +306,14 @@ def convert_tflite(model, encoder, vocab, spec, quantize=None) -> bytes:
     return _convert(_tflite_holder(model, encoder, vocab, spec), quantize)
 
 
-def export_spec(model, encoder, config, beam_size=None, max_length=None) -> ExportSpec:
+def export_spec(
+    model,
+    encoder,
+    config,
+    beam_size=None,
+    max_length=None,
+    max_image_pixels=image_io.MAX_IMAGE_PIXELS,
+) -> ExportSpec:
     """The `ExportSpec` of a model and its config; None means the config's setting."""
     height, width, depth = encoder.feature_grid()
     spec = ExportSpec(
@@ -372,8 +324,9 @@ def export_spec(model, encoder, config, beam_size=None, max_length=None) -> Expo
         max_length=max_length or config.max_decode_length,
         beam_size=beam_size or config.beam_size,
         length_penalty=config.length_penalty,
+        max_image_pixels=max_image_pixels,
     )
-    for name in ("max_length", "beam_size"):
+    for name in ("max_length", "beam_size", "max_image_pixels"):
         value = getattr(spec, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"--{name}={value!r} must be a positive integer")
@@ -426,6 +379,7 @@ def export(
     tflite=False,
     quantize=None,
     overwrite=False,
+    max_image_pixels=image_io.MAX_IMAGE_PIXELS,
 ) -> dict:
     """Writes the SavedModel (and optionally the TFLite files) of a trained model.
 
@@ -445,6 +399,8 @@ def export(
       quantize: with `tflite`, one of `QUANTIZATIONS`: also write the TFLite model with
         quantized weights (`convert_tflite`).
       overwrite: replace an earlier export at `output`.
+      max_image_pixels: `serving_default` gives status 4 (and no caption) for images
+        over it, read from their headers before anything is decoded.
 
     Returns:
       the info dict written to `sat_tf_export.json`.
@@ -464,7 +420,7 @@ def export(
         if not _is_export(output):
             raise ValueError(f"{output} exists and is not an export; refusing to replace it")
     encoder = feature_encoder(model, config)
-    spec = export_spec(model, encoder, config, beam_size, max_length)
+    spec = export_spec(model, encoder, config, beam_size, max_length, max_image_pixels)
     with files.staged_dir(output) as tmp:
         export_archive(model, encoder, vocab, spec).write_out(tmp, verbose=False)
         vocab.save(os.path.join(tmp, VOCAB_FILE))
@@ -480,6 +436,7 @@ def export(
             "beam_size": spec.beam_size,
             "max_length": spec.max_length,
             "length_penalty": spec.length_penalty,
+            "max_image_pixels": spec.max_image_pixels,
             "special_tokens": dict(zip(vocab_lib.SPECIALS, range(4), strict=True)),
             "tflite": None,
             "tflite_int8": None,

@@ -38,7 +38,10 @@ def parse_response(response):
 
     Returns:
       list of {"caption": str, "tokens": [int] (the caption's words and `<end>` if
-      emitted), "log_prob": float, "attention": (T, H, W) array}.
+      emitted), "log_prob": float, "attention": (T, H, W) array, "status": int (0 for a
+      caption; 1 empty, 2 not an image, 3 truncated or corrupt, 4 too many pixels: the
+      caption is then empty), "error": str ('' or the reason, one line)}. An export
+      made before the status outputs gives status 0 and error ''.
     """
     out = {name: tf.make_ndarray(proto) for name, proto in response.outputs.items()}
     results = []
@@ -50,9 +53,18 @@ def parse_response(response):
                 "tokens": out["tokens"][i][: n + 1].tolist(),
                 "log_prob": float(out["log_prob"][i]),
                 "attention": out["attention"][i],
+                "status": int(out["status"][i]) if "status" in out else 0,
+                "error": out["error"][i].decode("utf-8") if "error" in out else "",
             }
         )
     return results
+
+
+def describe(path, result):
+    """The line printed for one image: its caption, or why it has none."""
+    if result["status"]:
+        return f"{path}: error: {result['error']}"
+    return f"{path}: {result['caption']}  (log p = {result['log_prob']:.3f})"
 
 
 def define_flags():
@@ -80,7 +92,7 @@ def main(argv):
     except grpc.RpcError as e:
         sys.exit(f"error: {e.code().name}: {e.details()}")
     for path, result in zip(paths, parse_response(response), strict=True):
-        print(f"{path}: {result['caption']}  (log p = {result['log_prob']:.3f})")
+        print(describe(path, result))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,14 @@ def predict(url, body, timeout=30.0):
         raise RuntimeError(f"{url}: HTTP {e.code}: {e.read().decode('utf-8', 'replace')}") from None
 
 
+def describe(path, prediction):
+    """The line printed for one image: its caption, or why it has none (`status` 1
+    empty, 2 not an image, 3 truncated or corrupt, 4 too many pixels; `error` says it)."""
+    if prediction.get("status", 0):
+        return f"{path}: error: {prediction['error']}"
+    return f"{path}: {prediction['caption']}  (log p = {prediction['log_prob']:.3f})"
+
+
 def define_flags():
     """Command-line flags; defined only when run as a script, not on import."""
     flags.DEFINE_string("server", "http://localhost:8501", "Base URL of the REST API.")
@@ -71,7 +79,7 @@ def main(argv):
     except (RuntimeError, urllib.error.URLError) as e:
         sys.exit(f"error: {e}")
     for path, prediction in zip(paths, answer["predictions"], strict=True):
-        print(f"{path}: {prediction['caption']}  (log p = {prediction['log_prob']:.3f})")
+        print(describe(path, prediction))
 
 
 if __name__ == "__main__":

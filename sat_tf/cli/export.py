@@ -6,7 +6,8 @@ TFLite).
   sat-export --preset=<name> --output=exports/preset/1 --tflite --quantize=dynamic
 
 The export directory gets the SavedModel (signatures serving_default, caption_images,
-caption_features), vocab.txt, sat_tf_export.json and, with --tflite, caption.tflite;
+caption_features; serving_default also returns a status and an error per image),
+vocab.txt, sat_tf_export.json and, with --tflite, caption.tflite;
 --quantize=dynamic adds caption_int8.tflite (int8 weights, float activations).
 See export/serving/README.md for serving it.
 """
@@ -43,6 +44,13 @@ flags.DEFINE_enum(
     flag_values=FLAGS,
 )
 flags.DEFINE_bool("overwrite", False, "Replace an earlier export at --output.", flag_values=FLAGS)
+flags.DEFINE_integer(
+    "max_image_pixels",
+    50_000_000,
+    "serving_default gives status 4 and no caption for images of more pixels, read from "
+    "their headers before anything is decoded.",
+    flag_values=FLAGS,
+)
 flags.mark_flag_as_required("output", flag_values=FLAGS)
 
 
@@ -60,6 +68,7 @@ def _main(argv):
         tflite=FLAGS.tflite,
         quantize=FLAGS.quantize,
         overwrite=FLAGS.overwrite,
+        max_image_pixels=FLAGS.max_image_pixels,
     )
     summary = {k: v for k, v in info.items() if k != "config"}
     print(json.dumps({"output": os.path.abspath(FLAGS.output), **summary}, indent=2))
