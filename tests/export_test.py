@@ -234,7 +234,12 @@ class ExportTest(tf.test.TestCase):
                     for k in results.files
                     if k.startswith(f"{name}/{signature}/")
                 }
-                self.assertCountEqual(got, ["caption", "tokens", "length", "log_prob", "attention"])
+                outputs = ["caption", "tokens", "length", "log_prob", "attention"]
+                if signature == "serving_default":
+                    outputs += ["status", "error"]
+                    self.assertAllEqual(got["status"], np.zeros_like(got["status"]))
+                    self.assertAllEqual(got["error"], [""] * len(got["error"]))
+                self.assertCountEqual(got, outputs)
                 want = self.want_resized if signature == "caption_images" else self.want
                 self.assertMatches(got, want[beam])
 
@@ -286,11 +291,14 @@ class ExportTest(tf.test.TestCase):
             self.assertMatches(columns, want)
 
             bad = grpc_client.predict_request([self.png[0], b"GIF87"], model_name="sat")
-            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r"image_bytes\[1\]"):
-                session_predict(session, meta_graph, bad)
+            results = grpc_client.parse_response(session_predict(session, meta_graph, bad))
+            self.assertEqual([r["status"] for r in results], [0, 2])
+            self.assertStartsWith(results[1]["error"], "image_bytes[1] (5 bytes) is not a JPEG")
             cut = grpc_client.predict_request([self.png[0], self.png[1][:100]], model_name="sat")
-            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r"image_bytes\[1\].*PNG"):
-                session_predict(session, meta_graph, cut)
+            results = grpc_client.parse_response(session_predict(session, meta_graph, cut))
+            self.assertEqual([r["status"] for r in results], [0, 3])
+            self.assertRegex(results[1]["error"], r"image_bytes\[1\].*PNG")
+            self.assertEqual(results[0]["caption"], self.captions(want)[0])
             again = grpc_client.parse_response(session_predict(session, meta_graph, request))
             self.assertEqual([r["caption"] for r in again], self.captions(want))
 
@@ -300,20 +308,30 @@ class ExportTest(tf.test.TestCase):
         jpeg = encode(self.images[1], "JPEG")
         corrupt = good[:60] + bytes(len(good) - 60)
         cases = [
-            ([good, b"\x00garbage\x00"], r"image_bytes\[1\] \(9 bytes\) is not a JPEG, PNG"),
-            ([b""], r"image_bytes\[0\] is empty"),
-            ([good, good, b"not an image"], r"image_bytes\[2\] \(12 bytes\)"),
-            ([good, good[:100]], r"image_bytes\[1\] \(100 bytes\) is a truncated or corrupt PNG"),
+            ([good, b"\x00garbage\x00"], 2, r"image_bytes\[1\] \(9 bytes\) is not a JPEG, PNG"),
+            ([b""], 1, r"image_bytes\[0\] is empty"),
+            ([good, good, b"not an image"], 2, r"image_bytes\[2\] \(12 bytes\)"),
+            (
+                [good, good[:100]],
+                3,
+                r"image_bytes\[1\] \(100 bytes\) is a truncated or corrupt PNG",
+            ),
             (
                 [good, good, jpeg[:-100]],
+                3,
                 rf"image_bytes\[2\] \({len(jpeg) - 100} bytes\) .* JPEG file",
             ),
-            ([good, corrupt], rf"image_bytes\[1\] \({len(good)} bytes\) .* PNG file"),
-            ([], r"image_bytes holds no images"),
+            ([good, corrupt], 3, rf"image_bytes\[1\] \({len(good)} bytes\) .* PNG file"),
         ]
-        for request, message in cases:
-            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, message):
-                serve(image_bytes=tf.constant(request, tf.string))
+        want = serve(image_bytes=tf.constant([good]))["caption"].numpy()[0]
+        for request, status, message in cases:
+            out = serve(image_bytes=tf.constant(request, tf.string))
+            self.assertEqual(int(out["status"][-1]), status)
+            self.assertRegex(out["error"].numpy()[-1].decode(), message)
+            self.assertEqual(out["caption"].numpy()[-1], b"")
+            self.assertAllEqual(out["caption"].numpy()[:-1], [want] * (len(request) - 1))
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r"image_bytes holds no images"):
+            serve(image_bytes=tf.constant([], tf.string))
 
         rgba = np.concatenate([self.images[:2], np.full((2, 112, 112, 1), 99, np.uint8)], -1)
         gray_jpeg = encode(self.images[2], "JPEG", mode="L")

@@ -6,6 +6,7 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
+from admission_test import png_bomb
 from fixtures import MAX_LENGTH, WORDS, encode, scenes, tiny_model
 from PIL import Image
 
@@ -35,19 +36,24 @@ class RequestTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(captions, [b"a red circle", b"circle", b"", b"big small big small big"])
 
     @parameterized.named_parameters(
-        ("empty", b"", r"image_bytes\[1\] is empty \(0 bytes\)"),
-        ("text", b"<html>not found</html>", r"image_bytes\[1\] \(22 bytes\) is not a JPEG, PNG"),
-        ("short", b"\x89P", r"image_bytes\[1\] \(2 bytes\) is not a JPEG, PNG"),
+        ("empty", b"", 1, "image_bytes[1] is empty (0 bytes)"),
+        ("text", b"<html>not found</html>", 2, "image_bytes[1] (22 bytes) is not a JPEG, PNG"),
+        ("short", b"\x89P", 2, "image_bytes[1] (2 bytes) is not a JPEG, PNG"),
+        ("bomb", png_bomb(), 4, "image_bytes[1]: 529,000,000 pixels (23000 x 23000)"),
     )
-    def test_bad_bytes_named_by_index(self, bad, message):
+    def test_bad_bytes_named_by_index(self, bad, status, message):
         good = encode(scenes(0, 1, 16, 16)[0], "PNG")
-        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, message):
-            exporting.decode_images(tf.constant([good, bad, good]), 16, 1.0)
+        pixels, got, error = exporting.decode_images(tf.constant([good, bad, good]), 16, 1.0)
+        self.assertAllEqual(got, [0, status, 0])
+        self.assertStartsWith(error[1].numpy().decode(), message)
+        self.assertAllEqual(pixels[1], tf.zeros([16, 16, 3]))
+        self.assertAllClose(pixels[0], image_io.decode_image(good, 16, 1.0))
 
-    def test_truncated_image_is_an_invalid_argument(self):
+    def test_truncated_image_has_status_3(self):
         data = encode(scenes(0, 1, 16, 16)[0], "PNG")
-        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "PNG"):
-            exporting.decode_images(tf.constant([data[: len(data) // 2]]), 16, 1.0)
+        _, status, error = exporting.decode_images(tf.constant([data[: len(data) // 2]]), 16, 1.0)
+        self.assertAllEqual(status, [3])
+        self.assertIn("is a truncated or corrupt PNG file", error[0].numpy().decode())
 
     def test_decode_images_converts_every_format_to_rgb(self):
         pixels = np.random.default_rng(3).integers(0, 256, (16, 16, 3), dtype=np.uint8)
@@ -66,7 +72,7 @@ class RequestTest(tf.test.TestCase, parameterized.TestCase):
             (encode(smooth, "JPEG", mode="L", quality=100), smooth_gray, 6),
             (encode(smooth, "JPEG", mode="CMYK", quality=100), smooth, 6),
         ]
-        decoded = exporting.decode_images(tf.constant([c[0] for c in cases]), 16, 1.0).numpy()
+        decoded = exporting.decode_images(tf.constant([c[0] for c in cases]), 16, 1.0)[0].numpy()
         self.assertEqual(decoded.shape, (len(cases), 16, 16, 3))
         for got, (_, want, atol) in zip(decoded, cases, strict=True):
             self.assertAllClose(got, want, atol=atol + 1e-3, rtol=0)
@@ -75,7 +81,7 @@ class RequestTest(tf.test.TestCase, parameterized.TestCase):
         images = [scenes(1, 1, 30, 40)[0], scenes(2, 1, 50, 20)[0]]
         data = tf.constant([encode(x, "PNG") for x in images])
         crop = 224 / 256
-        got = exporting.decode_images(data, 16, crop)
+        got = exporting.decode_images(data, 16, crop)[0]
         resized = [image_io.resize_and_crop(x, 16, crop) for x in images]
         self.assertAllClose(got, tf.stack(resized))
 

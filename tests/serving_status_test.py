@@ -22,10 +22,7 @@ sys.path.insert(0, os.path.join(ROOT, "export", "serving"))
 import grpc_client  # noqa: E402
 import rest_client  # noqa: E402
 
-try:
-    from sat_tf import exporting
-except ImportError:  # before the module's rename
-    from sat_tf import export_model as exporting
+from sat_tf import exporting  # noqa: E402
 
 
 class ServingStatusTest(tf.test.TestCase):
