@@ -235,6 +235,15 @@ class Config:
     block_bad_endings: bool = _field(
         False, "Captioning never ends a caption on a, the, with, of, ... (tokens.BAD_ENDINGS)."
     )
+    tags: bool = _field(
+        True,
+        "Captioning names the photo's tag (its encoder's ImageNet head through the preset's "
+        "tag table, tags.tsv) where it is confident: constrained beam search. Presets "
+        "without a tag table caption as without.",
+    )
+    tag_threshold: float = _field(
+        0.3, "Probability a tag needs before the caption must name it (--tags)."
+    )
 
     strategy: str = _field("default", "tf.distribute strategy.")
     mixed_precision: str = _field("", "Keras mixed precision policy ('' = float32).")
@@ -302,7 +311,7 @@ class Config:
             raise ValueError(f"--crop_fraction={self.crop_fraction} must lie in [0, 1]")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout={self.dropout} must lie in [0, 1)")
-        for name in ("hard_mix_prob", "baseline_decay"):
+        for name in ("hard_mix_prob", "baseline_decay", "tag_threshold"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"--{name}={getattr(self, name)} must lie in [0, 1]")
         if self.learning_rate <= 0:

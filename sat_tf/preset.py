@@ -211,7 +211,8 @@ def _encoder_in_weights(config: Config) -> bool:
     )
 
 
-def _file_entries(directory, file_names):
+def file_entries(directory, file_names):
+    """{name: {"bytes", "sha256"}} of files of a preset folder, as metadata.json lists them."""
     return {
         name: {
             "bytes": os.path.getsize(os.path.join(directory, name)),
@@ -281,7 +282,7 @@ def save(model, vocab, config: Config, directory: str, *, name: str, **info) -> 
         "vocab_fingerprint": vocab.fingerprint,
         "vocab_words": len(vocab),
         **info,
-        "files": _file_entries(directory, written),
+        "files": file_entries(directory, written),
     }
     write_metadata(directory, metadata)
     return metadata

@@ -75,6 +75,8 @@ class ShowAttendTell(ResumableModel):
             self.feature_dim = feature_dim
             self.grid = tuple(grid) if grid else None
         self.decoder = decoder
+        # A preset's `tags.Tagger` (set by the loader; not a weight of the model).
+        self.tagger = None
         self.baseline, self.baseline_seen = losses_lib.add_baselines(self)
         self.seed_generator = keras.random.SeedGenerator(seed, name="hard_attention_seed")
         self.loss_tracker = keras.metrics.Mean(name="loss")
@@ -286,11 +288,14 @@ class ShowAttendTell(ResumableModel):
         length_penalty=0.0,
         block_repeats=False,
         bad_ending_ids=(),
+        constraint=None,
     ):
         """Captions a batch in the graph: greedy for beam_size 1, else beam search.
 
         `block_repeats` and `bad_ending_ids` are `search.greedy_decode`'s: no word a third
         time in a row, no trigram twice; no caption ending on one of those word ids.
+        `constraint`, bool (B, V), makes each caption hold one of its row's words
+        (`search.beam_search`; with beam_size 1, a beam of one per state).
 
         Returns:
           `search.DecodeResult` with tokens (B, T), length (B,), log_prob (B,) and
@@ -308,13 +313,14 @@ class ShowAttendTell(ResumableModel):
             bad_ending_ids=tuple(bad_ending_ids),
         )
         step_fn = self.decoding_step()
-        if beam_size == 1:
+        if beam_size == 1 and constraint is None:
             return search.greedy_decode(step_fn, state, **common)
         return search.beam_search(
             step_fn,
             state,
             beam_size=beam_size,
             length_penalty=length_penalty,
+            constraint=constraint,
             **common,
         )
 

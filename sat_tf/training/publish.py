@@ -192,3 +192,12 @@ def store_grounding(directory: str, report: dict, about: dict) -> dict:
         metadata["grounding"]["hit_minus_centre"] = dict(report["hit_minus_centre"])
     preset.write_metadata(directory, metadata)
     return metadata
+
+
+def add_file(directory: str, name: str) -> dict:
+    """Lists (or relists) a file of a preset folder in its metadata.json, with its size
+    and checksum, and returns the metadata written."""
+    metadata = preset.read_metadata(directory)
+    metadata["files"][name] = preset.file_entries(directory, [name])[name]
+    preset.write_metadata(directory, metadata)
+    return metadata

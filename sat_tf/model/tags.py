@@ -1,0 +1,141 @@
+"""Tags: what the encoder's own ImageNet head sees in a photo, as a caption word.
+
+The EfficientNet-Lite encoders were trained as ImageNet classifiers: the `top_activation`
+map, averaged over its cells, then one dense layer to 1000 classes. The annotation
+vectors a_i of a `*_head` encoder are that map (paper §3.1.1), so the mean of the a_i is
+the vector the classifier reads; with the dilated head (output stride 16) the same
+weights see each cell's neighbourhood at twice the resolution, and the classifier keeps
+its top class on nearly every photo (BUILD_NOTES.md). A preset's tag table
+(`data.tag_table`) names a caption word for some classes; a word's probability is the sum
+of its classes' (the 118 dog breeds all say "dog"). The most probable word is the photo's
+tag. Where its probability reaches a threshold, constrained beam search
+(`search.beam_search(constraint=...)`, Anderson et al., 2017) makes the caption say it.
+"""
+
+import os
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from sat_tf.data import tag_table
+from sat_tf.model import efficientnet_lite, torch_weights
+
+# Encoders whose annotation vectors are the input of an ImageNet head: name -> variant.
+HEAD_ENCODERS = {
+    "efficientnet_lite0_head": "lite0",
+    "efficientnet_lite0_head_dilated": "lite0",
+    "efficientnet_lite2_head": "lite2",
+}
+
+
+class Tagger:
+    """An ImageNet head and a class -> word table, run in the graph on features.
+
+    Args:
+      kernel: float32 (D, C), the head's dense weights.
+      bias: float32 (C,).
+      class_words: int (C,), per class the index of its word in `word_ids`, -1 for none.
+      word_ids: int (W,), the vocabulary ids of the words.
+    """
+
+    def __init__(self, kernel, bias, class_words, word_ids):
+        self.kernel = np.asarray(kernel, np.float32)
+        self.bias = np.asarray(bias, np.float32)
+        class_words = np.asarray(class_words, np.int64)
+        self.word_ids = np.asarray(word_ids, np.int32)
+        # (C, W): 1 where a class names a word; a row of zeros for a class without one.
+        self.to_words = np.zeros([len(class_words), len(self.word_ids)], np.float32)
+        named = np.flatnonzero(class_words >= 0)
+        self.to_words[named, class_words[named]] = 1.0
+
+    @classmethod
+    def from_rows(cls, rows, vocab, kernel, bias):
+        """A tagger of a tag table's rows, keeping the words that `vocab` holds."""
+        ids = {word: i for i, word in enumerate(vocab.words)}
+        words = sorted({row.word for row in rows if row.word in ids})
+        where = {word: i for i, word in enumerate(words)}
+        class_words = [where.get(row.word, -1) for row in rows]
+        return cls(kernel, bias, class_words, [ids[w] for w in words])
+
+    def __call__(self, features):
+        """The tag of each photo.
+
+        Args:
+          features: (B, L, D) annotation vectors.
+
+        Returns:
+          (word id int32 (B,), its probability float32 (B,)).
+        """
+        pooled = tf.reduce_mean(tf.cast(features, tf.float32), axis=1)  # (B, D)
+        probs = tf.nn.softmax(tf.matmul(pooled, self.kernel) + self.bias)  # (B, C)
+        word_probs = tf.matmul(probs, self.to_words)  # (B, W)
+        best = tf.argmax(word_probs, axis=1, output_type=tf.int32)
+        return tf.gather(self.word_ids, best), tf.reduce_max(word_probs, axis=1)
+
+    def constraint(self, features, threshold, vocab_size):
+        """(bool (B, V) constraint of `search.beam_search`, tag (B,), probability (B,)):
+        a photo whose tag has at least `threshold` probability must say it; tag is -1
+        for the others."""
+        word, prob = self(features)
+        confident = prob >= threshold
+        tag = tf.where(confident, word, -1)
+        mask = tf.logical_and(confident[:, None], tf.one_hot(word, vocab_size) > 0.5)
+        return mask, tag, prob
+
+
+def load_tagger(directory, vocab, encoder):
+    """The tagger of a preset folder: its tag table and its encoder's ImageNet head (read
+    from the installed weights, as the encoder's are). None where the folder has no tag
+    table or the encoder has no ImageNet head."""
+    path = os.path.join(directory, tag_table.TAGS_FILE)
+    if encoder not in HEAD_ENCODERS or not os.path.isfile(path):
+        return None
+    rows = tag_table.read_table(path)
+    state = torch_weights.load_state_dict(
+        efficientnet_lite.imagenet_weights_path(HEAD_ENCODERS[encoder])
+    )
+    kernel = np.asarray(state["_fc.weight"], np.float32).T  # (D, C)
+    bias = np.asarray(state["_fc.bias"], np.float32)
+    if kernel.shape[1] != len(rows):
+        raise ValueError(
+            f"{path} has {len(rows)} classes; the head of {encoder} has {kernel.shape[1]}"
+        )
+    return Tagger.from_rows(rows, vocab, kernel, bias)
+
+
+class TaggedResult(NamedTuple):
+    """A `search.DecodeResult` with each photo's tag.
+
+    Attributes:
+      tokens, length, log_prob, attention: as `search.DecodeResult`.
+      tag: int32 (B,), the vocabulary id of the tag the caption was made to say, -1
+        where none was (no tagger, tags off, or a tag below the threshold).
+      tag_prob: float32 (B,), the tag's probability (0 without a tagger).
+    """
+
+    tokens: tf.Tensor
+    length: tf.Tensor
+    log_prob: tf.Tensor
+    attention: tf.Tensor
+    tag: tf.Tensor
+    tag_prob: tf.Tensor
+
+
+def tagged_generate(model, features, tag_threshold=None, **decoding) -> TaggedResult:
+    """`model.generate` on features, made to say each confident tag of `model.tagger`.
+
+    Args:
+      model: a `ShowAttendTell`; its `tagger` attribute (None: no tags).
+      features: (B, L, D) annotation vectors.
+      tag_threshold: the probability a tag needs; None turns tags off.
+      **decoding: `generate`'s decoding arguments (max_length, beam_size, ...).
+    """
+    tagger = getattr(model, "tagger", None)
+    batch = tf.shape(features)[0]
+    if tagger is None or tag_threshold is None:
+        result = model.generate({"features": features}, **decoding)
+        return TaggedResult(*result, tf.fill([batch], -1), tf.zeros([batch]))
+    constraint, tag, prob = tagger.constraint(features, tag_threshold, model.vocab_size)
+    result = model.generate({"features": features}, constraint=constraint, **decoding)
+    return TaggedResult(*result, tag, prob)

@@ -1,0 +1,115 @@
+"""Tests for sat_tf.model.tags, sat_tf.data.tag_table and the tag table's builder: a hand
+-made ImageNet head whose tag is worked out by hand, the shipped preset's table, and the
+WordNet walk on made-up synsets."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sat_tf import preset
+from sat_tf.cli import build_tag_table
+from sat_tf.data import tag_table
+from sat_tf.data import vocab as vocab_lib
+from sat_tf.data.tag_table import TagRow
+from sat_tf.model import tags
+
+WORDS = [*vocab_lib.SPECIALS, "a", "dog", "cat", "bus"]  # dog 5, cat 6, bus 7
+
+
+def _tagger():
+    """Three classes on D = 2: logits (x0, x1, 0); classes 0 and 1 say "dog", class 2
+    nothing."""
+    rows = [TagRow(0, "n1", "dog", "pug", ""), TagRow(1, "n2", "dog", "collie", "")]
+    rows.append(TagRow(2, "n3", "", "altar", ""))
+    kernel = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], np.float32)
+    return tags.Tagger.from_rows(rows, vocab_lib.Vocab(WORDS), kernel, np.zeros(3, np.float32))
+
+
+def test_tag_is_the_sum_of_its_classes_by_hand():
+    # Image 0: mean feature (ln 2, ln 1) -> probabilities (2, 1, 1) / 4: dog 0.75.
+    # Image 1: mean feature (0, 0) -> (1, 1, 1) / 3: dog 2 / 3.
+    features = np.zeros((2, 2, 2), np.float32)
+    features[0, :, 0] = [0.0, 2 * np.log(2.0)]
+    word, prob = _tagger()(tf.constant(features))
+    assert list(word.numpy()) == [5, 5]
+    np.testing.assert_allclose(prob.numpy(), [0.75, 2 / 3], rtol=1e-6)
+    mask, tag, _ = _tagger().constraint(tf.constant(features), 0.7, len(WORDS))
+    assert list(tag.numpy()) == [5, -1]
+    expected = np.zeros((2, len(WORDS)), bool)
+    expected[0, 5] = True
+    np.testing.assert_array_equal(mask.numpy(), expected)
+
+
+def test_table_round_trip_and_damage(tmp_path):
+    rows = [TagRow(0, "n01", "dog", "pug", "by hand"), TagRow(1, "n02", "", "altar", "")]
+    path = str(tmp_path / "tags.tsv")
+    tag_table.write_table(path, rows)
+    assert tag_table.read_table(path) == rows
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("5\tn03\tcat\tcat\t\n")
+    with pytest.raises(ValueError, match="line 4: expected class 2"):
+        tag_table.read_table(path)
+
+
+def test_shipped_preset_tags():
+    folder = preset.resolve("flickr8k_lite0_grid14_soft")
+    rows = tag_table.read_table(os.path.join(folder, tag_table.TAGS_FILE))
+    assert [r.index for r in rows] == list(range(1000))
+    by_name = {r.name: r.word for r in rows}
+    assert by_name["tabby"] == "cat" and by_name["espresso"] == "coffee"
+    assert by_name["school bus"] == "bus" and by_name["golden retriever"] == "dog"
+    assert by_name["lion"] == ""  # a big cat is no cat
+    vocab = vocab_lib.Vocab.load(os.path.join(folder, preset.VOCAB_FILE))
+    tagger = tags.load_tagger(folder, vocab, "efficientnet_lite0_head_dilated")
+    assert tagger.kernel.shape == (1280, 1000)
+    assert {vocab.words[i] for i in tagger.word_ids} == {r.word for r in rows if r.word}
+    assert tags.load_tagger(folder, vocab, "vgg19") is None
+
+
+class _Synset:
+    def __init__(self, name, lemmas, parents=()):
+        self._name, self._lemmas, self._parents = name, lemmas, list(parents)
+
+    def name(self):
+        return self._name
+
+    def lemma_names(self):
+        return self._lemmas
+
+    def hypernyms(self):
+        return self._parents
+
+    def instance_hypernyms(self):
+        return []
+
+
+class _WordNet:
+    def __init__(self, senses):
+        self.senses = senses
+
+    def synsets(self, word, pos):
+        return self.senses.get(word, [])
+
+
+def test_word_is_the_nearest_lemma_in_its_usual_sense():
+    """tabby -> domestic cat -> cat -> animal: "cat"; the compound "sports car" gives
+    "car"; "truck" is not taken from "truck crop" (its usual sense is the lorry), nor
+    "animal" (too general)."""
+    animal = _Synset("animal.n.01", ["animal"])
+    cat = _Synset("cat.n.01", ["cat"], [animal])
+    domestic = _Synset("domestic_cat.n.01", ["domestic_cat", "house_cat"], [cat])
+    tabby = _Synset("tabby.n.01", ["tabby"], [domestic])
+    lorry = _Synset("truck.n.01", ["truck"])
+    produce = _Synset("truck.n.02", ["truck"], [_Synset("food.n.01", ["food"])])
+    broccoli = _Synset("broccoli.n.01", ["broccoli"], [produce])
+    sports_car = _Synset("sports_car.n.01", ["sports_car"])
+    wordnet = _WordNet({"cat": [cat], "truck": [lorry], "animal": [animal], "car": []})
+    words = {"cat", "truck", "animal", "car", "food"}
+    word, how = build_tag_table.word_for(tabby, words, wordnet, max_depth=5)
+    assert word == "cat" and how.startswith("tabby.n.01 > domestic_cat.n.01 > cat.n.01")
+    assert build_tag_table.word_for(broccoli, words, wordnet, 5) == ("", "")
+    wordnet.senses["car"] = [sports_car]
+    assert build_tag_table.word_for(sports_car, words, wordnet, 5)[0] == "car"
+    assert build_tag_table.word_for(tabby, words, wordnet, max_depth=1) == ("", "")
