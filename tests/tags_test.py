@@ -15,13 +15,13 @@ from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.tag_table import TagRow
 from sat_tf.model import tags
 
-WORDS = [*vocab_lib.SPECIALS, "a", "dog", "cat", "bus"]  # dog 5, cat 6, bus 7
+WORDS = [*vocab_lib.SPECIALS, "a", "dog", "cat", "bus"]  # dog 5, cat 6, bus 7; no "dogs"
 
 
 def _tagger():
     """Three classes on D = 2: logits (x0, x1, 0); classes 0 and 1 say "dog", class 2
     nothing."""
-    rows = [TagRow(0, "n1", "dog", "pug", ""), TagRow(1, "n2", "dog", "collie", "")]
+    rows = [TagRow(0, "n1", "dog|dogs", "pug", ""), TagRow(1, "n2", "dog", "collie", "")]
     rows.append(TagRow(2, "n3", "", "altar", ""))
     kernel = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], np.float32)
     return tags.Tagger.from_rows(rows, vocab_lib.Vocab(WORDS), kernel, np.zeros(3, np.float32))
@@ -32,8 +32,8 @@ def test_tag_is_the_sum_of_its_classes_by_hand():
     # Image 1: mean feature (0, 0) -> (1, 1, 1) / 3: dog 2 / 3.
     features = np.zeros((2, 2, 2), np.float32)
     features[0, :, 0] = [0.0, 2 * np.log(2.0)]
-    word, prob = _tagger()(tf.constant(features))
-    assert list(word.numpy()) == [5, 5]
+    tag, prob = _tagger()(tf.constant(features))
+    assert list(tag.numpy()) == [0, 0]  # the one tag, "dog"
     np.testing.assert_allclose(prob.numpy(), [0.75, 2 / 3], rtol=1e-6)
     mask, tag, _ = _tagger().constraint(tf.constant(features), 0.7, len(WORDS))
     assert list(tag.numpy()) == [5, -1]
@@ -58,13 +58,18 @@ def test_shipped_preset_tags():
     rows = tag_table.read_table(os.path.join(folder, tag_table.TAGS_FILE))
     assert [r.index for r in rows] == list(range(1000))
     by_name = {r.name: r.word for r in rows}
-    assert by_name["tabby"] == "cat" and by_name["espresso"] == "coffee"
-    assert by_name["school bus"] == "bus" and by_name["golden retriever"] == "dog"
+    assert by_name["tabby"] == "cat|cats" and by_name["espresso"] == "coffee"
+    assert by_name["school bus"] == "bus" and by_name["golden retriever"].startswith("dog|")
+    assert by_name["mountain bike"].startswith("bicycle|bike|")
     assert by_name["lion"] == ""  # a big cat is no cat
     vocab = vocab_lib.Vocab.load(os.path.join(folder, preset.VOCAB_FILE))
     tagger = tags.load_tagger(folder, vocab, "efficientnet_lite0_head_dilated")
     assert tagger.kernel.shape == (1280, 1000)
-    assert {vocab.words[i] for i in tagger.word_ids} == {r.word for r in rows if r.word}
+    assert {vocab.words[i] for i in tagger.tag_ids} == {
+        r.word.split("|")[0] for r in rows if r.word
+    }
+    cat = list(tagger.tag_ids).index(vocab.words.index("cat"))
+    assert {vocab.words[i] for i in np.flatnonzero(tagger.spellings[cat])} == {"cat", "cats"}
     assert tags.load_tagger(folder, vocab, "vgg19") is None
 
 
@@ -92,6 +97,9 @@ class _WordNet:
     def synsets(self, word, pos):
         return self.senses.get(word, [])
 
+    def morphy(self, word, pos):
+        return None
+
 
 def test_word_is_the_nearest_lemma_in_its_usual_sense():
     """tabby -> domestic cat -> cat -> animal: "cat"; the compound "sports car" gives
@@ -106,10 +114,23 @@ def test_word_is_the_nearest_lemma_in_its_usual_sense():
     broccoli = _Synset("broccoli.n.01", ["broccoli"], [produce])
     sports_car = _Synset("sports_car.n.01", ["sports_car"])
     wordnet = _WordNet({"cat": [cat], "truck": [lorry], "animal": [animal], "car": []})
-    words = {"cat", "truck", "animal", "car", "food"}
+    words = {w: i for i, w in enumerate(["cat", "truck", "animal", "car", "food"])}
     word, how = build_tag_table.word_for(tabby, words, wordnet, max_depth=5)
     assert word == "cat" and how.startswith("tabby.n.01 > domestic_cat.n.01 > cat.n.01")
     assert build_tag_table.word_for(broccoli, words, wordnet, 5) == ("", "")
     wordnet.senses["car"] = [sports_car]
     assert build_tag_table.word_for(sports_car, words, wordnet, 5)[0] == "car"
     assert build_tag_table.word_for(tabby, words, wordnet, max_depth=1) == ("", "")
+
+
+def test_most_used_word_and_its_spellings():
+    """Of a synset's words the most frequent (lowest id) is the tag; its set adds the
+    `ALSO` words and the plurals of both that the vocabulary holds."""
+    cycle = _Synset("bicycle.n.01", ["bicycle", "bike"])
+    wordnet = _WordNet({"bicycle": [cycle], "bike": [cycle]})
+    plural = {"bikes": "bike", "bicycles": "bicycle", "cats": "cat"}
+    wordnet.morphy = lambda word, pos: plural.get(word, word)
+    words = {w: i for i, w in enumerate(["a", "bike", "cat", "bikes", "bicycle", "cats"])}
+    assert build_tag_table.word_for(cycle, words, wordnet, 0)[0] == "bike"
+    assert build_tag_table.spellings("bicycle", words, wordnet) == "bicycle|bike|bikes"
+    assert build_tag_table.spellings("cat", words, wordnet) == "cat|cats"

@@ -85,6 +85,15 @@ GENERAL = frozenset(
 # "dog" in captions, not "terrier" or "hound"; the big cats are no "cat".
 BELOW = {"dog.n.01": "dog", "big_cat.n.01": ""}
 
+# Words a caption says for the same thing, also accepted for a tag (Anderson et al.'s
+# disjunctive constraints): Flickr8k says "bike" far more often than "bicycle".
+ALSO = {
+    "bicycle": ("bike",), "dog": ("puppy",), "motorbike": ("motorcycle",),
+    "airplane": ("plane", "jet"), "couch": ("sofa",), "cellphone": ("phone",),
+    "boat": ("ship",), "ship": ("boat",), "ball": ("football", "soccer", "basketball"),
+    "swimsuit": ("bikini",), "cup": ("mug", "coffee"),
+}  # fmt: skip
+
 # Hand fixes, checked against the table grouped by word: ImageNet name -> word ("" drops
 # the class). COCO's names where a class is COCO's object under another name (a giant
 # panda is a COCO "bear", a trolleybus a "bus", a streetcar a "train").
@@ -145,22 +154,30 @@ def candidates(synset) -> list[str]:
     return [w for w in lemmas if " " not in w] + [w.split()[-1] for w in lemmas if " " in w]
 
 
-def word_for(synset, words: set[str], wordnet, max_depth: int) -> tuple[str, str]:
+def word_for(synset, words: dict[str, int], wordnet, max_depth: int) -> tuple[str, str]:
     """(word, the path of synsets that reached it) by the module's walk; ("", "") for none.
 
     A word counts only if its most common noun sense (WordNet's first) lies on the walk,
     so that a caption using it means the class: "truck" is a lorry, not the "truck crop"
-    above broccoli; "wind" is moving air, not the wind instrument above a trombone.
+    above broccoli; "wind" is moving air, not the wind instrument above a trombone. Of a
+    synset's words the one the captions use most (the lowest vocabulary id) is taken.
+
+    Args:
+      words: the vocabulary's words -> their ids (more frequent words have lower ids).
     """
     level, path_of = [synset], {synset: synset.name()}
     for _ in range(max_depth + 1):
         for s in level:
+            found = []
             for word in candidates(s):
                 if word not in words or word in GENERAL:
                     continue
                 senses = wordnet.synsets(word, "n")
                 if senses and senses[0] in path_of:
-                    return word, f"{path_of[s]} ({word}: {senses[0].name()})"
+                    found.append(word)
+            if found:
+                word = min(found, key=words.get)
+                return word, f"{path_of[s]} ({word}: {wordnet.synsets(word, 'n')[0].name()})"
         following = []
         for s in level:
             for h in s.hypernyms() + s.instance_hypernyms():
@@ -171,8 +188,16 @@ def word_for(synset, words: set[str], wordnet, max_depth: int) -> tuple[str, str
     return "", ""
 
 
-def build(words: set[str], wordnet, max_depth: int) -> list[TagRow]:
-    """The table's rows for a vocabulary (see the module docstring)."""
+def spellings(word: str, words: dict[str, int], wordnet) -> str:
+    """The disjunctive set of a tag word, as the table writes it ("dog|dogs"): the word,
+    its `ALSO` words, and their plurals in the vocabulary (WordNet's `morphy`)."""
+    base = [word] + [w for w in ALSO.get(word, ()) if w in words]
+    plurals = [v for v in words if v not in base and wordnet.morphy(v, "n") in base]
+    return "|".join(base + sorted(plurals, key=words.get))
+
+
+def build(words: dict[str, int], wordnet, max_depth: int) -> list[TagRow]:
+    """The table's rows for a vocabulary (words -> ids; see the module docstring)."""
     rows = []
     for index, (wnid, name) in enumerate(imagenet_classes()):
         synset = wordnet.synset_from_pos_and_offset("n", int(wnid[1:]))
@@ -184,7 +209,7 @@ def build(words: set[str], wordnet, max_depth: int) -> list[TagRow]:
             word, how = BELOW[below[0]], f"below {below[0]}"
         else:
             word, how = word_for(synset, words, wordnet, max_depth)
-        rows.append(TagRow(index, wnid, word, name, how))
+        rows.append(TagRow(index, wnid, word and spellings(word, words, wordnet), name, how))
     return rows
 
 
@@ -195,13 +220,13 @@ def _main(argv):
         raise ValueError("give --preset")
     folder = preset.resolve(FLAGS.preset)
     vocab = vocab_lib.Vocab.load(os.path.join(folder, preset.VOCAB_FILE))
-    words = set(vocab.words) - set(vocab_lib.SPECIALS)
+    words = {w: i for i, w in enumerate(vocab.words) if w not in vocab_lib.SPECIALS}
     with tempfile.TemporaryDirectory() as scratch:
         rows = build(words, wordnet_reader(FLAGS.wordnet_dir, scratch), FLAGS.max_depth)
     if FLAGS.show:
         groups = collections.defaultdict(list)
         for row in rows:
-            groups[row.word].append(row.name)
+            groups[row.word.split("|")[0]].append(row.name)
         for word, names in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
             print(f"{word or '(none)'} [{len(names)}]: {'; '.join(names)}")
     path = os.path.join(folder, TAGS_FILE)

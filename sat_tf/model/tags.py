@@ -30,33 +30,44 @@ HEAD_ENCODERS = {
 
 
 class Tagger:
-    """An ImageNet head and a class -> word table, run in the graph on features.
+    """An ImageNet head and a class -> tag table, run in the graph on features.
 
     Args:
       kernel: float32 (D, C), the head's dense weights.
       bias: float32 (C,).
-      class_words: int (C,), per class the index of its word in `word_ids`, -1 for none.
-      word_ids: int (W,), the vocabulary ids of the words.
+      class_tags: int (C,), per class the index of its tag, -1 for none.
+      tag_ids: int (S,), the vocabulary id of each tag's word.
+      spellings: bool (S, V), the words that say each tag (a disjunctive constraint).
     """
 
-    def __init__(self, kernel, bias, class_words, word_ids):
+    def __init__(self, kernel, bias, class_tags, tag_ids, spellings):
         self.kernel = np.asarray(kernel, np.float32)
         self.bias = np.asarray(bias, np.float32)
-        class_words = np.asarray(class_words, np.int64)
-        self.word_ids = np.asarray(word_ids, np.int32)
-        # (C, W): 1 where a class names a word; a row of zeros for a class without one.
-        self.to_words = np.zeros([len(class_words), len(self.word_ids)], np.float32)
-        named = np.flatnonzero(class_words >= 0)
-        self.to_words[named, class_words[named]] = 1.0
+        class_tags = np.asarray(class_tags, np.int64)
+        self.tag_ids = np.asarray(tag_ids, np.int32)
+        self.spellings = np.asarray(spellings, bool)
+        # (C, S): 1 where a class names a tag; a row of zeros for a class without one.
+        self.to_tags = np.zeros([len(class_tags), len(self.tag_ids)], np.float32)
+        named = np.flatnonzero(class_tags >= 0)
+        self.to_tags[named, class_tags[named]] = 1.0
 
     @classmethod
     def from_rows(cls, rows, vocab, kernel, bias):
-        """A tagger of a tag table's rows, keeping the words that `vocab` holds."""
+        """A tagger of a tag table's rows (`word` "dog|dogs|puppy": the tag, then other
+        words that say it), keeping the words that `vocab` holds."""
         ids = {word: i for i, word in enumerate(vocab.words)}
-        words = sorted({row.word for row in rows if row.word in ids})
-        where = {word: i for i, word in enumerate(words)}
-        class_words = [where.get(row.word, -1) for row in rows]
-        return cls(kernel, bias, class_words, [ids[w] for w in words])
+        said = {}
+        for row in rows:
+            words = [w for w in row.word.split("|") if w in ids]
+            if words:
+                said.setdefault(words[0], set()).update(words)
+        tags = sorted(said)
+        where = {tag: i for i, tag in enumerate(tags)}
+        spellings = np.zeros([len(tags), len(vocab)], bool)
+        for tag, words in said.items():
+            spellings[where[tag], [ids[w] for w in words]] = True
+        class_tags = [where.get(row.word.split("|")[0], -1) for row in rows]
+        return cls(kernel, bias, class_tags, [ids[t] for t in tags], spellings)
 
     def __call__(self, features):
         """The tag of each photo.
@@ -65,22 +76,21 @@ class Tagger:
           features: (B, L, D) annotation vectors.
 
         Returns:
-          (word id int32 (B,), its probability float32 (B,)).
+          (tag index int32 (B,) into `tag_ids`, its probability float32 (B,)).
         """
         pooled = tf.reduce_mean(tf.cast(features, tf.float32), axis=1)  # (B, D)
         probs = tf.nn.softmax(tf.matmul(pooled, self.kernel) + self.bias)  # (B, C)
-        word_probs = tf.matmul(probs, self.to_words)  # (B, W)
-        best = tf.argmax(word_probs, axis=1, output_type=tf.int32)
-        return tf.gather(self.word_ids, best), tf.reduce_max(word_probs, axis=1)
+        tag_probs = tf.matmul(probs, self.to_tags)  # (B, S)
+        return tf.argmax(tag_probs, axis=1, output_type=tf.int32), tf.reduce_max(tag_probs, 1)
 
-    def constraint(self, features, threshold, vocab_size):
+    def constraint(self, features, threshold, vocab_size=None):
         """(bool (B, V) constraint of `search.beam_search`, tag (B,), probability (B,)):
-        a photo whose tag has at least `threshold` probability must say it; tag is -1
-        for the others."""
-        word, prob = self(features)
+        a photo whose tag has at least `threshold` probability must say one of its words;
+        tag is the vocabulary id of the tag's word, -1 for the others."""
+        best, prob = self(features)
         confident = prob >= threshold
-        tag = tf.where(confident, word, -1)
-        mask = tf.logical_and(confident[:, None], tf.one_hot(word, vocab_size) > 0.5)
+        tag = tf.where(confident, tf.gather(self.tag_ids, best), -1)
+        mask = tf.logical_and(confident[:, None], tf.gather(self.spellings, best))
         return mask, tag, prob
 
 
