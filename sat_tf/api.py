@@ -8,10 +8,11 @@
 (JPEG / PNG / GIF / BMP / WebP), a PIL image or a numpy array; it brings every image to the
 model's geometry with the package's own image code (`sat_tf.data.image_io`: shorter side
 to `image_size / crop_fraction`, centre crop), captions them in batches with the model's
-own decoding (`ShowAttendTell.generate`, greedy or beam search) and returns one `Caption`
-per image: the words, their ids, the caption's log-probability, where the model
-looked for every word and, for a model with off-world statistics (`sat_tf.off_world`),
-how unlike its training photos the photo is.
+own decoding (`ShowAttendTell.generate`, greedy or beam search; made to name the
+photo's confident ImageNet tag where the preset has a tag table, `sat_tf.model.tags`) and
+returns one `Caption` per image: the words, their ids, the caption's log-probability, the
+tag, where the model looked for every word and, for a model with off-world statistics
+(`sat_tf.off_world`), how unlike its training photos the photo is.
 """
 
 import dataclasses
@@ -53,6 +54,12 @@ class Caption:
       off_world: whether the score exceeds the statistics' threshold: the caption is
         likely wrong, the photo being unlike any the model learnt from (it is still
         captioned); None without statistics.
+      tag: the word the caption was made to say: the photo's tag from the encoder's
+        ImageNet head (`sat_tf.model.tags`), confident enough (`Config.tag_threshold`);
+        None where no tag was used (none confident, tags off, or a model without a tag
+        table).
+      tag_prob: the probability of the photo's most probable tag, used or not; None for
+        a model without a tag table.
     """
 
     text: str
@@ -63,6 +70,8 @@ class Caption:
     image: np.ndarray
     off_world_score: float | None = None
     off_world: bool | None = None
+    tag: str | None = None
+    tag_prob: float | None = None
 
 
 def _is_batch(images) -> bool:
@@ -268,9 +277,19 @@ class Captioner:
                         attention=maps[i, :emitted],
                         image=np.clip(np.round(chunk[i]), 0, 255).astype(np.uint8),
                         **self._off_world_fields(scores, i),
+                        **self._tag_fields(out, i),
                     )
                 )
         return captions
+
+    def _tag_fields(self, out, i):
+        if self.model.tagger is None:
+            return {}
+        tag = int(out.tag[i])
+        return {
+            "tag": self.vocab.words[tag] if tag >= 0 else None,
+            "tag_prob": float(out.tag_prob[i]),
+        }
 
     def _off_world_fields(self, scores, i):
         if scores is None:

@@ -143,7 +143,8 @@ class ExportedCaptioner:
 
         Returns:
           {caption: str, tokens: int32 (T,), length: int, log_prob: float,
-          attention: float32 (T, H, W)}.
+          attention: float32 (T, H, W), tag: the ImageNet tag the caption was made to say
+          ("" for none, or an export without tags)}.
 
         Raises:
           ImageError: naming `name` when the signature gives no caption (its `status`
@@ -165,6 +166,7 @@ class ExportedCaptioner:
             "length": int(out["length"].numpy()[0]),
             "log_prob": float(out["log_prob"].numpy()[0]),
             "attention": out["attention"].numpy()[0],
+            "tag": out["tag"].numpy()[0].decode("utf-8") if "tag" in out else "",
         }
 
 
@@ -331,7 +333,7 @@ def caption_page(
         requests decode at once).
 
     Returns:
-      a JSON-able dict: file, decoding, beam_size, caption, log_prob, length, image (the
+      a JSON-able dict: file, decoding, beam_size, caption, log_prob, length, tag, image (the
       crop as a data URL), grid, words, attention, cells (see `attention_panels`),
       model_ms (the signature call) and total_ms.
 
@@ -352,6 +354,7 @@ def caption_page(
         "caption": result["caption"],
         "log_prob": result["log_prob"],
         "length": result["length"],
+        "tag": result["tag"],
         "image": _data_url(pixels),
         "grid": list(captioner.grid),
         **attention_panels(pixels, result, captioner.hard),

@@ -8,7 +8,11 @@ The SavedModel (written with `keras.export.ExportArchive`) has three signatures,
 
 each returning caption string (N,), tokens int32 (N, T), length int32 (N,),
 log_prob float32 (N,) and attention float32 (N, T, H, W) on the encoder's grid: the
-fields of `search.DecodeResult`, T the export's max_length. `serving_default` also
+fields of `search.DecodeResult`, T the export's max_length; and tag string (N,), the
+ImageNet tag the caption was made to say ("" for none), with tag_prob float32 (N,), the
+photo's most probable tag's probability (0 for a model without a tag table;
+`sat_tf.model.tags`, exported with the model's --tags and --tag_threshold).
+`serving_default` also
 returns status int32 (N,) and error string (N,) per image: 0 and '' for a caption, else
 1 empty, 2 not an image, 3 truncated or corrupt, 4 more pixels than the export's
 max_image_pixels (read from the header, so nothing is allocated), with a one-line reason
@@ -31,6 +35,7 @@ from tensorflow.lite.tools import flatbuffer_utils
 from sat_tf import files
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
+from sat_tf.model import tags
 from sat_tf.model.show_attend_tell import feature_encoder
 
 EXPORT_INFO = "sat_tf_export.json"
@@ -57,6 +62,9 @@ class ExportSpec:
       beam_size: 1 for greedy decoding, else beam search.
       length_penalty: GNMT length penalty exponent of beam search.
       max_image_pixels: `serving_default` refuses images over it (`image_io.admit`).
+      tag_threshold: the probability a photo's ImageNet tag needs before its caption
+        must say it (`tags.tagged_generate`); None: no tags (--notags, or a model
+        without a tag table).
     """
 
     image_size: int
@@ -67,6 +75,7 @@ class ExportSpec:
     beam_size: int = 1
     length_penalty: float = 0.0
     max_image_pixels: int = image_io.MAX_IMAGE_PIXELS
+    tag_threshold: float | None = None
 
     @property
     def num_locations(self) -> int:
@@ -135,8 +144,10 @@ def join_words(words, tokens, length):
 
 
 def _decode(model, features, spec):
-    return model.generate(
-        {"features": features},
+    return tags.tagged_generate(
+        model,
+        features,
+        spec.tag_threshold,
         max_length=spec.max_length,
         beam_size=spec.beam_size,
         length_penalty=spec.length_penalty,
@@ -151,6 +162,8 @@ def _serving_outputs(result, words, spec):
         "length": result.length,
         "log_prob": result.log_prob,
         "attention": attention,
+        "tag": tf.where(result.tag >= 0, tf.gather(words, tf.maximum(result.tag, 0)), ""),
+        "tag_prob": result.tag_prob,
     }
 
 
@@ -214,7 +227,7 @@ def tflite_function(model, encoder, vocab, spec):
     float32 (1,), attention float32 (1, T, H, W).
     """
     size = spec.image_size
-    greedy = dataclasses.replace(spec, beam_size=1)
+    greedy = dataclasses.replace(spec, beam_size=1, tag_threshold=None)
     weights = {id(v): v for v in model.weights + encoder.weights}.values()
     values = [(v, v.numpy()) for v in weights]
 
@@ -325,6 +338,7 @@ def export_spec(
         beam_size=beam_size or config.beam_size,
         length_penalty=config.length_penalty,
         max_image_pixels=max_image_pixels,
+        tag_threshold=config.tag_threshold if config.tags and model.tagger else None,
     )
     for name in ("max_length", "beam_size", "max_image_pixels"):
         value = getattr(spec, name)

@@ -18,6 +18,7 @@ import tensorflow as tf
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.tokens import BAD_ENDINGS
+from sat_tf.model import tags
 from sat_tf.model.show_attend_tell import ShowAttendTell, build_model
 
 # A workdir's files (`sat_tf.training.workdir` writes them).
@@ -119,7 +120,9 @@ def decoding_options(config: Config, vocab=None) -> dict:
 
 
 def make_caption_fn(model, config: Config, beam_size=None, encoder=None, vocab=None):
-    """A `tf.function` that captions a batch dict; see `ShowAttendTell.generate`.
+    """A `tf.function` that captions a batch dict; see `ShowAttendTell.generate`. With
+    `config.tags` and a model that has a tagger (a preset's tag table), each caption is
+    made to say its photo's tag where the tag is confident (`tags.tagged_generate`).
 
     With `--jit_compile` XLA compiles it too, once per batch shape: it fuses the decoding
     step's small ops (BUILD_NOTES.md has the measured effect).
@@ -131,16 +134,22 @@ def make_caption_fn(model, config: Config, beam_size=None, encoder=None, vocab=N
       encoder: an encoder to run on batch["image"] first, for a model trained on cached
         features (`feature_encoder`); None feeds the batch to the model as it is.
       vocab: the model's `Vocab`; needed with `config.block_bad_endings`.
+
+    Returns:
+      the function, batch -> `tags.TaggedResult` (a `DecodeResult` with the tags).
     """
     beam = beam_size or config.beam_size
     blocking = decoding_options(config, vocab)
+    threshold = config.tag_threshold if config.tags else None
 
     @tf.function(reduce_retracing=True, jit_compile=config.jit_compile)
     def caption(batch):
         if encoder is not None:
             batch = {"features": encoder(batch["image"], training=False)}
-        return model.generate(
-            batch,
+        return tags.tagged_generate(
+            model,
+            model.encode(batch),
+            threshold,
             max_length=config.max_decode_length,
             beam_size=beam,
             length_penalty=config.length_penalty,

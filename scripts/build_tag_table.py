@@ -1,11 +1,5 @@
-"""The command sat-build-tag-table (sat_tf/cli/build_tag_table.py); --help describes it."""
+"""`python scripts/build_tag_table.py` builds a preset's tag table (cli/build_tag_table.py)."""
 
-import os
-import sys
+from sat_tf.cli.build_tag_table import main
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from sat_tf.cli.build_tag_table import main  # noqa: E402
-
-if __name__ == "__main__":
-    sys.exit(main())
+raise SystemExit(main())

@@ -234,7 +234,15 @@ class ExportTest(tf.test.TestCase):
                     for k in results.files
                     if k.startswith(f"{name}/{signature}/")
                 }
-                outputs = ["caption", "tokens", "length", "log_prob", "attention"]
+                outputs = [
+                    "caption",
+                    "tokens",
+                    "length",
+                    "log_prob",
+                    "attention",
+                    "tag",
+                    "tag_prob",
+                ]
                 if signature == "serving_default":
                     outputs += ["status", "error"]
                     self.assertAllEqual(got["status"], np.zeros_like(got["status"]))

@@ -2,13 +2,16 @@
 -made ImageNet head whose tag is worked out by hand, the shipped preset's table, and the
 WordNet walk on made-up synsets."""
 
+import dataclasses
 import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from fixtures import WORDS as FIXTURE_WORDS
+from fixtures import scenes, tiny_model
 
-from sat_tf import preset
+from sat_tf import exporting, inference, preset
 from sat_tf.cli import build_tag_table
 from sat_tf.data import tag_table
 from sat_tf.data import vocab as vocab_lib
@@ -134,3 +137,38 @@ def test_most_used_word_and_its_spellings():
     assert build_tag_table.word_for(cycle, words, wordnet, 0)[0] == "bike"
     assert build_tag_table.spellings("bicycle", words, wordnet) == "bicycle|bike|bikes"
     assert build_tag_table.spellings("cat", words, wordnet) == "cat|cats"
+
+
+def _tiny_with_tagger(threshold):
+    """fixtures.tiny_model with a tagger whose one class, "circle", is certain for every
+    photo (one class: its softmax is 1) when `threshold` <= 1."""
+    model, vocab, config = tiny_model()
+    vocab = vocab_lib.Vocab(FIXTURE_WORDS)
+    depth = model.feature_dim
+    rows = [TagRow(0, "n0", "circle", "circle", "")]
+    model.tagger = tags.Tagger.from_rows(rows, vocab, np.zeros((depth, 1)), np.zeros(1))
+    return model, vocab, dataclasses.replace(config, tag_threshold=threshold, beam_size=2)
+
+
+def test_caption_fn_and_export_say_the_tag():
+    images = tf.constant(scenes(0, 4).astype(np.float32))
+    model, vocab, config = _tiny_with_tagger(0.5)
+    circle = FIXTURE_WORDS.index("circle")
+    plain = inference.make_caption_fn(model, dataclasses.replace(config, tags=False))
+    tagged = inference.make_caption_fn(model, config)
+    without, out = plain({"image": images}), tagged({"image": images})
+    assert list(without.tag.numpy()) == [-1] * 4 and list(out.tag.numpy()) == [circle] * 4
+    np.testing.assert_allclose(out.tag_prob.numpy(), 1.0)
+    for tokens, length in zip(out.tokens.numpy(), out.length.numpy(), strict=True):
+        assert circle in tokens[:length]
+    plain_tokens, plain_lengths = without.tokens.numpy(), without.length.numpy()
+    assert not all(circle in t[:n] for t, n in zip(plain_tokens, plain_lengths, strict=True))
+    # The export's signatures decode the same way and name the tag.
+    spec = exporting.export_spec(model, model.encoder, config)
+    assert spec.tag_threshold == 0.5
+    serve = exporting.serving_functions(model, model.encoder, vocab, spec)["caption_images"][0]
+    result = serve(tf.constant(scenes(0, 4)))
+    assert [t.decode() for t in result["tag"].numpy()] == ["circle"] * 4
+    np.testing.assert_array_equal(result["tokens"].numpy(), out.tokens.numpy())
+    model.tagger = None
+    assert exporting.export_spec(model, model.encoder, config).tag_threshold is None

@@ -9,9 +9,11 @@ Each argument is an image file, a folder (its image files: .jpg .jpeg .png .gif 
 .webp, in name order) or a glob; a file that several of them name is captioned once.
 Prints each caption with a per-word attention summary (argmax cell and weight); with
 --output writes one JSON object a line per image: {"path", "caption", "tokens" (word
-ids), "score" (the caption's log-probability), and for a model with off-world statistics
-(`sat-off-world`) "off_world_score" and "off_world" (the photo is unlike the training
-photos: the caption is likely wrong)}, into a temporary file renamed when done
+ids), "score" (the caption's log-probability), for a preset with a tag table "tag" (the
+ImageNet tag the caption was made to say, null for none; --notags turns tags off) and
+"tag_prob" (the photo's most probable tag's probability), and for a model with off-world
+statistics (`sat-off-world`) "off_world_score" and "off_world" (the photo is unlike the
+training photos: the caption is likely wrong)}, into a temporary file renamed when done
 (an existing file is kept when nothing was captioned); with --visualize writes one PNG
 per image with a panel per word (paper Fig. 3), outlining the attended cell for a
 hard-attention model, named <name>_attention.png, or after the path below the inputs'
@@ -219,7 +221,8 @@ def _main(argv):
                     failed += 1
             captions = captioner.caption_pixels(pixels, beam_size) if chunk else []
             for path, caption in zip(chunk, captions, strict=True):
-                print(f"{path}: {caption.text}{_off_world_note(captioner, caption)}")
+                tagged = f"  [tag: {caption.tag}, {caption.tag_prob:.2f}]" if caption.tag else ""
+                print(f"{path}: {caption.text}{tagged}{_off_world_note(captioner, caption)}")
                 print(captioner.attention_summary(caption))
                 if FLAGS.visualize:
                     _write_picture(captioner, caption, pictures[path])
@@ -230,6 +233,8 @@ def _main(argv):
                         "tokens": caption.tokens.tolist(),
                         "score": caption.score,
                     }
+                    if caption.tag_prob is not None:
+                        record["tag"], record["tag_prob"] = caption.tag, caption.tag_prob
                     if caption.off_world_score is not None:
                         record["off_world_score"] = caption.off_world_score
                         record["off_world"] = caption.off_world

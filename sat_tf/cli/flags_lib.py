@@ -160,6 +160,20 @@ def define_model_source(flag_values=flags.FLAGS):
         "--block_bad_endings.",
         flag_values=flag_values,
     )
+    flags.DEFINE_bool(
+        "tags",
+        None,
+        "Make a caption name the photo's confident ImageNet tag (a preset's tag table); "
+        "--notags turns it off; left out: the model's own --tags (on).",
+        flag_values=flag_values,
+    )
+    flags.DEFINE_float(
+        "tag_threshold",
+        None,
+        "Probability a tag needs before the caption must name it; left out: the model's "
+        "own --tag_threshold.",
+        flag_values=flag_values,
+    )
     flags.DEFINE_string(
         "workdir",
         None,
@@ -195,24 +209,27 @@ def model_source(flag_values):
 
 
 def decoding_overrides(flag_values, model, config):
-    """Applies --hard_decoding, --length_penalty, --block_repeats and --block_bad_endings
-    to a loaded model before it captions anything.
+    """Applies --hard_decoding, --length_penalty, --block_repeats, --block_bad_endings,
+    --tags and --tag_threshold to a loaded model before it captions anything.
 
     Returns:
       (config with the values, {name: value} of those that differ from the model's own).
 
     Raises:
       ValueError: for --hard_decoding with a model without hard attention, or a negative
-        --length_penalty.
+        --length_penalty, or a --tag_threshold outside [0, 1].
     """
     changed = {}
+    threshold = flag_values["tag_threshold"].value
+    if threshold is not None and not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"--tag_threshold={threshold} must lie in [0, 1]")
     penalty = flag_values["length_penalty"].value
     if penalty is not None:
         if penalty < 0:
             raise ValueError(f"--length_penalty={penalty} must be >= 0 (0 = off)")
         if penalty != config.length_penalty:
             changed["length_penalty"] = penalty
-    for name in ("block_repeats", "block_bad_endings"):
+    for name in ("block_repeats", "block_bad_endings", "tags", "tag_threshold"):
         value = flag_values[name].value
         if value is not None and value != getattr(config, name):
             changed[name] = value

@@ -145,6 +145,7 @@ function render(result) {
   });
   caption.dataset.caption = result.caption;
   $("score").textContent =
+    (result.tag ? `tag: ${result.tag}; ` : "") +
     `log p = ${result.log_prob.toFixed(3)} (${result.decoding}; model ${Math.round(result.model_ms)} ms, ` +
     `page ${Math.round(result.total_ms)} ms)`;
   const strip = $("strip");

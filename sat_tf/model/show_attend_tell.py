@@ -15,6 +15,7 @@ from sat_tf.data import vocab as vocab_lib
 from sat_tf.model import losses as losses_lib
 from sat_tf.model import search
 from sat_tf.model import self_critical as self_critical_lib
+from sat_tf.model import tags as tags_lib
 from sat_tf.model.decoder import AttentionDecoder
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.resumable import ResumableModel
@@ -278,6 +279,7 @@ class ShowAttendTell(ResumableModel):
         )
         preset.load_weights(model, stored)
         model.vocab, model.config = stored.vocab, stored.config
+        model.tagger = tags_lib.load_tagger(stored.directory, stored.vocab, stored.config.encoder)
         return model
 
     def generate(

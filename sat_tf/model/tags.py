@@ -18,8 +18,8 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from sat_tf.backbones import efficientnet_lite, torch_weights
 from sat_tf.data import tag_table
-from sat_tf.model import efficientnet_lite, torch_weights
 
 # Encoders whose annotation vectors are the input of an ImageNet head: name -> variant.
 HEAD_ENCODERS = {
