@@ -242,7 +242,7 @@ class Config:
         "without a tag table caption as without.",
     )
     tag_threshold: float = _field(
-        0.3, "Probability a tag needs before the caption must name it (--tags)."
+        0.7, "Probability a tag needs before the caption must name it (--tags)."
     )
 
     strategy: str = _field("default", "tf.distribute strategy.")
