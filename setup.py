@@ -25,6 +25,7 @@ setup(
                 "table",
                 "make_preset",
                 "grounding",
+                "off_world",
             )
         ]
     },

@@ -41,6 +41,7 @@ COMMANDS = {
     "table": "scripts/table.py",
     "make_preset": "scripts/make_preset.py",
     "grounding": "scripts/grounding.py",
+    "off_world": "scripts/off_world.py",
 }
 
 

@@ -99,7 +99,3 @@ def main(argv=None):
       the exit status.
     """
     return run(_main, FLAGS, argv, __doc__)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
