@@ -144,7 +144,8 @@ class ExportedCaptioner:
         Returns:
           {caption: str, tokens: int32 (T,), length: int, log_prob: float,
           attention: float32 (T, H, W), tag: the ImageNet tag the caption was made to say
-          ("" for none, or an export without tags)}.
+          ("" for none, or an export without tags)}, and off_world_score: float and
+          off_world: bool for an export with off-world statistics.
 
         Raises:
           ImageError: naming `name` when the signature gives no caption (its `status`
@@ -167,6 +168,7 @@ class ExportedCaptioner:
             "log_prob": float(out["log_prob"].numpy()[0]),
             "attention": out["attention"].numpy()[0],
             "tag": out["tag"].numpy()[0].decode("utf-8") if "tag" in out else "",
+            **{k: out[k].numpy()[0].item() for k in ("off_world_score", "off_world") if k in out},
         }
 
 
@@ -202,7 +204,9 @@ def load_captioners(paths: Sequence[str]) -> list[ExportedCaptioner]:
     return captioners
 
 
-def export_decodings(trained, folder: str, beam_sizes: Sequence[int] = (1, 3)) -> list[str]:
+def export_decodings(
+    trained, folder: str, beam_sizes: Sequence[int] = (1, 3), off_world=None
+) -> list[str]:
     """Exports a trained model once per beam size, for `load_captioners`.
 
     Args:
@@ -210,6 +214,7 @@ def export_decodings(trained, folder: str, beam_sizes: Sequence[int] = (1, 3)) -
         (`inference.load_preset`).
       folder: where the exports go, one subfolder per beam size (a temporary folder).
       beam_sizes: the decodings to offer.
+      off_world: the model's `off_world.Stats`, for the off-world score on the page.
 
     Returns:
       the export directories, in `beam_sizes` order.
@@ -218,7 +223,7 @@ def export_decodings(trained, folder: str, beam_sizes: Sequence[int] = (1, 3)) -
     paths = []
     for beam_size in beam_sizes:
         path = os.path.join(folder, decoding_name(beam_size).replace(" ", ""))
-        exporting.export(model, vocab, config, path, beam_size=beam_size)
+        exporting.export(model, vocab, config, path, beam_size=beam_size, off_world=off_world)
         paths.append(path)
     return paths
 
@@ -333,7 +338,9 @@ def caption_page(
         requests decode at once).
 
     Returns:
-      a JSON-able dict: file, decoding, beam_size, caption, log_prob, length, tag, image (the
+      a JSON-able dict: file, decoding, beam_size, caption, log_prob, length, tag,
+      off_world_score, off_world and off_world_threshold (None for an export without
+      off-world statistics), image (the
       crop as a data URL), grid, words, attention, cells (see `attention_panels`),
       model_ms (the signature call) and total_ms.
 
@@ -355,6 +362,9 @@ def caption_page(
         "log_prob": result["log_prob"],
         "length": result["length"],
         "tag": result["tag"],
+        "off_world_score": result.get("off_world_score"),
+        "off_world": result.get("off_world"),
+        "off_world_threshold": (captioner.info.get("off_world") or {}).get("threshold"),
         "image": _data_url(pixels),
         "grid": list(captioner.grid),
         **attention_panels(pixels, result, captioner.hard),

@@ -11,12 +11,14 @@ log_prob float32 (N,) and attention float32 (N, T, H, W) on the encoder's grid: 
 fields of `search.DecodeResult`, T the export's max_length; and tag string (N,), the
 ImageNet tag the caption was made to say ("" for none), with tag_prob float32 (N,), the
 photo's most probable tag's probability (0 for a model without a tag table;
-`sat_tf.model.tags`, exported with the model's --tags and --tag_threshold).
-`serving_default` also
+`sat_tf.model.tags`, exported with the model's --tags and --tag_threshold); for a model
+with off-world statistics (`sat_tf.off_world`) also off_world_score float32 (N,) and
+off_world bool (N,), how unlike its training photos each photo is. `serving_default` also
 returns status int32 (N,) and error string (N,) per image: 0 and '' for a caption, else
 1 empty, 2 not an image, 3 truncated or corrupt, 4 more pixels than the export's
 max_image_pixels (read from the header, so nothing is allocated), with a one-line reason
-and blank outputs (caption '', zeros); one bad image never fails the request. Decoding, resizing
+and blank outputs (caption '', zeros); one bad image never fails the request. Decoding
+(repeats blocked as the config says), resizing
 (`input_pipeline`, paper §5.4), the encoder, greedy or beam search (paper §4) and the
 id -> word lookup all run in the graph as core TensorFlow ops, so the export loads with
 `tf.saved_model.load` alone; the vocabulary is a constant of the graph. The TFLite file
@@ -32,7 +34,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.lite.tools import flatbuffer_utils
 
-from sat_tf import files
+from sat_tf import files, inference
+from sat_tf import off_world as off_world_lib
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model import tags
@@ -65,6 +68,10 @@ class ExportSpec:
       tag_threshold: the probability a photo's ImageNet tag needs before its caption
         must say it (`tags.tagged_generate`); None: no tags (--notags, or a model
         without a tag table).
+      block_repeats: no word a third time in a row, no trigram twice.
+      bad_ending_ids: words a caption may not end on.
+      off_world: the model's `off_world.Stats`; with them the signatures also return
+        off_world_score float32 (N,) and off_world bool (N,).
     """
 
     image_size: int
@@ -76,6 +83,9 @@ class ExportSpec:
     length_penalty: float = 0.0
     max_image_pixels: int = image_io.MAX_IMAGE_PIXELS
     tag_threshold: float | None = None
+    block_repeats: bool = False
+    bad_ending_ids: tuple[int, ...] = ()
+    off_world: off_world_lib.Stats | None = dataclasses.field(default=None, compare=False)
 
     @property
     def num_locations(self) -> int:
@@ -151,12 +161,14 @@ def _decode(model, features, spec):
         max_length=spec.max_length,
         beam_size=spec.beam_size,
         length_penalty=spec.length_penalty,
+        block_repeats=spec.block_repeats,
+        bad_ending_ids=spec.bad_ending_ids,
     )
 
 
-def _serving_outputs(result, words, spec):
+def _serving_outputs(result, words, spec, features):
     attention = tf.reshape(result.attention, [-1, spec.max_length, *spec.grid])  # (N, T, H, W)
-    return {
+    outputs = {
         "caption": join_words(words, result.tokens, result.length),
         "tokens": result.tokens,
         "length": result.length,
@@ -165,6 +177,11 @@ def _serving_outputs(result, words, spec):
         "tag": tf.where(result.tag >= 0, tf.gather(words, tf.maximum(result.tag, 0)), ""),
         "tag_prob": result.tag_prob,
     }
+    if spec.off_world is not None:
+        outputs["off_world_score"], outputs["off_world"] = off_world_lib.score(
+            features, spec.off_world
+        )
+    return outputs
 
 
 def serving_functions(model, encoder, vocab, spec):
@@ -184,7 +201,7 @@ def serving_functions(model, encoder, vocab, spec):
 
     def caption(features):
         words = tf.constant(vocab.words, tf.string)
-        return _serving_outputs(_decode(model, features, spec), words, spec)
+        return _serving_outputs(_decode(model, features, spec), words, spec, features)
 
     def caption_features(features):
         return caption(_require_batch(features, "features"))
@@ -326,9 +343,18 @@ def export_spec(
     beam_size=None,
     max_length=None,
     max_image_pixels=image_io.MAX_IMAGE_PIXELS,
+    vocab=None,
+    off_world=None,
 ) -> ExportSpec:
-    """The `ExportSpec` of a model and its config; None means the config's setting."""
+    """The `ExportSpec` of a model and its config; None means the config's setting. The
+    `vocab` is needed with `config.block_bad_endings`; `off_world` statistics add the
+    off-world outputs."""
     height, width, depth = encoder.feature_grid()
+    if off_world is not None and off_world.feature_dim != depth:
+        raise ValueError(
+            f"off-world statistics of {off_world.feature_dim}-wide features; the encoder "
+            f"gives {depth}"
+        )
     spec = ExportSpec(
         image_size=config.image_size,
         crop_fraction=config.effective_crop_fraction,
@@ -339,6 +365,8 @@ def export_spec(
         length_penalty=config.length_penalty,
         max_image_pixels=max_image_pixels,
         tag_threshold=config.tag_threshold if config.tags and model.tagger else None,
+        **inference.decoding_options(config, vocab),
+        off_world=off_world,
     )
     for name in ("max_length", "beam_size", "max_image_pixels"):
         value = getattr(spec, name)
@@ -394,6 +422,7 @@ def export(
     quantize=None,
     overwrite=False,
     max_image_pixels=image_io.MAX_IMAGE_PIXELS,
+    off_world=None,
 ) -> dict:
     """Writes the SavedModel (and optionally the TFLite files) of a trained model.
 
@@ -415,6 +444,8 @@ def export(
       overwrite: replace an earlier export at `output`.
       max_image_pixels: `serving_default` gives status 4 (and no caption) for images
         over it, read from their headers before anything is decoded.
+      off_world: the model's `off_world.Stats` (`off_world.load_from` its preset or
+        workdir); the SavedModel's signatures then return off_world_score and off_world.
 
     Returns:
       the info dict written to `sat_tf_export.json`.
@@ -434,7 +465,16 @@ def export(
         if not _is_export(output):
             raise ValueError(f"{output} exists and is not an export; refusing to replace it")
     encoder = feature_encoder(model, config)
-    spec = export_spec(model, encoder, config, beam_size, max_length, max_image_pixels)
+    spec = export_spec(
+        model,
+        encoder,
+        config,
+        beam_size,
+        max_length,
+        max_image_pixels,
+        vocab=vocab,
+        off_world=off_world,
+    )
     with files.staged_dir(output) as tmp:
         export_archive(model, encoder, vocab, spec).write_out(tmp, verbose=False)
         vocab.save(os.path.join(tmp, VOCAB_FILE))
@@ -451,6 +491,11 @@ def export(
             "max_length": spec.max_length,
             "length_penalty": spec.length_penalty,
             "max_image_pixels": spec.max_image_pixels,
+            "block_repeats": spec.block_repeats,
+            "bad_ending_ids": list(spec.bad_ending_ids),
+            "off_world": None
+            if off_world is None
+            else {"threshold": off_world.threshold, "quantile": off_world.quantile},
             "special_tokens": dict(zip(vocab_lib.SPECIALS, range(4), strict=True)),
             "tflite": None,
             "tflite_int8": None,

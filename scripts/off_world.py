@@ -1,11 +1,5 @@
-"""The command sat-off-world (sat_tf/cli/off_world.py); --help describes it."""
+"""`python scripts/off_world.py` is the command sat-off-world."""
 
-import os
-import sys
+from sat_tf.cli.off_world import main
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from sat_tf.cli.off_world import main  # noqa: E402
-
-if __name__ == "__main__":
-    sys.exit(main())
+raise SystemExit(main())

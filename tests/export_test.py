@@ -171,7 +171,12 @@ class ExportTest(tf.test.TestCase):
     @classmethod
     def generate(cls, batch, beam_size):
         """`ShowAttendTell.generate` with NumPy fields (usable inside a v1 graph too)."""
-        result = cls.model.generate(batch, max_length=MAX_LENGTH, beam_size=beam_size)
+        result = cls.model.generate(
+            batch,
+            max_length=MAX_LENGTH,
+            beam_size=beam_size,
+            block_repeats=cls.config.block_repeats,
+        )
         return type(result)(*(x.numpy() for x in result))
 
     def captions(self, result):

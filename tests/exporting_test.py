@@ -10,7 +10,7 @@ from admission_test import png_bomb
 from fixtures import MAX_LENGTH, WORDS, encode, scenes, tiny_model
 from PIL import Image
 
-from sat_tf import exporting
+from sat_tf import exporting, off_world
 from sat_tf.config import Config
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
@@ -140,7 +140,13 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
         """The three captioning signatures give `model.generate`'s captions and maps."""
         fns = traced(model, vocab, spec)
         pixels = self.images.astype(np.float32)
-        want = model.generate({"image": pixels}, max_length=MAX_LENGTH, beam_size=spec.beam_size)
+        want = model.generate(
+            {"image": pixels},
+            max_length=MAX_LENGTH,
+            beam_size=spec.beam_size,
+            block_repeats=spec.block_repeats,
+            bad_ending_ids=spec.bad_ending_ids,
+        )
         features = model.encoder(pixels)
         outputs = {
             "serving_default": fns["serving_default"](
@@ -176,6 +182,33 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, "--beam_size=-1"):
             exporting.export_spec(self.model, self.model.encoder, self.config, beam_size=-1)
 
+    def test_off_world_outputs(self):
+        pooled = [
+            off_world.pool(self.model.encoder(scenes(seed, 30).astype(np.float32))).numpy()
+            for seed in (1, 2)
+        ]
+        stats = off_world.calibrate(off_world.fit(pooled[0], 4), pooled[1], 0.9)
+        spec = exporting.export_spec(self.model, self.model.encoder, self.config, off_world=stats)
+        fns = traced(self.model, self.vocab, spec)
+        images = np.concatenate([self.images, np.zeros_like(self.images[:1])])
+        want, flagged = off_world.score(self.model.encoder(images.astype(np.float32)), stats)
+        got = fns["caption_images"](tf.constant(images))
+        self.assertAllClose(got["off_world_score"], want, atol=1e-4)
+        self.assertAllEqual(got["off_world"], flagged)
+        self.assertTrue(flagged[-1])  # a black frame
+        plain = traced(self.model, self.vocab, self.spec(1))["caption_images"]
+        self.assertNotIn("off_world", plain(tf.constant(images)))
+        output = os.path.join(tempfile.mkdtemp(dir=self.get_temp_dir()), "export")
+        info = exporting.export(self.model, self.vocab, self.config, output, off_world=stats)
+        self.assertAllClose(info["off_world"]["threshold"], stats.threshold)
+        served = tf.saved_model.load(output).signatures["serving_default"]
+        out = served(image_bytes=tf.constant([encode(x, "PNG") for x in images]))
+        self.assertAllClose(out["off_world_score"], want, atol=1e-4)
+        self.assertAllEqual(out["off_world"], flagged)
+        with self.assertRaisesRegex(ValueError, "off-world statistics of 5-wide"):
+            small = off_world.fit(np.random.default_rng(0).random((20, 10)), 2)
+            exporting.export_spec(self.model, self.model.encoder, self.config, off_world=small)
+
     def test_export_refuses_bad_targets(self):
         root = tempfile.mkdtemp(dir=self.get_temp_dir())
         with self.assertRaisesRegex(ValueError, "vocabulary has 5 words but the model 12"):
@@ -209,7 +242,9 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
         exporting.export(features, vocab_lib.Vocab(WORDS), config, output)
         serve = tf.saved_model.load(output).signatures["caption_images"]
         got = serve(images=tf.constant(self.images[:2]))
-        want = features.generate({"features": encoder(pixels)}, max_length=MAX_LENGTH)
+        want = features.generate(
+            {"features": encoder(pixels)}, max_length=MAX_LENGTH, block_repeats=True
+        )
         self.assertAllEqual(got["tokens"][:, : want.tokens.shape[1]], want.tokens)
         no_weights = Config(embed_dim=8, hidden_dim=16, attention_dim=8, use_feature_cache=True)
         with self.assertRaisesRegex(ValueError, "randomly initialised encoder"):

@@ -17,7 +17,7 @@ import tempfile
 
 from absl import flags
 
-from sat_tf.cli.flags_lib import define_model_source, load_model, run
+from sat_tf.cli.flags_lib import define_model_source, load_model, load_off_world, run
 
 # The one line a user without the demo's extra gets.
 NO_FLASK = (
@@ -54,7 +54,7 @@ def export_dirs(folder):
         )
     if trained:
         print(f"exporting {trained} (greedy and beam 3) to {folder} ...", flush=True)
-        return demo.export_decodings(load_model(FLAGS), folder)
+        return demo.export_decodings(load_model(FLAGS), folder, off_world=load_off_world(FLAGS))
     return exports
 
 

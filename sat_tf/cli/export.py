@@ -18,7 +18,14 @@ import os
 from absl import flags
 
 from sat_tf import exporting
-from sat_tf.cli.flags_lib import define_model_source, define_override, load_model, override, run
+from sat_tf.cli.flags_lib import (
+    define_model_source,
+    define_override,
+    load_model,
+    load_off_world,
+    override,
+    run,
+)
 
 FLAGS = flags.FlagValues()
 define_model_source(FLAGS)
@@ -69,6 +76,7 @@ def _main(argv):
         quantize=FLAGS.quantize,
         overwrite=FLAGS.overwrite,
         max_image_pixels=FLAGS.max_image_pixels,
+        off_world=load_off_world(FLAGS),
     )
     summary = {k: v for k, v in info.items() if k != "config"}
     print(json.dumps({"output": os.path.abspath(FLAGS.output), **summary}, indent=2))

@@ -147,7 +147,15 @@ function render(result) {
   $("score").textContent =
     (result.tag ? `tag: ${result.tag}; ` : "") +
     `log p = ${result.log_prob.toFixed(3)} (${result.decoding}; model ${Math.round(result.model_ms)} ms, ` +
-    `page ${Math.round(result.total_ms)} ms)`;
+    `page ${Math.round(result.total_ms)} ms)` +
+    (result.off_world_score === null ? "" : `; off-world score ${result.off_world_score.toFixed(2)}`);
+  const offWorld = $("off-world");
+  offWorld.hidden = !result.off_world;
+  offWorld.textContent = result.off_world
+    ? `An off-world photo (score ${result.off_world_score.toFixed(2)}, over ` +
+      `${result.off_world_threshold.toFixed(2)}): unlike the photos the model learnt from, ` +
+      "so the caption is likely wrong."
+    : "";
   const strip = $("strip");
   strip.replaceChildren(figure(result.image, result.file, null));
   words.forEach((word, i) => strip.append(figure(result.attention[i], word, i)));
