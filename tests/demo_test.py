@@ -28,7 +28,7 @@ from absl.testing import absltest, parameterized
 from fixtures import encode, run_main, scenes, tiny_model
 from PIL import Image
 
-from sat_tf import inference
+from sat_tf import inference, off_world
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
 
@@ -189,6 +189,7 @@ class DemoTest(tf.test.TestCase, parameterized.TestCase):
         self.assertLen(page["attention"], length + ends)
         self.assertIsNone(page["cells"])
         self.assertEqual(page["file"], self.photo_name)
+        self.assertIsNone(page["off_world_score"])
 
     def test_pictures_are_the_visualize_overlays(self):
         page = self.assertGood(1)
@@ -363,6 +364,32 @@ class ScriptTest(tf.test.TestCase):
             errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
             self.assertLen(errors, 1, stderr)
             self.assertIn(message, errors[0], key)
+
+
+class OffWorldPageTest(tf.test.TestCase):
+    def test_page_shows_the_exports_off_world_score(self):
+        model, vocab, config = tiny_model()
+        pooled = [
+            off_world.pool(model.encoder(scenes(seed, 30).astype(np.float32))).numpy()
+            for seed in (1, 2)
+        ]
+        stats = off_world.calibrate(off_world.fit(pooled[0], 4), pooled[1], 0.9)
+        (path,) = demo.export_decodings(
+            (model, vocab, config), self.get_temp_dir(), beam_sizes=(1,), off_world=stats
+        )
+        black = np.zeros((1, 112, 112, 3), np.float32)
+        want, flagged = off_world.score(model.encoder(black), stats)
+        page = demo.caption_page(
+            demo.ExportedCaptioner(path),
+            encode(black[0].astype(np.uint8), "PNG"),
+            "black.png",
+            demo.Limits(),
+        )
+
+        self.assertAllClose(page["off_world_score"], want[0], atol=1e-4)
+        self.assertTrue(page["off_world"])
+        self.assertTrue(flagged[0])
+        self.assertAllClose(page["off_world_threshold"], stats.threshold)
 
 
 if __name__ == "__main__":
