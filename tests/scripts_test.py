@@ -195,6 +195,16 @@ class DecodingOverridesTest(absltest.TestCase):
         self.assertEqual(changed, {"hard_decoding": "argmax", "length_penalty": 1.0})
         self.assertEqual(model.decoder.hard_decoding, "argmax")
 
+    def test_blocking_overrides(self):
+        config = Config()
+        new, changed = flags_lib.decoding_overrides(
+            self._values("--noblock_repeats", "--block_bad_endings"), None, config
+        )
+        self.assertEqual(changed, {"block_repeats": False, "block_bad_endings": True})
+        self.assertEqual((new.block_repeats, new.block_bad_endings), (False, True))
+        same = flags_lib.decoding_overrides(self._values("--block_repeats"), None, config)
+        self.assertEqual(same, (config, {}))
+
     def test_the_models_own_values_or_none_change_nothing(self):
         for args in ((), ("--hard_decoding=expected", "--length_penalty=0")):
             config = Config(attention="hard")
@@ -220,6 +230,11 @@ class DecodingOverridesTest(absltest.TestCase):
         self.assertEqual(
             scoring.result_name("table", "val", config, 5, ".md", overrides),
             "table_val_beam5_lp1_argmax.md",
+        )
+        blocking = {"block_repeats": False, "block_bad_endings": True}
+        self.assertEqual(
+            scoring.result_name("captions", "test", config, None, ".json", blocking),
+            "captions_test_repeats_nobadendings.json",
         )
 
 
