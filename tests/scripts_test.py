@@ -205,6 +205,14 @@ class DecodingOverridesTest(absltest.TestCase):
         same = flags_lib.decoding_overrides(self._values("--block_repeats"), None, config)
         self.assertEqual(same, (config, {}))
 
+    def test_tags_are_overridden(self):
+        config = Config(attention="soft")
+        got, changed = flags_lib.decoding_overrides(
+            self._values("--notags", "--tag_threshold=0.5"), None, config
+        )
+        self.assertEqual(changed, {"tags": False, "tag_threshold": 0.5})
+        self.assertEqual((got.tags, got.tag_threshold), (False, 0.5))
+
     def test_the_models_own_values_or_none_change_nothing(self):
         for args in ((), ("--hard_decoding=expected", "--length_penalty=0")):
             config = Config(attention="hard")
@@ -218,6 +226,7 @@ class DecodingOverridesTest(absltest.TestCase):
                 r"^--hard_decoding=argmax is a setting of hard attention",
             ),
             (("--length_penalty=-0.5",), r"^--length_penalty=-0.5 must be >= 0"),
+            (("--tag_threshold=1.5",), r"^--tag_threshold=1.5 must lie in \[0, 1\]"),
         ]
         for args, message in cases:
             with self.assertRaisesRegex(ValueError, message):
@@ -235,6 +244,11 @@ class DecodingOverridesTest(absltest.TestCase):
         self.assertEqual(
             scoring.result_name("captions", "test", config, None, ".json", blocking),
             "captions_test_repeats_nobadendings.json",
+        )
+        tags = {"tags": False, "tag_threshold": 0.5}
+        self.assertEqual(
+            scoring.result_name("metrics", "test", config, None, ".json", tags),
+            "metrics_test_notags_tag0.5.json",
         )
 
 

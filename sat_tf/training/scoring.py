@@ -128,7 +128,8 @@ def result_name(kind, split, config, beam_size=None, extension=".json", override
     """`<kind>_<split><extension>`, with before the extension `_beam<k>` when `beam_size`
     overrides the model's own (`config.beam_size`), then `_lp<value>` and `_<value>` for
     a length penalty and a hard decoding in `overrides` (`flags_lib.decoding_overrides`),
-    and `_repeats` / `_norepeats`, `_badendings` / `_nobadendings` for the blocking."""
+    `_repeats` / `_norepeats`, `_badendings` / `_nobadendings` for the blocking, and
+    `_notags` / `_tags`, `_tag<threshold>` for the tags."""
     beam = beam_size or config.beam_size
     name = f"{kind}_{split}{f'_beam{beam}' if beam != config.beam_size else ''}"
     overrides = overrides or {}
@@ -140,6 +141,10 @@ def result_name(kind, split, config, beam_size=None, extension=".json", override
         name += "_norepeats" if overrides["block_repeats"] else "_repeats"
     if "block_bad_endings" in overrides:
         name += "_nobadendings" if overrides["block_bad_endings"] else "_badendings"
+    if "tags" in overrides:
+        name += "_tags" if overrides["tags"] else "_notags"
+    if "tag_threshold" in overrides:
+        name += f"_tag{overrides['tag_threshold']:g}"
     return name + extension
 
 
