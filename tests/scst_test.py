@@ -10,14 +10,16 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from fixtures import TINY
+from fixtures import TINY, WORDS, tiny_model
 
+from sat_tf import preset
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model import losses, search
 from sat_tf.model import self_critical as scst
 from sat_tf.model.show_attend_tell import build_model
 from sat_tf.training import train_lib
+from sat_tf.training import workdir as workdir_lib
 
 
 def test_leave_one_out_baseline_by_hand():
@@ -201,6 +203,22 @@ def test_a_few_steps_of_the_loop_and_a_resume(tmp_path, attention):
     assert any(n.startswith("cider_df_") for n in kept)  # beside the dataset's vocabulary
     # The same command again resumes the finished run: nothing more to train.
     assert train_lib.train_and_evaluate(config, workdir)["BLEU-4"] == scores["BLEU-4"]
+
+
+def test_init_from_a_preset(tmp_path):
+    """`--init_from` takes a preset folder: a second stage starts from its weights, and
+    one with another vocabulary is refused by name."""
+    model, vocab, config = tiny_model(attention="soft")
+    folder = str(tmp_path / "p")
+    preset.save(model, vocab, config, folder, name="p")
+    fresh, _, _ = tiny_model(seed=5, attention="soft")
+    workdir_lib.load_initial_weights(fresh, config, vocab, folder)
+    for mine, theirs in zip(fresh.weights, model.weights, strict=True):
+        # The preset stores float16.
+        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-3, atol=1e-3)
+    other = vocab_lib.Vocab([*WORDS[:-1], "other"])
+    with pytest.raises(ValueError, match="holds another model:\n  the vocabulary"):
+        workdir_lib.load_initial_weights(fresh, config, other, folder)
 
 
 def _mirrored_child():

@@ -96,15 +96,15 @@ def _weight_layout(config: Config) -> tuple[bool, bool]:
 
 
 def load_initial_weights(model, config: Config, vocab, source: str) -> None:
-    """Starts `model` from the best weights of the finished workdir `source`
-    (`--init_from`).
+    """Starts `model` from the best weights of the finished workdir `source`, or from a
+    preset (a name or folder: `sat_tf.preset`) (`--init_from`).
 
     Raises:
       ValueError: naming what `source` lacks or what differs: a model setting other
         than the attention, the layers the attention has (a score, the gate), or the
         vocabulary its weights were trained with.
     """
-    if not os.path.exists(os.path.join(source, CONFIG_FILE)) and _is_preset(source):
+    if not os.path.exists(os.path.join(source, BEST_INFO)) and _is_preset(source):
         _load_preset_weights(model, config, vocab, source)
         return
     paths = [os.path.join(source, name) for name in (CONFIG_FILE, BEST_INFO, BEST_WEIGHTS)]
