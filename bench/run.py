@@ -48,7 +48,7 @@ from sat_tf.data import input_pipeline
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.datasets import Record
 from sat_tf.evaluation import cider
-from sat_tf.model import losses, self_critical
+from sat_tf.model import losses
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.fast import schedule as schedule_lib
 from sat_tf.model.show_attend_tell import build_model
@@ -602,7 +602,7 @@ def case_scst_step(p, samples=5):
     what a trained model's do, whose samples end sooner."""
     rng = np.random.default_rng(0)
     model = feature_model(p, "soft")
-    model.self_critical = self_critical.Settings(samples, "mean", p["words"] + 4)
+    model.self_critical = losses.SelfCriticalSettings(samples, "mean", p["words"] + 4)
     images = p["batch"] // samples
 
     def references():
@@ -1299,7 +1299,7 @@ def case_float16(p, source, data_dir, limit):
     and the share of captions equal to float32's. Features come from the preset's test
     photos (its encoder run once), else random ones."""
     from sat_tf import preset
-    from sat_tf.model.show_attend_tell import feature_encoder
+    from sat_tf.inference import feature_encoder
 
     model, vocab, config = inference.load_preset(source)
     if model.encoder is not None:

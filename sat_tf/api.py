@@ -9,7 +9,7 @@
 model's geometry with the package's own image code (`sat_tf.data.image_io`: shorter side
 to `image_size / crop_fraction`, centre crop), captions them in batches with the model's
 own decoding (`ShowAttendTell.generate`, greedy or beam search; made to name the
-photo's confident ImageNet tag where the preset has a tag table, `sat_tf.model.tags`) and
+photo's confident ImageNet tag where the preset has a tag table, `sat_tf.backbones.tags`) and
 returns one `Caption` per image: the words, their ids, the caption's log-probability, the
 tag, where the model looked for every word and, for a model with off-world statistics
 (`sat_tf.off_world`), how unlike its training photos the photo is.
@@ -29,7 +29,8 @@ from sat_tf import off_world as off_world_lib
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import visualize
-from sat_tf.model.show_attend_tell import ShowAttendTell, feature_encoder
+from sat_tf.inference import feature_encoder
+from sat_tf.model.show_attend_tell import ShowAttendTell
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +56,7 @@ class Caption:
         likely wrong, the photo being unlike any the model learnt from (it is still
         captioned); None without statistics.
       tag: the word the caption was made to say: the photo's tag from the encoder's
-        ImageNet head (`sat_tf.model.tags`), confident enough (`Config.tag_threshold`);
+        ImageNet head (`sat_tf.backbones.tags`), confident enough (`Config.tag_threshold`);
         None where no tag was used (none confident, tags off, or a model without a tag
         table).
       tag_prob: the probability of the photo's most probable tag, used or not; None for

@@ -11,7 +11,7 @@ log_prob float32 (N,) and attention float32 (N, T, H, W) on the encoder's grid: 
 fields of `search.DecodeResult`, T the export's max_length; and tag string (N,), the
 ImageNet tag the caption was made to say ("" for none), with tag_prob float32 (N,), the
 photo's most probable tag's probability (0 for a model without a tag table;
-`sat_tf.model.tags`, exported with the model's --tags and --tag_threshold); for a model
+`sat_tf.backbones.tags`, exported with the model's --tags and --tag_threshold); for a model
 with off-world statistics (`sat_tf.off_world`) also off_world_score float32 (N,) and
 off_world bool (N,), how unlike its training photos each photo is. `serving_default` also
 returns status int32 (N,) and error string (N,) per image: 0 and '' for a caption, else
@@ -36,10 +36,10 @@ from tensorflow.lite.tools import flatbuffer_utils
 
 from sat_tf import files, inference
 from sat_tf import off_world as off_world_lib
+from sat_tf.backbones import tags
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.model import tags
-from sat_tf.model.show_attend_tell import feature_encoder
+from sat_tf.inference import feature_encoder
 
 EXPORT_INFO = "sat_tf_export.json"
 VOCAB_FILE = "vocab.txt"

@@ -4,6 +4,8 @@ caption function that decodes batches with it.
 - `load_preset(source)`: (model, vocab, config) from a preset (`sat_tf.preset`'s format).
 - `load_workdir(workdir)`: the same from a trained workdir, the read side of
   `sat_tf.training.workdir` (whose files are named here).
+- `feature_encoder(model, config)`: the backbone whose features a model reads, rebuilt
+  for a model trained on cached features, to caption images with it.
 - `make_caption_fn(model, config)`: a `tf.function` that captions a batch.
 
 The Python API (`sat_tf.api`), the export (`sat_tf.exporting`) and the demo read trained
@@ -15,10 +17,11 @@ import os
 
 import tensorflow as tf
 
+from sat_tf.backbones import tags
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.tokens import BAD_ENDINGS
-from sat_tf.model import tags
+from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.show_attend_tell import ShowAttendTell, build_model
 
 # A workdir's files (`sat_tf.training.workdir` writes them).
@@ -39,7 +42,7 @@ def load_preset(source: str, cache_dir: str | None = None):
 
     Returns:
       (model, vocab, config), as `load_workdir` returns them. A model trained on cached
-      features has no encoder: `show_attend_tell.feature_encoder(model, config)` rebuilds
+      features has no encoder: `feature_encoder(model, config)` rebuilds
       the backbone that made them, for captioning images.
 
     Raises:
@@ -157,3 +160,31 @@ def make_caption_fn(model, config: Config, beam_size=None, encoder=None, vocab=N
         )
 
     return caption
+
+
+def feature_encoder(model, config):
+    """The encoder whose features the model reads: its own, or for a model trained on
+    cached features the backbone that produced them, rebuilt from `config` (for
+    captioning images with it, and for the export).
+
+    Raises:
+      ValueError: when the backbone cannot be rebuilt or its features do not fit.
+    """
+    if model.encoder is not None:
+        return model.encoder
+    if not config.encoder_weights:
+        raise ValueError(
+            "the model reads cached features of a randomly initialised encoder; the "
+            "images need the encoder that made them (--encoder_weights of the run)"
+        )
+    encoder = ImageEncoder(config.encoder, config.image_size, config.encoder_weights)
+    encoder.build((None, config.image_size, config.image_size, 3))  # the export tracks it
+    height, width, depth = encoder.feature_grid()
+    if depth != model.feature_dim or (
+        model.grid and height * width != model.grid[0] * model.grid[1]
+    ):
+        raise ValueError(
+            f"encoder {config.encoder} at {config.image_size} gives {height}x{width}x{depth} "
+            f"features; the model was trained on {model.grid} x {model.feature_dim}"
+        )
+    return encoder

@@ -23,7 +23,7 @@ import sat_tf
 from sat_tf import inference, preset
 from sat_tf.config import Config
 from sat_tf.data import image_io
-from sat_tf.model.show_attend_tell import feature_encoder
+from sat_tf.inference import feature_encoder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLICKR8K = os.environ.get("SAT_TF_FLICKR8K", os.path.join(ROOT, "..", "shared", "data", "flickr8k"))

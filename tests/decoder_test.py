@@ -403,7 +403,7 @@ class AttentionDecoderTest(tf.test.TestCase, parameterized.TestCase):
         other = np.zeros((BATCH, LOCATIONS + 1, FEATURES), np.float32)
         with self.assertRaisesRegex(ValueError, f"built for {LOCATIONS} cells; the features have"):
             decoder.initial_state(other)
-        with self.assertRaisesRegex(ValueError, "location_prior=True is a term of the attention"):
+        with self.assertRaisesRegex(ValueError, "location_prior=True acts on attention"):
             AttentionDecoder(VOCAB, attention="none", location_prior=True)
 
     def test_unknown_start_state_is_refused(self):

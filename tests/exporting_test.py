@@ -14,8 +14,9 @@ from sat_tf import exporting, off_world
 from sat_tf.config import Config
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
+from sat_tf.inference import feature_encoder
 from sat_tf.model.encoder import ImageEncoder
-from sat_tf.model.show_attend_tell import build_model, feature_encoder
+from sat_tf.model.show_attend_tell import build_model
 
 
 def traced(model, vocab, spec):

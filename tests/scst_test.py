@@ -16,7 +16,6 @@ from sat_tf import preset
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model import losses, search
-from sat_tf.model import self_critical as scst
 from sat_tf.model.show_attend_tell import build_model
 from sat_tf.training import train_lib
 from sat_tf.training import workdir as workdir_lib
@@ -161,7 +160,7 @@ def test_log_likelihood_matches_the_sampling_loop(attention):
     )
     model.rewarder = lambda tokens, index: np.zeros(len(tokens), np.float32)
     settings = dataclasses.replace(model.self_critical, baseline="mean")
-    terms = scst.terms(
+    terms = losses.self_critical_terms(
         settings,
         model.decoder,
         model.decoding_step(),

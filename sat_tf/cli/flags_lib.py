@@ -82,9 +82,15 @@ def find_flagfile(name):
 
 class _FlagfileReader(flags.FlagValues):
     """absl's own flagfile reading (comments, nesting, `--flagfile NAME`, cycles), with
-    `find_flagfile` choosing the file a name means: the one thing absl cannot do, as it
-    opens every name from the working directory. `_get_flag_file_lines` is the method
-    through which absl opens each flagfile, the top one and every nested one."""
+    `find_flagfile` choosing the file a name means.
+
+    Why a private method: absl's public API (`read_flags_from_files`) opens every name
+    from the working directory, and the project's flagfiles name others by bare name
+    (configs/flickr8k_grid14.flags holds `--flagfile=flickr8k_lite.flags`), so the
+    lookup must run at every open, nested ones included; `_get_flag_file_lines` is the
+    one place absl opens a flagfile. Rewriting names before the parse would mean reading
+    the format a second time. setup.py pins absl-py below 3, and tests/cli_test.py holds
+    the result equal to absl's own reading of the same files by path."""
 
     def _get_flag_file_lines(self, filename, parsed_file_stack=None):
         if filename:

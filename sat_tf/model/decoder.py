@@ -35,6 +35,12 @@ from sat_tf.model import attention as attention_lib
 from sat_tf.model import step
 from sat_tf.model.fast import schedule
 
+# The arguments that `Config` fields of the same name give (`build_model`).
+FIELDS = tuple(
+    "embed_dim hidden_dim attention_dim attention attention_score dropout hard_gate "
+    "hard_decoding global_context start_state location_prior".split()
+)
+
 
 @keras.saving.register_keras_serializable(package="sat_tf")
 class AttentionDecoder(keras.layers.Layer):
@@ -83,12 +89,17 @@ class AttentionDecoder(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if attention not in ATTENTIONS:
-            raise ValueError(f"attention={attention!r} is not one of {ATTENTIONS}")
-        if attention_score not in attention_lib.SCORES:
-            raise ValueError(
-                f"attention_score={attention_score!r} is not one of {tuple(attention_lib.SCORES)}"
-            )
+        for name, value, choices in (
+            ("attention", attention, ATTENTIONS),
+            ("attention_score", attention_score, tuple(attention_lib.SCORES)),
+            ("hard_decoding", hard_decoding, HARD_DECODINGS),
+            ("start_state", start_state, START_STATES),
+        ):
+            if value not in choices:
+                raise ValueError(f"{name}={value!r} is not one of {choices}")
+        for name, given in (("global_context", global_context), ("location_prior", location_prior)):
+            if given and attention == "none":
+                raise ValueError(f"{name}=True acts on attention; attention='none' has none")
         self.vocab_size = vocab_size
         self.embed_dim = embed_dim
         self.hidden_dim = hidden_dim
@@ -97,23 +108,9 @@ class AttentionDecoder(keras.layers.Layer):
         self.attention_score = attention_score
         self.dropout = dropout
         self.hard_gate = bool(hard_gate) and attention == "hard"
-        if hard_decoding not in HARD_DECODINGS:
-            raise ValueError(f"hard_decoding={hard_decoding!r} is not one of {HARD_DECODINGS}")
         self.hard_decoding = hard_decoding
-        if global_context and attention == "none":
-            raise ValueError(
-                "global_context=True adds the mean annotation to an attended context; "
-                "attention='none' has no other context than that mean"
-            )
         self.global_context = bool(global_context)
-        if start_state not in START_STATES:
-            raise ValueError(f"start_state={start_state!r} is not one of {START_STATES}")
         self.start_state = start_state
-        if location_prior and attention == "none":
-            raise ValueError(
-                "location_prior=True is a term of the attention score; attention='none' "
-                "has no score"
-            )
         self.location_prior = bool(location_prior)
         # Switches of the fast schedule (`fast/schedule.py`): gated hard attention through
         # the fused recurrence, and the additive score through its compiled op. False
@@ -382,18 +379,5 @@ class AttentionDecoder(keras.layers.Layer):
         }
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "vocab_size": self.vocab_size,
-            "embed_dim": self.embed_dim,
-            "hidden_dim": self.hidden_dim,
-            "attention_dim": self.attention_dim,
-            "attention": self.attention,
-            "attention_score": self.attention_score,
-            "dropout": self.dropout,
-            "hard_gate": self.hard_gate,
-            "hard_decoding": self.hard_decoding,
-            "global_context": self.global_context,
-            "start_state": self.start_state,
-            "location_prior": self.location_prior,
-        }
+        fields = {name: getattr(self, name) for name in ("vocab_size", *FIELDS)}
+        return {**super().get_config(), **fields}

@@ -217,6 +217,23 @@ def _length_penalty(num_tokens: tf.Tensor, alpha: float) -> tf.Tensor:
     return tf.pow((5.0 + tf.cast(num_tokens, tf.float32)) / 6.0, alpha)
 
 
+def _select(scores, k, constraint=None):
+    """(scores, flat indices into S * V), both (B, S), of the extensions of `scores`
+    (B, S, V) that a beam of k keeps; with a `constraint` (B, V) the best k that hold none
+    of its words, then the best k that hold one (a score is -inf where a state had fewer
+    candidates than k)."""
+    shape = tf.shape(scores)
+    flat = [shape[0], shape[1] * shape[2]]
+    if constraint is None:
+        return tf.math.top_k(tf.reshape(scores, flat), k=k)
+    neg_inf = tf.constant(float("-inf"), tf.float32)
+    holds = tf.range(shape[1]) >= k  # (S,), the second state
+    enters = tf.logical_or(holds[None, :, None], constraint[:, None, :])  # (B, S, V)
+    without = tf.math.top_k(tf.reshape(tf.where(enters, neg_inf, scores), flat), k=k)
+    with_word = tf.math.top_k(tf.reshape(tf.where(enters, scores, neg_inf), flat), k=k)
+    return tf.concat([without[0], with_word[0]], 1), tf.concat([without[1], with_word[1]], 1)
+
+
 def beam_search(
     step_fn: StepFn,
     initial_state: Any,
@@ -284,19 +301,15 @@ def beam_search(
         attention (B, T, L). For n > 1: tokens (B, n, T), length (B, n),
         log_prob (B, n), attention (B, n, T, L).
     """
-    _check_positive("max_length", max_length)
-    _check_positive("beam_size", beam_size)
-    _check_positive("num_locations", num_locations)
-    _check_positive("num_return", num_return)
+    checked = dict(max_length=max_length, beam_size=beam_size, num_locations=num_locations)
+    for name, value in {**checked, "num_return": num_return}.items():
+        _check_positive(name, value)
     if num_return > beam_size:
         raise ValueError(f"num_return={num_return} must not exceed beam_size={beam_size}.")
     k = beam_size
     # Hypotheses per image: k, or k without a constraint word, then k with one.
     slots = k if constraint is None else 2 * k
     neg_inf = tf.constant(float("-inf"), tf.float32)
-
-    def tile(x):
-        return tf.repeat(x, slots, axis=0)
 
     def gather_beams(x, parent):
         return tf.gather(x, parent, batch_dims=1)
@@ -307,18 +320,6 @@ def beam_search(
         return tf.logical_and(t < max_length, tf.reduce_any(live))
 
     blocking = dict(block_repeats=block_repeats, bad_ending_ids=bad_ending_ids, end_id=end_id)
-
-    def select(scores, vocab_size):
-        """(scores, flat indices into slots * V), both (B, S), of the extensions kept;
-        a score is -inf where a state had fewer candidates than k."""
-        flat = [batch_size, slots * vocab_size]
-        if constraint is None:
-            return tf.math.top_k(tf.reshape(scores, flat), k=k)
-        holds = tf.range(slots) >= k  # (S,), the second state
-        enters = tf.logical_or(holds[None, :, None], constraint[:, None, :])  # (B, S, V)
-        without = tf.math.top_k(tf.reshape(tf.where(enters, neg_inf, scores), flat), k=k)
-        with_word = tf.math.top_k(tf.reshape(tf.where(enters, scores, neg_inf), flat), k=k)
-        return tf.concat([without[0], with_word[0]], 1), tf.concat([without[1], with_word[1]], 1)
 
     def body(t, tokens, state, finished, token_buf, attention_buf, length, log_prob):
         log_probs, state, alpha = _step(step_fn, tokens, state, num_locations)
@@ -331,7 +332,7 @@ def beam_search(
         step_log_probs = tf.where(finished[..., None], pad_only, log_probs)  # (B, S, V)
         candidates = log_prob[..., None] + step_log_probs  # (B, S, V)
         scores = candidates / _length_penalty(length + 1, length_penalty)[..., None]
-        kept, best = select(scores, vocab_size)
+        kept, best = _select(scores, k, constraint)
         parent = best // vocab_size
         next_tokens = best % vocab_size
         log_prob = gather_beams(tf.reshape(candidates, [batch_size, slots * vocab_size]), best)
@@ -364,7 +365,7 @@ def beam_search(
     loop_vars = (
         tf.constant(0),
         tf.fill([batch_size * slots], tf.constant(start_id, tf.int32)),
-        tf.nest.map_structure(tile, initial_state),
+        tf.nest.map_structure(lambda x: tf.repeat(x, slots, axis=0), initial_state),
         tf.zeros([batch_size, slots], tf.bool),
         tf.zeros([batch_size, slots, max_length], tf.int32),
         tf.zeros([batch_size, slots, max_length, num_locations], tf.float32),
@@ -373,19 +374,23 @@ def beam_search(
     )
     _, _, _, finished, tokens, attention, length, log_prob = tf.while_loop(cond, body, loop_vars)
 
-    num_tokens = length + tf.cast(finished, tf.int32)
-    final = log_prob / _length_penalty(num_tokens, length_penalty)  # (B, S)
-    if constraint is not None:
-        holds = tf.range(slots)[None] >= k  # (1, S)
+    final = DecodeResult(tokens, length, log_prob, attention)
+    return _best(final, finished, k, length_penalty, num_return, constrained=constraint is not None)
+
+
+def _best(hypotheses, finished, k, length_penalty, num_return, constrained):
+    """The `num_return` best of the (B, S) final hypotheses, best first; with a
+    constraint, from the second state (those that hold a constraint word) where any is
+    there. One drops the hypothesis axis."""
+    num_tokens = hypotheses.length + tf.cast(finished, tf.int32)
+    final = hypotheses.log_prob / _length_penalty(num_tokens, length_penalty)  # (B, S)
+    if constrained:
+        neg_inf = tf.constant(float("-inf"), tf.float32)
+        holds = tf.range(tf.shape(final)[1])[None] >= k  # (1, S)
         any_holds = tf.reduce_any(tf.logical_and(holds, final > neg_inf), axis=1)
         final = tf.where(tf.equal(holds, any_holds[:, None]), final, neg_inf)
     _, order = tf.math.top_k(final, k=num_return)
-    result = DecodeResult(
-        tokens=gather_beams(tokens, order),
-        length=gather_beams(length, order),
-        log_prob=gather_beams(log_prob, order),
-        attention=gather_beams(attention, order),
-    )
+    result = DecodeResult(*(tf.gather(x, order, batch_dims=1) for x in hypotheses))
     if num_return == 1:
         result = DecodeResult(*(tf.squeeze(x, axis=1) for x in result))
     return result

@@ -11,11 +11,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from sat_tf.backbones import tags as tags_lib
 from sat_tf.data import vocab as vocab_lib
+from sat_tf.model import decoder as decoder_lib
 from sat_tf.model import losses as losses_lib
 from sat_tf.model import search
-from sat_tf.model import self_critical as self_critical_lib
-from sat_tf.model import tags as tags_lib
 from sat_tf.model.decoder import AttentionDecoder
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.resumable import ResumableModel
@@ -35,7 +35,7 @@ class ShowAttendTell(ResumableModel):
       reinforce: dict of `losses.Settings` fields (hard attention, §4.1); None for
         the paper's.
       seed: seed of the hard-attention samples and of self-critical training's.
-      self_critical: dict of `self_critical.Settings` fields to train by self-critical
+      self_critical: dict of `losses.SelfCriticalSettings` fields to train by self-critical
         sequence training (its rewards come from `rewarder`, set before training);
         None for the cross-entropy objective.
     """
@@ -62,7 +62,7 @@ class ShowAttendTell(ResumableModel):
         self.seed = seed
         self.self_critical = None
         if self_critical is not None:
-            self.self_critical = self_critical_lib.Settings(**self_critical)
+            self.self_critical = losses_lib.SelfCriticalSettings(**self_critical)
         # `rewarder(tokens, image_index) -> rewards`, numpy in and out (`cider.Rewarder`):
         # the reward of self-critical training, given by the training loop.
         self.rewarder = None
@@ -192,19 +192,19 @@ class ShowAttendTell(ResumableModel):
         return terms
 
     def self_critical_terms(self, batch):
-        """`self_critical.terms` of a batch of images {"features" or "image",
+        """`losses.self_critical_terms` of a batch of images {"features" or "image",
         "image_index"}: K samples of each, rewarded by `self.rewarder`."""
         if self.rewarder is None:
             raise ValueError("self-critical training needs model.rewarder (the CIDEr-D reward)")
         # The encoder stays as it is (frozen, or not trained by this objective).
         features = tf.stop_gradient(self.encode(batch))
-        terms = self_critical_lib.terms(
+        terms = losses_lib.self_critical_terms(
             self.self_critical,
             self.decoder,
             self.decoding_step(),
             features,
             batch["image_index"],
-            self_critical_lib.sample_seed(self.seed_generator),
+            losses_lib.sample_seed(self.seed_generator),
             self.rewarder,
         )
         return {**terms, "loss": terms["objective"]}
@@ -364,22 +364,6 @@ class ShowAttendTell(ResumableModel):
         }
 
 
-# Config fields that are the decoder's arguments of the same name.
-DECODER_FIELDS = (
-    "embed_dim",
-    "hidden_dim",
-    "attention_dim",
-    "attention",
-    "attention_score",
-    "dropout",
-    "hard_gate",
-    "hard_decoding",
-    "global_context",
-    "start_state",
-    "location_prior",
-)
-
-
 def build_model(config, vocab_size, feature_shape=None, grid=None, load_encoder_weights=True):
     """Builds a `ShowAttendTell` from a `Config`.
 
@@ -401,7 +385,7 @@ def build_model(config, vocab_size, feature_shape=None, grid=None, load_encoder_
         },
         seed=config.seed,
         self_critical=dataclasses.asdict(
-            self_critical_lib.Settings(
+            losses_lib.SelfCriticalSettings(
                 config.scst_samples, config.scst_baseline, config.max_caption_length
             )
         )
@@ -421,7 +405,7 @@ def build_model(config, vocab_size, feature_shape=None, grid=None, load_encoder_
         )
         encoder.trainable = config.fine_tune_encoder or weights is None
     decoder = AttentionDecoder(
-        vocab_size, name="decoder", **{f: getattr(config, f) for f in DECODER_FIELDS}
+        vocab_size, name="decoder", **{f: getattr(config, f) for f in decoder_lib.FIELDS}
     )
     if config.use_feature_cache:
         if grid is None:
@@ -432,31 +416,3 @@ def build_model(config, vocab_size, feature_shape=None, grid=None, load_encoder_
         model = ShowAttendTell(decoder, encoder=encoder, **kwargs)
     model.build()
     return model
-
-
-def feature_encoder(model, config):
-    """The encoder whose features the model reads: its own, or for a model trained on
-    cached features the backbone that produced them, rebuilt from `config` (for
-    captioning images with it, and for the export).
-
-    Raises:
-      ValueError: when the backbone cannot be rebuilt or its features do not fit.
-    """
-    if model.encoder is not None:
-        return model.encoder
-    if not config.encoder_weights:
-        raise ValueError(
-            "the model reads cached features of a randomly initialised encoder; the "
-            "images need the encoder that made them (--encoder_weights of the run)"
-        )
-    encoder = ImageEncoder(config.encoder, config.image_size, config.encoder_weights)
-    encoder.build((None, config.image_size, config.image_size, 3))  # the export tracks it
-    height, width, depth = encoder.feature_grid()
-    if depth != model.feature_dim or (
-        model.grid and height * width != model.grid[0] * model.grid[1]
-    ):
-        raise ValueError(
-            f"encoder {config.encoder} at {config.image_size} gives {height}x{width}x{depth} "
-            f"features; the model was trained on {model.grid} x {model.feature_dim}"
-        )
-    return encoder
