@@ -857,10 +857,9 @@ import sys
 
 import numpy as np
 
-from sat_tf import preset
+from sat_tf import inference
 from sat_tf.data import image_io
 from sat_tf.inference import feature_encoder
-from sat_tf.training import scoring
 
 photo, names = sys.argv[1], sys.argv[2:]
 captions = {}
