@@ -272,3 +272,7 @@ def main(argv=None):
       skipped.
     """
     return run(_main, FLAGS, argv, __doc__)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -277,3 +277,7 @@ def main(argv=None):
       the exit status.
     """
     return run(_main, FLAGS, argv, __doc__)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

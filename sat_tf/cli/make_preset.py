@@ -104,3 +104,7 @@ def main(argv=None):
     """
     argv = list(sys.argv if argv is None else argv)
     return run(lambda rest: _main(rest, _command(argv)), FLAGS, argv, __doc__)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

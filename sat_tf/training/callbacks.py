@@ -71,14 +71,14 @@ class EvaluationCallback(keras.callbacks.Callback):
                 tf.summary.text(f"caption/{record.image_id}", " ".join(res["words"]))
         logging.info(
             "epoch %d: val BLEU-4 %.4f CIDEr %.4f, bad endings %.3f, %d distinct words, "
-            "mean length %.2f %s (%.1fs); e.g. %r",
+            "mean length %.2f%s (%.1fs); e.g. %r",
             epoch + 1,
             scores["BLEU-4"],
             scores["CIDEr"],
             scores["bad_ending_rate"],
             scores["distinct_words"],
             scores["mean_length"],
-            {k: round(v, 4) for k, v in scores.items() if k.endswith("accuracy")},
+            "".join(f", {k} {v:.4f}" for k, v in scores.items() if k.endswith("accuracy")),
             time.time() - start,
             " ".join(results[0]["words"]),
         )
