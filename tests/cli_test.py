@@ -59,11 +59,11 @@ def run_main(main, *argv, cwd=None):
     return code, out.getvalue(), err.getvalue()
 
 
-def printed_line(path, caption):
-    """The first line sat-caption prints for a photo the preset sees as in-world."""
-    assert not caption.off_world, path
+def assert_printed_line(test, line, path, caption):
+    """sat-caption's first line for a photo: path, caption, its tag, and the off-world mark."""
     tag = f"  [tag: {caption.tag}, {caption.tag_prob:.2f}]" if caption.tag else ""
-    return f"{path}: {caption.text}{tag}"
+    test.assertStartsWith(line, f"{path}: {caption.text}{tag}")
+    test.assertEqual("[off-world photo: score" in line, caption.off_world, line)
 
 
 def declared_entry_points():
@@ -230,7 +230,7 @@ class CaptionCommandTest(tf.test.TestCase):
         code, stdout, stderr = run_main(caption_cli.main, *args, cwd=self.dir)
         self.assertEqual(code, 0, stderr)
         (want,) = sat_tf.Captioner.from_preset(name).caption(os.path.join(self.dir, "photo.jpg"))
-        self.assertEqual(stdout.splitlines()[0], printed_line("photo.jpg", want))
+        assert_printed_line(self, stdout.splitlines()[0], "photo.jpg", want)
         if any(a.startswith("--visualize=") for a in args):
             self.assertNotEmpty(os.listdir(os.path.join(self.dir, "pictures")))
 
@@ -310,7 +310,7 @@ class CaptionCommandTest(tf.test.TestCase):
         code, stdout, stderr = run_main(caption_cli.main, "sat-caption", self.good[0])
         self.assertEqual(code, 0, stderr)
         (want,) = sat_tf.Captioner.from_preset(caption_cli.DEFAULT_PRESET).caption(self.good[0])
-        self.assertStartsWith(stdout, printed_line(self.good[0], want) + "\n")
+        assert_printed_line(self, stdout.splitlines()[0], self.good[0], want)
         self.assertIn(caption_cli.DEFAULT_PRESET, caption_cli.__doc__)
 
     def test_no_arguments_and_bad_flags_exit_1(self):
