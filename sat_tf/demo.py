@@ -383,6 +383,60 @@ def _asset(name: str) -> bytes:
     return (resources.files("sat_tf") / "demo_assets" / name).read_bytes()
 
 
+def _error(message, status):
+    """A JSON error answer: `{"error": message}` with the HTTP status."""
+    return flask.jsonify(error=message), status
+
+
+def _info(captioners, limits, samples):
+    """The body of `GET /api/info`: the decodings, limits, samples and model."""
+    first = captioners[0]
+    return {
+        "decodings": [
+            {"beam_size": c.beam_size, "name": c.name, "export": c.path}
+            for c in sorted(captioners, key=lambda c: c.beam_size)
+        ],
+        "limits": dataclasses.asdict(limits),
+        "samples": [
+            {"name": os.path.basename(p), "url": f"/samples/{i}"} for i, p in enumerate(samples)
+        ],
+        "model": {
+            "image_size": first.info["image_size"],
+            "grid": list(first.grid),
+            "attention": first.info.get("config", {}).get("attention"),
+            "vocab_size": first.info["vocab_size"],
+        },
+    }
+
+
+def _handle_errors(app, limits):
+    """Makes every error of `app` one JSON line with a 4xx or 5xx status: a refused
+    image 400, an upload over `limits.max_bytes` 413, other HTTP errors their own, and
+    anything else 500 (logged)."""
+
+    @app.errorhandler(ImageError)
+    def bad_image(e):
+        return _error(str(e), 400)
+
+    @app.errorhandler(exceptions.RequestEntityTooLarge)
+    def too_large(e):
+        size = flask.request.content_length
+        got = f" is {_megabytes(size)}" if size else " is too large"
+        return _error(
+            f"the upload{got}; the demo takes images up to {_megabytes(limits.max_bytes)}", 413
+        )
+
+    @app.errorhandler(exceptions.HTTPException)
+    def http_error(e):
+        return _error(f"{e.code} {e.name}: {flask.request.method} {flask.request.path}", e.code)
+
+    @app.errorhandler(Exception)
+    def internal_error(e):
+        _log.exception("demo request %s failed", flask.request.path)
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        return _error(f"internal error: {type(e).__name__}: {first}", 500)
+
+
 def create_app(
     captioners: Sequence[ExportedCaptioner],
     samples: Sequence[str] = (),
@@ -417,9 +471,6 @@ def create_app(
     app = flask.Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = limits.max_bytes + _FORM_OVERHEAD
 
-    def error(message, status):
-        return flask.jsonify(error=message), status
-
     @app.get("/")
     def index():
         return flask.Response(assets["index.html"], mimetype=ASSETS["index.html"])
@@ -434,28 +485,12 @@ def create_app(
 
     @app.get("/api/info")
     def info():
-        first = captioners[0]
-        return flask.jsonify(
-            decodings=[
-                {"beam_size": c.beam_size, "name": c.name, "export": c.path}
-                for c in sorted(captioners, key=lambda c: c.beam_size)
-            ],
-            limits=dataclasses.asdict(limits),
-            samples=[
-                {"name": os.path.basename(p), "url": f"/samples/{i}"} for i, p in enumerate(samples)
-            ],
-            model={
-                "image_size": first.info["image_size"],
-                "grid": list(first.grid),
-                "attention": first.info.get("config", {}).get("attention"),
-                "vocab_size": first.info["vocab_size"],
-            },
-        )
+        return flask.jsonify(_info(captioners, limits, samples))
 
     @app.get("/samples/<int:index>")
     def sample(index):
         if index >= len(samples):
-            return error(f"there is no sample {index}; the demo has {len(samples)}", 404)
+            return _error(f"there is no sample {index}; the demo has {len(samples)}", 404)
         return flask.send_file(os.path.abspath(samples[index]))
 
     @app.post("/api/caption")
@@ -471,28 +506,7 @@ def create_app(
         page = caption_page(by_beam[int(beam)], upload.read(), name, limits, model_lock)
         return flask.jsonify(page)
 
-    @app.errorhandler(ImageError)
-    def bad_image(e):
-        return error(str(e), 400)
-
-    @app.errorhandler(exceptions.RequestEntityTooLarge)
-    def too_large(e):
-        size = flask.request.content_length
-        got = f" is {_megabytes(size)}" if size else " is too large"
-        return error(
-            f"the upload{got}; the demo takes images up to {_megabytes(limits.max_bytes)}", 413
-        )
-
-    @app.errorhandler(exceptions.HTTPException)
-    def http_error(e):
-        return error(f"{e.code} {e.name}: {flask.request.method} {flask.request.path}", e.code)
-
-    @app.errorhandler(Exception)
-    def internal_error(e):
-        _log.exception("demo request %s failed", flask.request.path)
-        first = (str(e).strip().splitlines() or [""])[0][:300]
-        return error(f"internal error: {type(e).__name__}: {first}", 500)
-
+    _handle_errors(app, limits)
     return app
 
 

@@ -37,7 +37,7 @@ from tensorflow.lite.tools import flatbuffer_utils
 from sat_tf import files, inference
 from sat_tf import off_world as off_world_lib
 from sat_tf.backbones import tags
-from sat_tf.data import image_io
+from sat_tf.data import graph_admission, image_io
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.inference import feature_encoder
 
@@ -105,10 +105,12 @@ def decode_images(
     image_bytes, image_size, crop_fraction, max_image_pixels=image_io.MAX_IMAGE_PIXELS
 ):
     """A batch of encoded images -> (pixels (N, S, S, 3) float32, status int32 (N,),
-    error string (N,)): `image_io.decode_images_admitted`. Each image is admitted from
+    error string (N,)): `graph_admission.decode_images_admitted`. Each image is admitted from
     its header and decoded on its own, so a request may mix sizes and formats and one
     bad image (zeros, its status and reason) does not fail the others."""
-    return image_io.decode_images_admitted(image_bytes, image_size, crop_fraction, max_image_pixels)
+    return graph_admission.decode_images_admitted(
+        image_bytes, image_size, crop_fraction, max_image_pixels
+    )
 
 
 def blank_refused(outputs, status):

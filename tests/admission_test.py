@@ -1,6 +1,7 @@
-"""Tests for image admission (sat_tf.data.image_io.admit / read_header_tf): sizes read
-from headers against Pillow's, bombs refused before decoding, every refusal worded in
-one line, and the graph's walk giving the Python walk's answers."""
+"""Tests for image admission (sat_tf.data.image_io.admit, and in a graph
+graph_admission.read_header_tf): sizes read from headers against Pillow's, bombs refused
+before decoding, every refusal worded in one line, and the graph's walk giving the Python
+walk's answers."""
 
 import io
 import os
@@ -15,13 +16,13 @@ import tensorflow as tf
 from absl.testing import parameterized
 from PIL import Image
 
-from sat_tf.data import image_io
+from sat_tf.data import graph_admission, image_io
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TF_INTERNALS = ("{{function_node", "[Op:", "Traceback", "node ")
 
 
-_graph_header = tf.function(image_io.read_header_tf)
+_graph_header = tf.function(graph_admission.read_header_tf)
 
 
 def encode(fmt, width=40, height=30, **kwargs):
@@ -205,9 +206,9 @@ class DecodeTest(tf.test.TestCase):
     def test_a_batch_gives_a_status_and_an_error_per_image(self):
         good = encode("PNG", 12, 10)
         batch = [good, png_bomb(), b"text", encode("JPEG", 64, 64)[:400], b"", good]
-        pixels, status, error = tf.function(lambda b: image_io.decode_images_admitted(b, 8, 1.0))(
-            tf.constant(batch)
-        )
+        pixels, status, error = tf.function(
+            lambda b: graph_admission.decode_images_admitted(b, 8, 1.0)
+        )(tf.constant(batch))
         self.assertAllEqual(status, [0, 4, 2, 3, 1, 0])
         expected = image_io.decode_image(tf.constant(good), 8, 1.0)
         self.assertAllClose(pixels[0], expected)
@@ -235,14 +236,14 @@ class BombMemoryTest(tf.test.TestCase):
             import tensorflow as tf
             sys.path.insert(0, "tests")
             from admission_test import png_bomb
-            from sat_tf.data import image_io
+            from sat_tf.data import graph_admission, image_io
             data = png_bomb()
             before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             try:
                 image_io.decode_admitted(data, "bomb.png", 224)
             except image_io.ImageError as e:
                 assert e.status == image_io.TOO_MANY_PIXELS, e
-            _, status, _ = tf.function(lambda b: image_io.decode_images_admitted(b, 224))(
+            _, status, _ = tf.function(lambda b: graph_admission.decode_images_admitted(b, 224))(
                 tf.constant([data, data])
             )
             assert status.numpy().tolist() == [4, 4], status

@@ -17,7 +17,7 @@ import tensorflow as tf
 from hypothesis import strategies as st
 from PIL import Image
 
-from sat_tf.data import image_io, shapes
+from sat_tf.data import graph_admission, image_io, shapes
 
 SIZE = 16
 # Small enough that anything admitted decodes in a few tens of megabytes.
@@ -67,9 +67,9 @@ def hostile_bytes(draw):
     return bytes(data[:start] + draw(st.binary(max_size=32)) + data[start + cut :])
 
 
-_graph_header = tf.function(image_io.read_header_tf)
+_graph_header = tf.function(graph_admission.read_header_tf)
 _graph_batch = tf.function(
-    lambda batch: image_io.decode_images_admitted(batch, SIZE, 1.0, max_image_pixels=LIMIT),
+    lambda batch: graph_admission.decode_images_admitted(batch, SIZE, 1.0, max_image_pixels=LIMIT),
     input_signature=[tf.TensorSpec([None], tf.string)],
 )
 

@@ -41,14 +41,6 @@ MODEL_CODE_LINES = 1175
 MODULE_CODE_LINES = 450
 CLASS_CODE_LINES = 300
 FUNCTION_CODE_LINES = 80  # outside model/fast/
-# Over a limit today, named with why; whoever next changes one splits it and removes it.
-OVER_LIMIT = {
-    "sat_tf/data/image_io.py": "the image headers read in Python and again in TF ops",
-    "sat_tf/data/image_io.py::read_header_tf": "one tf.while_loop over every format",
-    "sat_tf/cli/grounding.py::_main": "the grounding and naming reports of one command",
-    "sat_tf/cli/caption.py::_main": "the images, tags and off-world flags of one command",
-    "sat_tf/demo.py::create_app": "the Flask routes of the page, one closure each",
-}
 
 
 def code_lines(source):
@@ -89,7 +81,7 @@ def sizes(package_root):
 
 
 def size_problems(package_root):
-    """Every size over its limit, as lines (`OVER_LIMIT` excepted)."""
+    """Every size over its limit, as lines."""
     problems = []
     model = {}
     for name, lines in sizes(package_root).items():
@@ -99,8 +91,6 @@ def size_problems(package_root):
         )
         if in_model and not inner:
             model[module] = lines
-        if name in OVER_LIMIT:
-            continue
         if not inner:
             limit = MODULE_CODE_LINES
         elif isinstance(_kind(package_root, module, inner), ast.ClassDef):
@@ -246,14 +236,6 @@ def test_the_package_imports_one_way():
 
 def test_sizes_stay_within_their_limits():
     assert size_problems(os.path.join(ROOT, "sat_tf")) == []
-
-
-def test_the_exceptions_are_still_needed():
-    found = sizes(os.path.join(ROOT, "sat_tf"))
-    for name in OVER_LIMIT:
-        module, _, inner = name.partition("::")
-        limit = FUNCTION_CODE_LINES if inner else MODULE_CODE_LINES
-        assert found.get(name, 0) > limit, f"{name} is within its limit: remove it from OVER_LIMIT"
 
 
 def test_code_lines_leave_out_docstrings_comments_and_blank_lines():

@@ -179,6 +179,44 @@ def _off_world_note(captioner, caption):
     )
 
 
+def _load_images(captioner, paths, progress):
+    """(the paths read, their pixels); each one that cannot be read is reported."""
+    read, pixels = [], []
+    for path in paths:
+        try:
+            pixels.append(captioner.load_image(path))
+            read.append(path)
+        except ValueError as e:
+            progress.report(e)
+    return read, pixels
+
+
+def _show(captioner, path, caption, picture):
+    """Prints the caption, its tag and off-world note, and where it looked; writes its
+    attention picture with --visualize."""
+    tagged = f"  [tag: {caption.tag}, {caption.tag_prob:.2f}]" if caption.tag else ""
+    print(f"{path}: {caption.text}{tagged}{_off_world_note(captioner, caption)}")
+    print(captioner.attention_summary(caption))
+    if FLAGS.visualize:
+        _write_picture(captioner, caption, picture)
+
+
+def _record(path, caption):
+    """The --output line of one caption, a dict."""
+    record = {
+        "path": path,
+        "caption": caption.text,
+        "tokens": caption.tokens.tolist(),
+        "score": caption.score,
+    }
+    if caption.tag_prob is not None:
+        record["tag"], record["tag_prob"] = caption.tag, caption.tag_prob
+    if caption.off_world_score is not None:
+        record["off_world_score"] = caption.off_world_score
+        record["off_world"] = caption.off_world
+    return record
+
+
 def _main(argv):
     if len(argv) < 2:
         raise ValueError("give one or more image files, folders or globs to caption")
@@ -211,38 +249,18 @@ def _main(argv):
     failed, captioned = len(problems), 0
     try:
         for start in range(0, len(paths), FLAGS.batch_size):
-            chunk, pixels = [], []
-            for path in paths[start : start + FLAGS.batch_size]:
-                try:
-                    pixels.append(captioner.load_image(path))
-                    chunk.append(path)
-                except ValueError as e:
-                    progress.report(e)
-                    failed += 1
+            batch = paths[start : start + FLAGS.batch_size]
+            chunk, pixels = _load_images(captioner, batch, progress)
+            failed += len(batch) - len(chunk)
             captions = captioner.caption_pixels(pixels, beam_size) if chunk else []
             for path, caption in zip(chunk, captions, strict=True):
-                tagged = f"  [tag: {caption.tag}, {caption.tag_prob:.2f}]" if caption.tag else ""
-                print(f"{path}: {caption.text}{tagged}{_off_world_note(captioner, caption)}")
-                print(captioner.attention_summary(caption))
-                if FLAGS.visualize:
-                    _write_picture(captioner, caption, pictures[path])
+                _show(captioner, path, caption, pictures[path])
                 if output:
-                    record = {
-                        "path": path,
-                        "caption": caption.text,
-                        "tokens": caption.tokens.tolist(),
-                        "score": caption.score,
-                    }
-                    if caption.tag_prob is not None:
-                        record["tag"], record["tag_prob"] = caption.tag, caption.tag_prob
-                    if caption.off_world_score is not None:
-                        record["off_world_score"] = caption.off_world_score
-                        record["off_world"] = caption.off_world
-                    output.write(json.dumps(record) + "\n")
+                    output.write(json.dumps(_record(path, caption)) + "\n")
                 captioned += 1
             if output:
                 output.flush()
-            progress.add(len(paths[start : start + FLAGS.batch_size]))
+            progress.add(len(batch))
     finally:
         if output:
             output.close()

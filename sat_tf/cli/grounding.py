@@ -183,10 +183,12 @@ def _naming(photos, captions, coco_dir):
     return result
 
 
-def _main(argv):
-    if len(argv) > 1:
-        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
-    beam_size = override(FLAGS, "beam_size")
+def _check_flags():
+    """The flag naming the model (`workdir`, `preset` or `export`), in a list of one.
+
+    Raises:
+      ValueError: flags that are missing or cannot act together, named.
+    """
     given = [name for name in ("workdir", "preset", "export") if FLAGS[name].value]
     if len(given) != 1:
         raise ValueError(
@@ -199,11 +201,7 @@ def _main(argv):
         raise ValueError("--store_in_preset records the scores of generated captions only")
     if FLAGS.num_photos < 0 or FLAGS.batch_size < 1:
         raise ValueError("--num_photos must be >= 0 and --batch_size >= 1")
-    photos = coco_photos.load_coco_dir(FLAGS.coco_dir)
-    if FLAGS.num_photos:
-        photos = photos[: FLAGS.num_photos]
-    reference = FLAGS.captions == "reference"
-    if reference:
+    if FLAGS.captions == "reference":
         for name in ("export", "beam_size", "length_penalty"):
             if FLAGS[name].value is not None:
                 raise ValueError(
@@ -217,6 +215,53 @@ def _main(argv):
                     f"--export={FLAGS.export} decodes as its graph was exported; leave out "
                     f"--{name}={FLAGS[name].value} or export again with it"
                 )
+    return given
+
+
+def _write_output(source, about, geometry, seconds, result, captions):
+    """--output: the scores, the settings and every caption, as JSON."""
+    files.write_json(
+        FLAGS.output,
+        {
+            "source": source,
+            **about,
+            "coco_dir": FLAGS.coco_dir,
+            "geometry": {
+                "image_size": geometry.image_size,
+                "crop_fraction": geometry.crop_fraction,
+                "grid": list(geometry.grid),
+            },
+            "seconds": round(seconds, 1),
+            **result,
+            "captions": captions,
+        },
+        indent=1,
+    )
+    print(f"wrote {FLAGS.output}")
+
+
+def _store_in_preset(result, about):
+    """--store_in_preset: the overall scores into the preset's metadata."""
+    folder = preset.resolve(FLAGS.preset)
+    about_run = {
+        "coco_dir": os.path.basename(os.path.normpath(FLAGS.coco_dir)),
+        "beam_size": about["beam_size"],
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    publish.store_grounding(folder, result, about_run)
+    print(f"stored the grounding scores in {os.path.join(folder, preset.METADATA_FILE)}")
+
+
+def _main(argv):
+    if len(argv) > 1:
+        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    beam_size = override(FLAGS, "beam_size")
+    given = _check_flags()
+    photos = coco_photos.load_coco_dir(FLAGS.coco_dir)
+    if FLAGS.num_photos:
+        photos = photos[: FLAGS.num_photos]
+    reference = FLAGS.captions == "reference"
+    if FLAGS.export:
         caption_batch, geometry, about = _export_captioner(FLAGS.export, beam_size)
     else:
         captioner = api.Captioner(*load_model(FLAGS), batch_size=FLAGS.batch_size)
@@ -241,33 +286,9 @@ def _main(argv):
     if not reference:
         result["naming"] = _naming(photos, captions, FLAGS.coco_dir)
     if FLAGS.output:
-        files.write_json(
-            FLAGS.output,
-            {
-                "source": source,
-                **about,
-                "coco_dir": FLAGS.coco_dir,
-                "geometry": {
-                    "image_size": geometry.image_size,
-                    "crop_fraction": geometry.crop_fraction,
-                    "grid": list(geometry.grid),
-                },
-                "seconds": round(seconds, 1),
-                **result,
-                "captions": captions,
-            },
-            indent=1,
-        )
-        print(f"wrote {FLAGS.output}")
+        _write_output(source, about, geometry, seconds, result, captions)
     if FLAGS.store_in_preset:
-        folder = preset.resolve(FLAGS.preset)
-        about_run = {
-            "coco_dir": os.path.basename(os.path.normpath(FLAGS.coco_dir)),
-            "beam_size": about["beam_size"],
-            "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        }
-        publish.store_grounding(folder, result, about_run)
-        print(f"stored the grounding scores in {os.path.join(folder, preset.METADATA_FILE)}")
+        _store_in_preset(result, about)
 
 
 def main(argv=None):

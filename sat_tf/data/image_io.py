@@ -2,7 +2,7 @@
 anything is decoded), decoding (JPEG, PNG, GIF, BMP, WebP), EXIF orientation read with
 TensorFlow ops, the paper's resize and centre crop (§5.4), and checks that name an
 unreadable file. One `decode_image` serves training, captioning and export; one admission
-rule (`read_header` in Python, `read_header_tf` in a graph, the same walk) guards every
+rule (`read_header` here, `graph_admission.read_header_tf` in a graph, the same walk) guards every
 path that decodes bytes from outside: a small file that declares a huge image (a
 "decompression bomb") is refused with a one-line message before a pixel is allocated.
 """
@@ -22,14 +22,14 @@ FORMATS_TEXT = "JPEG, PNG, GIF, BMP or WebP"
 # The status of one image (the SavedModel's `status` output), and each one's name.
 OK, EMPTY, NOT_AN_IMAGE, CORRUPT, TOO_MANY_PIXELS = 0, 1, 2, 3, 4
 STATUS_NAMES = ("ok", "empty", "not an image", "corrupt", "too many pixels")
-# The formats read, by the index `read_header_tf` reports; a WebP file is RIFF....WEBP.
+# The formats read, by the index `read_header` gives; a WebP file is RIFF....WEBP.
 HEADER_FORMATS = ("JPEG", "PNG", "GIF", "BMP", "WebP")
-_SIGNATURES = ((b"\xff\xd8\xff",), (b"\x89PNG\r\n\x1a\n",), (b"GIF87a", b"GIF89a"), (b"BM",))
-_WEBP = 4
+SIGNATURES = ((b"\xff\xd8\xff",), (b"\x89PNG\r\n\x1a\n",), (b"GIF87a", b"GIF89a"), (b"BM",))
+WEBP = 4
 # JPEG segments, or GIF blocks and sub-blocks, walked at most: a header not found within
 # them is called corrupt (a real JPEG reaches its SOF in a few dozen segments; a GIF has
 # one sub-block per 255 bytes, so 16 MB of GIF fit).
-_MAX_STEPS = 1 << 16
+MAX_STEPS = 1 << 16
 # Start-of-frame markers of every JPEG coding (baseline, extended, progressive, lossless,
 # arithmetic): C0-CF but DHT (C4), JPG (C8) and DAC (CC).
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -350,7 +350,7 @@ def _jpeg_size(data):
     """(width, height) of the first start-of-frame segment, walking segment by segment
     from SOI as libjpeg does; None when the walk meets anything else first."""
     n, pos = len(data), 2
-    for _ in range(_MAX_STEPS):
+    for _ in range(MAX_STEPS):
         marker = data[pos + 1] if pos + 1 < n else 0
         if pos + 4 > n or data[pos] != 0xFF or marker in (0x00, 0xD8, 0xD9, 0xDA):
             return None
@@ -369,12 +369,12 @@ def _jpeg_size(data):
 
 def _gif_frames(data):
     """(frames, pixels of all frames) of a GIF, walking its blocks as giflib does; None
-    when no frame is found within `_MAX_STEPS`. Like TensorFlow's decoder (which keeps
+    when no frame is found within `MAX_STEPS`. Like TensorFlow's decoder (which keeps
     what giflib read before an error), a file cut after a frame began still counts it."""
     n = len(data)
     table = data[10] & 0x80 and 3 << ((data[10] & 7) + 1)
     pos, frames, pixels, in_blocks = 13 + table, 0, 0, False
-    for _ in range(_MAX_STEPS):
+    for _ in range(MAX_STEPS):
         if pos >= n:
             break
         if in_blocks:  # a sub-block: its size, then that many bytes; size 0 ends them
@@ -397,7 +397,7 @@ def _gif_frames(data):
 def read_header(data: bytes):
     """(status, header): status `OK` with an `ImageHeader`, else `EMPTY`,
     `NOT_AN_IMAGE` (also an animated WebP, which TensorFlow's decoder cannot read) or
-    `CORRUPT` with None. The walk `read_header_tf` repeats in a graph."""
+    `CORRUPT` with None. The walk `graph_admission.read_header_tf` repeats in a graph."""
     if not data:
         return EMPTY, None
     index = _read_format(data)
@@ -494,7 +494,7 @@ def admit(data: bytes, name: str, max_image_pixels: int = MAX_IMAGE_PIXELS) -> I
     status, header = read_header(data)
     if status == EMPTY:
         raise ImageError(f"{name} is empty (0 bytes)", EMPTY)
-    if status == NOT_AN_IMAGE and _read_format(data) == _WEBP:
+    if status == NOT_AN_IMAGE and _read_format(data) == WEBP:
         raise ImageError(
             f"{name} ({len(data)} bytes) is an animated WebP; sat_tf reads still WebP images "
             "(TensorFlow's decoder cannot read animated ones)",
@@ -518,16 +518,9 @@ def admit(data: bytes, name: str, max_image_pixels: int = MAX_IMAGE_PIXELS) -> I
 def _read_format(data):
     """The index in `HEADER_FORMATS` of the format `data` starts like, or -1."""
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return _WEBP
-    found = [i for i, signatures in enumerate(_SIGNATURES) if data.startswith(signatures)]
+        return WEBP
+    found = [i for i, signatures in enumerate(SIGNATURES) if data.startswith(signatures)]
     return found[0] if found else -1
-
-
-def admits(data, max_image_pixels: int = MAX_IMAGE_PIXELS):
-    """Scalar bool tensor: whether `admit` takes the bytes (`read_header_tf` in a graph),
-    for a `tf.data` filter before decoding."""
-    header = read_header_tf(data)
-    return tf.equal(header["status"], OK) & (header["pixels"] <= max_image_pixels)
 
 
 _HEADER_BYTES = 1 << 18
@@ -583,284 +576,3 @@ def decode_admitted(
         return decode_image(tf.constant(data), image_size, crop_fraction)
     except tf.errors.OpError:
         raise ImageError(_corrupt(name, len(data), header.format), CORRUPT) from None
-
-
-@tf.autograph.experimental.do_not_convert
-def read_header_tf(data):
-    """`admit`'s header walk in TensorFlow ops, for a graph (the SavedModel): the same
-    signatures, the same JPEG segment and GIF block walk, the same answers.
-
-    Args:
-      data: scalar string tensor of encoded bytes.
-
-    Returns:
-      {"status": `OK`, `EMPTY`, `NOT_AN_IMAGE` or `CORRUPT`, "format": index in
-      `HEADER_FORMATS` (-1: none), "width", "height", "frames", "pixels" (the count the
-      limit applies to)}: int64 scalars.
-    """
-    data = tf.reshape(data, [])
-    n = tf.strings.length(data, unit="BYTE")
-    n = tf.cast(n, tf.int64)
-    padded = data + b"\0" * 32  # reads past the end give zeros, as in `_uint`
-    raw = tf.io.decode_raw(padded, tf.uint8)
-    last = tf.cast(tf.size(raw), tf.int64) - 1
-
-    def uint(pos, width, little):
-        """As `_uint`: bytes past the end read as 0."""
-        place = tf.range(width, dtype=tf.int64)
-        at = tf.clip_by_value(pos + place, 0, last)
-        weights = 256 ** (place if little else width - 1 - place)
-        return tf.reduce_sum(tf.cast(tf.gather(raw, at), tf.int64) * weights)
-
-    def where(condition, x, y):
-        return tf.where(condition, tf.cast(x, tf.int64), tf.cast(y, tf.int64))
-
-    def byte(pos):
-        return uint(pos, 1, True)
-
-    def table(flags):
-        """Bytes of a GIF colour table that `flags` announces."""
-        return where(flags >= 0x80, 3 * 2 ** (flags % 8 + 1), tf.constant(0, tf.int64))
-
-    zero = tf.constant(0, tf.int64)
-
-    def jpeg():
-        def body(pos, steps, state):
-            marker = byte(pos + 1)
-            bad = (pos + 4 > n) | (byte(pos) != 0xFF)
-            bad |= tf.reduce_any(tf.equal(marker, [0x00, 0xD8, 0xD9, 0xDA]))
-            fill = tf.equal(marker, 0xFF)
-            sof = (marker >= 0xC0) & (marker <= 0xCF)
-            sof &= ~tf.reduce_any(tf.equal(marker, [0xC4, 0xC8, 0xCC]))
-            bare = tf.equal(marker, 0x01) | ((marker >= 0xD0) & (marker <= 0xD7))
-            length = uint(pos + 2, 2, False)
-            bad |= ~fill & ~sof & ~bare & (length < 2)
-            step = where(fill, 1, where(bare, 2, 2 + length))
-            state = where(bad, 2, where(fill, 0, where(sof, 1, 0)))
-            return where(state == 1, pos, pos + step), steps + 1, tf.cast(state, tf.int64)
-
-        pos, _, state = tf.while_loop(
-            lambda pos, steps, state: tf.equal(state, 0) & (steps < _MAX_STEPS),
-            body,
-            (tf.constant(2, tf.int64), zero, zero),
-        )
-        found = tf.equal(state, 1)
-        width = where(found, uint(pos + 7, 2, False), 0)
-        return width, where(found, uint(pos + 5, 2, False), 0), zero + 1, zero
-
-    def png():
-        header = tf.equal(tf.strings.substr(padded, 12, 4), b"IHDR")
-        width = where(header, uint(16, 4, False), 0)
-        return width, where(header, uint(20, 4, False), 0), zero + 1, zero
-
-    def gif():
-        def walk(pos, steps, in_blocks, done, frames, pixels):
-            value = byte(pos)
-            end = pos >= n
-            extension = ~end & ~in_blocks & tf.equal(value, 0x21)
-            frame = ~end & ~in_blocks & tf.equal(value, 0x2C) & (pos + 10 <= n)
-            sub_block = ~end & in_blocks
-            done = ~(sub_block | extension | frame)
-            area = uint(pos + 5, 2, True) * uint(pos + 7, 2, True)
-            next_pos = where(
-                sub_block,
-                pos + 1 + value,
-                where(extension, pos + 2, pos + 11 + table(byte(pos + 9))),
-            )
-            return (
-                where(done, pos, next_pos),
-                steps + 1,
-                tf.where(sub_block, tf.not_equal(value, 0), extension | frame),
-                done,
-                frames + tf.cast(frame, tf.int64),
-                pixels + where(frame, area, 0),
-            )
-
-        start = 13 + table(byte(10))
-        _, _, _, done, frames, pixels = tf.while_loop(
-            lambda pos, steps, in_blocks, done, *_: ~done & (steps < _MAX_STEPS),
-            walk,
-            (start, zero, tf.constant(False), tf.constant(False), zero, zero),
-        )
-        ok = (n >= 13) & done & (frames > 0)
-        width = where(ok, uint(6, 2, True), 0)
-        return width, where(ok, uint(8, 2, True), 0), tf.maximum(frames, 1), pixels
-
-    def bmp():
-        width, height = uint(18, 4, True), uint(22, 4, True)
-        width = where(width >= 2**31, width - 2**32, width)
-        height = tf.abs(where(height >= 2**31, height - 2**32, height))
-        ok = (n >= 26) & (width > 0)
-        return where(ok, width, 0), where(ok, height, 0), zero + 1, zero
-
-    def webp():
-        chunk = tf.strings.substr(padded, 12, 4)
-        bits = uint(21, 4, True)
-        vp8 = tf.equal(chunk, b"VP8 ") & tf.equal(tf.strings.substr(padded, 23, 3), b"\x9d\x01\x2a")
-        lossless = tf.equal(chunk, b"VP8L") & tf.equal(byte(20), 0x2F)
-        extended = tf.equal(chunk, b"VP8X")
-        width = where(
-            vp8,
-            uint(26, 2, True) % 2**14,
-            where(lossless, bits % 2**14 + 1, where(extended, uint(24, 3, True) + 1, 0)),
-        )
-        height = where(
-            vp8,
-            uint(28, 2, True) % 2**14,
-            where(lossless, bits // 2**14 % 2**14 + 1, where(extended, uint(27, 3, True) + 1, 0)),
-        )
-        ok = n >= 30
-        return where(ok, width, 0), where(ok, height, 0), zero + 1, zero
-
-    head = tf.strings.substr(padded, 0, 12)
-    matches = [
-        tf.equal(tf.strings.substr(head, 0, 4), b"RIFF")
-        & tf.equal(tf.strings.substr(head, 8, 4), b"WEBP")
-    ]
-    for signatures in _SIGNATURES:
-        found = [tf.equal(tf.strings.substr(head, 0, len(s)), s) for s in signatures]
-        matches.append(tf.reduce_any(found))
-    matches = tf.stack(matches[1:] + matches[:1])  # in HEADER_FORMATS order
-    index = where(
-        tf.reduce_any(matches), tf.argmax(tf.cast(matches, tf.int32), output_type=tf.int64), -1
-    )
-    width, height, frames, frame_pixels = tf.switch_case(
-        tf.cast(index, tf.int32), [jpeg, png, gif, bmp, webp], default=lambda: (zero,) * 4
-    )
-    animated = (
-        tf.equal(index, _WEBP)
-        & (n >= 30)
-        & tf.equal(tf.strings.substr(padded, 12, 4), b"VP8X")
-        & (byte(20) // 2 % 2 == 1)
-    )
-    status = where(
-        tf.equal(n, 0),
-        EMPTY,
-        where(
-            (index < 0) | animated,
-            NOT_AN_IMAGE,
-            where((width > 0) & (height > 0), OK, CORRUPT),
-        ),
-    )
-    capped = tf.minimum(width, 2**31) * tf.minimum(height, 2**31)
-    return {
-        "status": tf.cast(status, tf.int64),
-        "format": index,
-        "width": width,
-        "height": height,
-        "frames": frames,
-        "pixels": tf.maximum(capped, frame_pixels),
-    }
-
-
-def _grouped(values):
-    """int64 (N,) >= 0 -> string (N,) with thousands separators, as Python's `{:,}`."""
-    text = tf.fill(tf.shape(values), "")
-    for power in range(6, -1, -1):
-        part = values // 1000**power
-        piece = tf.where(
-            part >= 1000,
-            tf.strings.join([",", tf.strings.as_string(part % 1000, width=3, fill="0")]),
-            tf.strings.as_string(part),
-        )
-        text = tf.where((part > 0) | (power == 0), tf.strings.join([text, piece]), text)
-    return text
-
-
-def decode_images_admitted(
-    image_bytes,
-    image_size: int,
-    crop_fraction: float = 224 / 256,
-    max_image_pixels: int = MAX_IMAGE_PIXELS,
-    name: str = "image_bytes",
-):
-    """A batch of encoded images -> pixels, with the status and message of each, in a
-    graph: the SavedModel's image path.
-
-    Each image's header is read (`read_header_tf`); those refused are never decoded (a
-    bomb allocates nothing), the others are decoded once each by `decode_image` in a
-    `tf.data` pipeline that drops the ones whose decoding fails, so one bad image does
-    not fail the batch (a graph cannot catch an op's error; `tf.data` can skip it).
-
-    Args:
-      image_bytes: string (N,).
-      image_size, crop_fraction: see `decode_image`.
-      max_image_pixels: see `admit`.
-      name: how messages name the input (`name[i]`).
-
-    Returns:
-      (pixels float32 (N, S, S, 3), zeros where refused; status int32 (N,): `OK`,
-      `EMPTY`, `NOT_AN_IMAGE`, `CORRUPT` or `TOO_MANY_PIXELS`; error string (N,): ''
-      or the one-line message `admit` and `decode_admitted` give, naming `name[i]`).
-    """
-    count = tf.size(image_bytes)
-    signature = {k: tf.TensorSpec([], tf.int64) for k in ("status", "format", "width")}
-    signature.update({k: tf.TensorSpec([], tf.int64) for k in ("height", "frames", "pixels")})
-    header = tf.map_fn(read_header_tf, image_bytes, fn_output_signature=signature)
-    too_many = tf.equal(header["status"], OK) & (header["pixels"] > max_image_pixels)
-    status = tf.where(too_many, TOO_MANY_PIXELS, tf.cast(header["status"], tf.int32))
-    index = tf.range(count, dtype=tf.int64)
-    shape = [image_size, image_size, 3]
-    decoded = (
-        tf.data.Dataset.from_tensor_slices((index, image_bytes, tf.equal(status, OK)))
-        .filter(lambda i, data, admitted: admitted)
-        .map(lambda i, data, admitted: (i, decode_image(data, image_size, crop_fraction)))
-        .ignore_errors()
-        .batch(tf.cast(tf.maximum(count, 1), tf.int64))
-    )
-
-    def collect(state, batch):
-        pixels, read = state
-        where = batch[0][:, None]
-        return (
-            tf.tensor_scatter_nd_update(pixels, where, batch[1]),
-            tf.tensor_scatter_nd_update(read, where, tf.ones_like(batch[0], tf.bool)),
-        )
-
-    pixels, read = decoded.reduce(
-        (tf.zeros(tf.concat([[count], shape], 0)), tf.zeros([count], tf.bool)), collect
-    )
-    status = tf.where(tf.equal(status, OK) & ~read, CORRUPT, status)
-
-    label = tf.strings.join([f"{name}[", tf.strings.as_string(index), "]"])
-    size = tf.strings.join([" (", tf.strings.as_string(tf.strings.length(image_bytes)), " bytes)"])
-    format_name = tf.gather(HEADER_FORMATS, tf.maximum(header["format"], 0))
-    frames = tf.where(
-        header["frames"] > 1,
-        tf.strings.join([", ", tf.strings.as_string(header["frames"]), " frames"]),
-        "",
-    )
-    messages = [
-        "",
-        tf.strings.join([label, " is empty (0 bytes)"]),
-        tf.where(
-            tf.equal(header["format"], _WEBP),
-            tf.strings.join(
-                [
-                    label,
-                    size,
-                    " is an animated WebP; sat_tf reads still WebP images (TensorFlow's "
-                    "decoder cannot read animated ones)",
-                ]
-            ),
-            tf.strings.join([label, size, f" is not a {FORMATS_TEXT} image"]),
-        ),
-        tf.strings.join([label, size, " is a truncated or corrupt ", format_name, " file"]),
-        tf.strings.join(
-            [
-                label,
-                ": ",
-                _grouped(header["pixels"]),
-                " pixels (",
-                tf.strings.as_string(header["width"]),
-                " x ",
-                tf.strings.as_string(header["height"]),
-                frames,
-                f") is over the limit of {max_image_pixels:,}; max_image_pixels "
-                "(--max_image_pixels) sets it",
-            ]
-        ),
-    ]
-    messages = [tf.broadcast_to(m, [count]) for m in messages]
-    error = tf.gather(tf.stack(messages, axis=1), status, batch_dims=1)
-    return tf.ensure_shape(pixels, [None, *shape]), status, error

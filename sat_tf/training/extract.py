@@ -19,7 +19,7 @@ from absl import logging
 
 from sat_tf import config as config_lib
 from sat_tf import files
-from sat_tf.data import datasets, feature_cache, image_io
+from sat_tf.data import datasets, feature_cache, graph_admission, image_io
 from sat_tf.messages import preview
 from sat_tf.model.encoder import ImageEncoder
 
@@ -47,7 +47,7 @@ def _write_shard(path, records, encode, image_size, crop_fraction, batch_size, s
     paths = [r.image_path for r in records]
     ds = tf.data.Dataset.from_tensor_slices((np.arange(len(records), dtype=np.int64), paths))
     ds = ds.map(lambda i, p: (i, tf.io.read_file(p))).filter(
-        lambda i, data: image_io.admits(data)  # a refused image is never decoded
+        lambda i, data: graph_admission.admits(data)  # a refused image is never decoded
     )
     ds = ds.map(
         lambda i, data: (i, image_io.decode_image(data, image_size, crop_fraction)),
