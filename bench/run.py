@@ -42,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 import sat_tf
-from sat_tf import inference, machine
+from sat_tf import inference, machine, self_critical
 from sat_tf.config import Config
 from sat_tf.data import input_pipeline
 from sat_tf.data import vocab as vocab_lib
@@ -602,7 +602,7 @@ def case_scst_step(p, samples=5):
     what a trained model's do, whose samples end sooner."""
     rng = np.random.default_rng(0)
     model = feature_model(p, "soft")
-    model.self_critical = losses.SelfCriticalSettings(samples, "mean", p["words"] + 4)
+    model.self_critical = self_critical.SelfCriticalSettings(samples, "mean", p["words"] + 4)
     images = p["batch"] // samples
 
     def references():

@@ -53,6 +53,17 @@ class ResumableModel(keras.Model):
             for key, state in zip(keys, states, strict=True):
                 state.assign(store[key])
 
+    @staticmethod
+    def sublayer_config(layer):
+        """A sublayer's serialized config for `get_config`, without its build config:
+        the model's `build()` builds its sublayers, and their build shapes would not
+        survive JSON."""
+        return {
+            k: v
+            for k, v in keras.saving.serialize_keras_object(layer).items()
+            if k != "build_config"
+        }
+
     def _logs(self, metrics):
         """{name: result}; shape (1,) across workers, where Keras averages the logs
         of the replicas along axis 0 (keras-team/keras#20585), else scalars."""

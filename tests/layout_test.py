@@ -2,11 +2,12 @@
 
 Data flows one way: `data/` (readers, vocabulary, pixels, tf.data, the feature cache's
 format) imports neither the model nor anything above it; `model/` imports neither
-training, inference nor the export; inference (the Python API, `inference.py`, the
-export, the preset format) never goes through `training/`; the preset format reads
-files and never imports the model; and no two parts of the package (a subpackage, or a
-module at the top) import each other, directly or around a loop. Imports inside
-functions count as much as those at the top.
+training, inference nor the export, and what it keeps beside it (self-critical training,
+the decoding rules, the location prior) imports neither the model nor training;
+inference (the Python API, `inference.py`, the export, the preset format) never goes
+through `training/`; the preset format reads files and never imports the model; and no
+two parts of the package (a subpackage, or a module at the top) import each other,
+directly or around a loop. Imports inside functions count as much as those at the top.
 
 Sizes, in lines of code (docstrings, comments and blank lines not counted): `model/`
 without its speed folder `fast/` is the paper, read top to bottom, in a few files; no
@@ -31,13 +32,15 @@ FORBIDDEN = {
     "inference": ("training",),
     "preset": ("training", "model"),
     EXPORT: ("training",),
+    # What the project adds beyond the paper, kept beside model/: the model imports them.
+    "self_critical": ("training", "model"),
+    "decoding_rules": ("training", "model"),
+    "location_prior": ("training", "model"),
 }
 
 # Size limits in lines of code (`code_lines`).
 MODEL_FILES = 8  # sat_tf/model/*.py, fast/ not counted
-# The goal is 1,000; self-critical training, constrained beam search and repeat blocking
-# joined model/ after it was set. Lower this as the code outside the paper moves out.
-MODEL_CODE_LINES = 1175
+MODEL_CODE_LINES = 1000
 MODULE_CODE_LINES = 450
 CLASS_CODE_LINES = 300
 FUNCTION_CODE_LINES = 80  # outside model/fast/
@@ -273,6 +276,8 @@ def test_the_graph_sees_the_imports_that_exist():
     assert {("training", "model"), ("training", "data"), ("model", "data")} <= parts
     assert ("training", EXPORT) not in parts
     assert {("api", "inference"), ("inference", "model"), ("training", "inference")} <= parts
+    assert {("model", beside) for beside in ("self_critical", "decoding_rules")} <= parts
+    assert ("model", "location_prior") in parts
 
 
 def _tree(tmp_path, files):

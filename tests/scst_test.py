@@ -12,10 +12,10 @@ import pytest
 import tensorflow as tf
 from fixtures import TINY, WORDS, tiny_model
 
-from sat_tf import preset
+from sat_tf import preset, self_critical
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.model import losses, search
+from sat_tf.model import search
 from sat_tf.model.show_attend_tell import build_model
 from sat_tf.training import train_lib
 from sat_tf.training import workdir as workdir_lib
@@ -23,7 +23,7 @@ from sat_tf.training import workdir as workdir_lib
 
 def test_leave_one_out_baseline_by_hand():
     rewards = tf.constant([1.0, 2.0, 6.0, 0.0, 0.0, 3.0])  # two images, K = 3
-    baseline = losses.leave_one_out_baseline(rewards, 3).numpy()
+    baseline = self_critical.leave_one_out_baseline(rewards, 3).numpy()
     np.testing.assert_allclose(baseline, [4.0, 3.5, 1.5, 1.5, 1.5, 0.0])
 
 
@@ -33,7 +33,7 @@ def test_surrogate_gradient_is_minus_advantage_times_score():
         log_p = tf.stack([2.0 * theta[0], theta[0] + 3.0 * theta[1]])
         reward = tf.constant([1.0, 0.5]) + 0.0 * theta[0]  # any gradient it has is stopped
         loss = tf.reduce_sum(
-            losses.self_critical_surrogate(log_p, reward, tf.constant([0.25, 0.75]))
+            self_critical.self_critical_surrogate(log_p, reward, tf.constant([0.25, 0.75]))
         )
     grad = tape.gradient(loss, theta).numpy()
     # -(0.75) * (2, 0) - (-0.25) * (1, 3)
@@ -123,7 +123,7 @@ def test_terms_of_a_tiny_model(attention, baseline):
     np.testing.assert_allclose(reward, recorder(tokens, index))
     if baseline == "mean":
         np.testing.assert_allclose(
-            terms["baseline"].numpy(), losses.leave_one_out_baseline(reward, 3).numpy()
+            terms["baseline"].numpy(), self_critical.leave_one_out_baseline(reward, 3).numpy()
         )
         np.testing.assert_array_equal(len(recorder.calls), 2)  # the check above called it
     else:
@@ -160,10 +160,9 @@ def test_log_likelihood_matches_the_sampling_loop(attention):
     )
     model.rewarder = lambda tokens, index: np.zeros(len(tokens), np.float32)
     settings = dataclasses.replace(model.self_critical, baseline="mean")
-    terms = losses.self_critical_terms(
+    terms = self_critical.self_critical_terms(
         settings,
-        model.decoder,
-        model.decoding_step(),
+        model,
         features,
         tf.constant([0, 1]),
         seed,

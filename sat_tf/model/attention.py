@@ -7,43 +7,13 @@ fused projection of h_{t-1} (`fast.layout.HiddenLayout`): each layer names its s
 `score(projected, h)` and `call(a, h)` run the same step from the layer's own weights.
 
 With `location=True` (not in the paper) a layer also learns one vector per cell, p_i,
-added to the projection (`W_a a_i + p_i`): the score can then prefer places as well as
-content, a learned location prior. It joins the once-per-image projection, so the step
-and its hand-written backward pass are unchanged and p_i gets its gradient through the
-projection's.
+added to the projection (`W_a a_i + p_i`): `sat_tf.location_prior`.
 """
 
 import keras
 import tensorflow as tf
 
-
-def _build_location(layer, features_shape):
-    """Creates `layer.location_embedding`, (L, units) zeros, when `layer.location`."""
-    if not layer.location:
-        return
-    cells = features_shape[-2]
-    if cells is None:
-        raise ValueError(
-            f"{layer.name}: location=True learns one vector per cell and needs the number "
-            "of cells L when it is built; got features of shape "
-            f"{tuple(features_shape)}"
-        )
-    layer.location_embedding = layer.add_weight(
-        shape=(cells, layer.units), initializer="zeros", name="location"
-    )
-
-
-def _add_location(layer, projected):
-    """`projected` (B, L, units) plus the layer's per-cell vectors, when it has them."""
-    if not layer.location:
-        return projected
-    cells = layer.location_embedding.shape[0]
-    if projected.shape[-2] is not None and projected.shape[-2] != cells:
-        raise ValueError(
-            f"{layer.name}: the location vectors were built for {cells} cells; the "
-            f"features have {projected.shape[-2]}"
-        )
-    return projected + tf.cast(layer.location_embedding, projected.dtype)
+from sat_tf import location_prior
 
 
 @keras.saving.register_keras_serializable(package="sat_tf")
@@ -52,7 +22,7 @@ class AdditiveScore(keras.layers.Layer):
 
     Args:
       units: width of the hidden layer of the score MLP.
-      location: also learn a vector p_i per cell (module docstring).
+      location: also learn a vector p_i per cell (`sat_tf.location_prior`).
     """
 
     def __init__(self, units, location=False, **kwargs):
@@ -68,11 +38,11 @@ class AdditiveScore(keras.layers.Layer):
         if hidden_shape is not None:
             self.u_a.build(hidden_shape)
         self.v.build((None, None, self.units))
-        _build_location(self, features_shape)
+        location_prior.build(self, features_shape)
 
     def project(self, features):
         """(B, L, D) annotation vectors -> (B, L, units) `W_a a [+ p]`."""
-        return _add_location(self, self.w_a(features))
+        return location_prior.add(self, self.w_a(features))
 
     def hidden_kernels(self):
         """Its slice of the fused kernel applied to h_{t-1}: [U_a]."""
@@ -110,7 +80,7 @@ class DotScore(keras.layers.Layer):
 
     Args:
       units: size of the decoder state h that the score is taken against.
-      location: also learn a vector p_i per cell (module docstring).
+      location: also learn a vector p_i per cell (`sat_tf.location_prior`).
     """
 
     def __init__(self, units, location=False, **kwargs):
@@ -121,11 +91,11 @@ class DotScore(keras.layers.Layer):
 
     def build(self, features_shape, hidden_shape=None):
         self.w_a.build(features_shape)
-        _build_location(self, features_shape)
+        location_prior.build(self, features_shape)
 
     def project(self, features):
         """(B, L, D) -> (B, L, units) `a W_a [+ p]`."""
-        return _add_location(self, self.w_a(features))
+        return location_prior.add(self, self.w_a(features))
 
     def hidden_kernels(self):
         return []
@@ -166,7 +136,7 @@ class ScaledDotScore(DotScore):
 
     def project(self, features):
         """(B, L, D) -> (B, L, units) `a W_a / sqrt(units) [+ p]`."""
-        return _add_location(self, self.w_a(features) * (1.0 / self.units**0.5))
+        return location_prior.add(self, self.w_a(features) * (1.0 / self.units**0.5))
 
 
 SCORES = {"additive": AdditiveScore, "dot": DotScore, "scaled_dot": ScaledDotScore}

@@ -9,7 +9,8 @@ with `tokens` int32 (B,), `state` a nest of tensors whose leading dimension is B
 float32 (B, L) the attention weights that produced them (paper §3.1.2, §4). The decoders
 run it inside one `tf.while_loop` over time, eagerly or under `tf.function`, with buffers
 of a fixed length `max_length` (no `TensorArray`), so that the greedy loop converts to
-TFLite with builtin ops only.
+TFLite with builtin ops only. The rules captioning adds (blocked repeats and endings, a
+constraint on the words) are `sat_tf.decoding_rules`, called at one place a step.
 """
 
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
+from sat_tf import decoding_rules
 from sat_tf.data.tokens import PAD_ID
 
 StepFn = Callable[[tf.Tensor, Any], tuple[tf.Tensor, Any, tf.Tensor]]
@@ -85,54 +87,6 @@ def _keep_shape(new: tf.Tensor, old: tf.Tensor) -> tf.Tensor:
     return new
 
 
-def _block(
-    log_probs: tf.Tensor,
-    tokens: tf.Tensor,
-    history: tf.Tensor,
-    t: tf.Tensor,
-    *,
-    block_repeats: bool,
-    bad_ending_ids: Sequence[int],
-    end_id: int,
-) -> tf.Tensor:
-    """Sets to -inf the log-probability of the words a caption may not take next.
-
-    With `block_repeats`, a word already emitted twice in a row, and any word that would
-    complete a trigram the caption already holds (self-critical.pytorch's trigram
-    blocking, made hard); with `bad_ending_ids`, `<end>` right after one of those words.
-
-    Args:
-        log_probs: float32 (N, V), the step's log-probabilities.
-        tokens: int32 (N,), the word fed at step t (`<start>` at t = 0).
-        history: int32 (N, T), the words emitted so far in columns < t.
-        t: scalar int32, the step.
-    """
-    num_rows, vocab_size = tf.shape(log_probs)[0], tf.shape(log_probs)[1]
-    banned = tf.zeros_like(log_probs, tf.bool)
-    if block_repeats:
-        before = tf.gather(history, tf.maximum(t - 2, 0), axis=1)  # (N,), y_{t-2}
-        third_in_row = tf.logical_and(t >= 2, before == tokens)
-        # y_{i+2} is banned when (y_i, y_{i+1}) = (y_{t-2}, y_{t-1}) for some i < t - 2.
-        seen = (history[:, :-2] == before[:, None]) & (history[:, 1:-1] == tokens[:, None])
-        seen &= tf.range(history.shape[1] - 2) < t - 2  # (N, T-2)
-        ids = tf.concat(
-            [
-                tf.where(third_in_row, tokens, vocab_size)[:, None],
-                tf.where(seen, history[:, 2:], vocab_size),
-            ],
-            axis=1,
-        )  # (N, T-1), column V for "nothing banned"
-        rows = tf.broadcast_to(tf.range(num_rows)[:, None], tf.shape(ids))
-        hits = tf.scatter_nd(
-            tf.stack([rows, ids], axis=-1), tf.ones_like(ids), [num_rows, vocab_size + 1]
-        )
-        banned |= hits[:, :vocab_size] > 0
-    if bad_ending_ids:
-        bad = tf.reduce_any(tokens[:, None] == tf.constant(bad_ending_ids, tf.int32), axis=1)
-        banned |= bad[:, None] & (tf.range(vocab_size) == end_id)[None]
-    return tf.where(banned, tf.constant(float("-inf"), tf.float32), log_probs)
-
-
 def greedy_decode(
     step_fn: StepFn,
     initial_state: Any,
@@ -162,7 +116,8 @@ def greedy_decode(
         end_id: Id of `<end>`.
         max_length: T, the most tokens emitted per caption, `<end>` included.
         num_locations: L, the number of attention locations.
-        block_repeats: Never emit a word a third time in a row, nor a trigram twice.
+        block_repeats: Never emit a word a third time in a row, nor a trigram twice
+            (`decoding_rules.block`).
         bad_ending_ids: Words a caption may not end on (`<end>` is banned after them).
         sample_seed: None for greedy; an int32 (2,) stateless seed to sample each word
             (step t draws with the seed folded with t; rows draw independently).
@@ -181,7 +136,7 @@ def greedy_decode(
 
     def body(t, tokens, state, finished, token_buf, attention_buf, length, log_prob):
         log_probs, state, alpha = _step(step_fn, tokens, state, num_locations)
-        log_probs = _block(log_probs, tokens, token_buf, t, **blocking)
+        log_probs = decoding_rules.block(log_probs, tokens, token_buf, t, **blocking)
         alive = tf.logical_not(finished)
         if sample_seed is None:
             chosen = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
@@ -217,21 +172,13 @@ def _length_penalty(num_tokens: tf.Tensor, alpha: float) -> tf.Tensor:
     return tf.pow((5.0 + tf.cast(num_tokens, tf.float32)) / 6.0, alpha)
 
 
-def _select(scores, k, constraint=None):
+def _top_k(scores, k, constraint=None):
     """(scores, flat indices into S * V), both (B, S), of the extensions of `scores`
-    (B, S, V) that a beam of k keeps; with a `constraint` (B, V) the best k that hold none
-    of its words, then the best k that hold one (a score is -inf where a state had fewer
-    candidates than k)."""
+    (B, S, V) that a beam of k keeps (with a constraint, `decoding_rules.constrained_top_k`)."""
+    if constraint is not None:
+        return decoding_rules.constrained_top_k(scores, k, constraint)
     shape = tf.shape(scores)
-    flat = [shape[0], shape[1] * shape[2]]
-    if constraint is None:
-        return tf.math.top_k(tf.reshape(scores, flat), k=k)
-    neg_inf = tf.constant(float("-inf"), tf.float32)
-    holds = tf.range(shape[1]) >= k  # (S,), the second state
-    enters = tf.logical_or(holds[None, :, None], constraint[:, None, :])  # (B, S, V)
-    without = tf.math.top_k(tf.reshape(tf.where(enters, neg_inf, scores), flat), k=k)
-    with_word = tf.math.top_k(tf.reshape(tf.where(enters, scores, neg_inf), flat), k=k)
-    return tf.concat([without[0], with_word[0]], 1), tf.concat([without[1], with_word[1]], 1)
+    return tf.math.top_k(tf.reshape(scores, [shape[0], shape[1] * shape[2]]), k=k)
 
 
 def beam_search(
@@ -275,7 +222,8 @@ def beam_search(
     best extensions of its own hypotheses and those that add a constraint word. The
     caption returned is the best that holds a constraint word, or the best of the others
     where none does. An image without constraint words starts in the second state, so
-    it is decoded as without a constraint.
+    it is decoded as without a constraint. The two states' selection is
+    `decoding_rules.constrained_top_k`, where a plain beam takes its top k.
 
     Args:
         step_fn: `step_fn(tokens, state) -> (log_probs, new_state, alpha)` with tokens
@@ -324,7 +272,7 @@ def beam_search(
     def body(t, tokens, state, finished, token_buf, attention_buf, length, log_prob):
         log_probs, state, alpha = _step(step_fn, tokens, state, num_locations)
         history = tf.reshape(token_buf, [-1, max_length])  # (B*S, T)
-        log_probs = _block(log_probs, tokens, history, t, **blocking)
+        log_probs = decoding_rules.block(log_probs, tokens, history, t, **blocking)
         vocab_size = tf.shape(log_probs)[-1]
         log_probs = tf.reshape(log_probs, [batch_size, slots, vocab_size])  # (B, S, V)
         alpha = tf.reshape(alpha, [batch_size, slots, num_locations])  # (B, S, L)
@@ -332,7 +280,7 @@ def beam_search(
         step_log_probs = tf.where(finished[..., None], pad_only, log_probs)  # (B, S, V)
         candidates = log_prob[..., None] + step_log_probs  # (B, S, V)
         scores = candidates / _length_penalty(length + 1, length_penalty)[..., None]
-        kept, best = _select(scores, k, constraint)
+        kept, best = _top_k(scores, k, constraint)
         parent = best // vocab_size
         next_tokens = best % vocab_size
         log_prob = gather_beams(tf.reshape(candidates, [batch_size, slots * vocab_size]), best)
@@ -360,7 +308,7 @@ def beam_search(
     # starts in the second), so the k of a state are distinct.
     first = tf.zeros([batch_size], tf.int32)
     if constraint is not None:
-        first = tf.where(tf.reduce_any(constraint, axis=1), 0, k)
+        first = decoding_rules.constrained_start(constraint, k)
     initial_log_prob = tf.where(tf.range(slots)[None] == first[:, None], 0.0, neg_inf)
     loop_vars = (
         tf.constant(0),
@@ -385,10 +333,7 @@ def _best(hypotheses, finished, k, length_penalty, num_return, constrained):
     num_tokens = hypotheses.length + tf.cast(finished, tf.int32)
     final = hypotheses.log_prob / _length_penalty(num_tokens, length_penalty)  # (B, S)
     if constrained:
-        neg_inf = tf.constant(float("-inf"), tf.float32)
-        holds = tf.range(tf.shape(final)[1])[None] >= k  # (1, S)
-        any_holds = tf.reduce_any(tf.logical_and(holds, final > neg_inf), axis=1)
-        final = tf.where(tf.equal(holds, any_holds[:, None]), final, neg_inf)
+        final = decoding_rules.constrained_best(final, k)
     _, order = tf.math.top_k(final, k=num_return)
     result = DecodeResult(*(tf.gather(x, order, batch_dims=1) for x in hypotheses))
     if num_return == 1:

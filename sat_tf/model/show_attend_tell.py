@@ -8,9 +8,10 @@ ids `<start> w1 .. wn <end>` padded with 0.
 import dataclasses
 
 import keras
-import numpy as np
 import tensorflow as tf
 
+from sat_tf import decoding_rules
+from sat_tf import self_critical as scst
 from sat_tf.backbones import tags as tags_lib
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model import decoder as decoder_lib
@@ -35,9 +36,9 @@ class ShowAttendTell(ResumableModel):
       reinforce: dict of `losses.Settings` fields (hard attention, §4.1); None for
         the paper's.
       seed: seed of the hard-attention samples and of self-critical training's.
-      self_critical: dict of `losses.SelfCriticalSettings` fields to train by self-critical
-        sequence training (its rewards come from `rewarder`, set before training);
-        None for the cross-entropy objective.
+      self_critical: dict of `self_critical.SelfCriticalSettings` fields to train by
+        self-critical sequence training (its rewards come from `rewarder`, set before
+        training); None for the cross-entropy objective.
     """
 
     def __init__(
@@ -62,7 +63,7 @@ class ShowAttendTell(ResumableModel):
         self.seed = seed
         self.self_critical = None
         if self_critical is not None:
-            self.self_critical = losses_lib.SelfCriticalSettings(**self_critical)
+            self.self_critical = scst.SelfCriticalSettings(**self_critical)
         # `rewarder(tokens, image_index) -> rewards`, numpy in and out (`cider.Rewarder`):
         # the reward of self-critical training, given by the training loop.
         self.rewarder = None
@@ -192,22 +193,9 @@ class ShowAttendTell(ResumableModel):
         return terms
 
     def self_critical_terms(self, batch):
-        """`losses.self_critical_terms` of a batch of images {"features" or "image",
-        "image_index"}: K samples of each, rewarded by `self.rewarder`."""
-        if self.rewarder is None:
-            raise ValueError("self-critical training needs model.rewarder (the CIDEr-D reward)")
-        # The encoder stays as it is (frozen, or not trained by this objective).
-        features = tf.stop_gradient(self.encode(batch))
-        terms = losses_lib.self_critical_terms(
-            self.self_critical,
-            self.decoder,
-            self.decoding_step(),
-            features,
-            batch["image_index"],
-            losses_lib.sample_seed(self.seed_generator),
-            self.rewarder,
-        )
-        return {**terms, "loss": terms["objective"]}
+        """The self-critical objective of a batch of images {"features" or "image",
+        "image_index"}: `self_critical.batch_terms`."""
+        return scst.batch_terms(self, batch)
 
     def _update_trackers(self, terms):
         """Means over every caption (and word) seen, summed across replicas."""
@@ -282,29 +270,45 @@ class ShowAttendTell(ResumableModel):
         model.tagger = tags_lib.load_tagger(stored.directory, stored.vocab, stored.config.encoder)
         return model
 
-    def generate(
+    def generate(self, batch, **decoding):
+        """Captions a batch in the graph: `decode` from the initial state of its images.
+
+        Args:
+          batch: dict with "image" or "features" (`encode`).
+          **decoding: `decode`'s arguments after the state.
+
+        Returns:
+          `search.DecodeResult`, as `decode`.
+        """
+        return self.decode(self.decoder.initial_state(self.encode(batch)), **decoding)
+
+    def decode(
         self,
-        batch,
+        state,
         max_length=40,
         beam_size=1,
         length_penalty=0.0,
         block_repeats=False,
         bad_ending_ids=(),
         constraint=None,
+        sample_seed=None,
     ):
-        """Captions a batch in the graph: greedy for beam_size 1, else beam search.
+        """Captions from the decoder's state: greedy for beam_size 1, else beam search.
 
-        `block_repeats` and `bad_ending_ids` are `search.greedy_decode`'s: no word a third
+        `block_repeats` and `bad_ending_ids` (`decoding_rules.block`): no word a third
         time in a row, no trigram twice; no caption ending on one of those word ids.
         `constraint`, bool (B, V), makes each caption hold one of its row's words
-        (`search.beam_search`; with beam_size 1, a beam of one per state).
+        (`search.beam_search`; with beam_size 1, a beam of one per state). `sample_seed`
+        draws each word instead of taking the most likely (greedy only).
+
+        Args:
+          state: `AttentionDecoder.initial_state` of (B, L, D) annotation vectors.
 
         Returns:
           `search.DecodeResult` with tokens (B, T), length (B,), log_prob (B,) and
           attention (B, T, L).
         """
-        features = self.encode(batch)
-        state = self.decoder.initial_state(features)
+        features = state["features"]
         common = dict(
             batch_size=tf.shape(features)[0],
             start_id=vocab_lib.START_ID,
@@ -316,7 +320,9 @@ class ShowAttendTell(ResumableModel):
         )
         step_fn = self.decoding_step()
         if beam_size == 1 and constraint is None:
-            return search.greedy_decode(step_fn, state, **common)
+            return search.greedy_decode(step_fn, state, sample_seed=sample_seed, **common)
+        if sample_seed is not None:
+            raise ValueError("sample_seed samples greedy captions; beam search takes none")
         return search.beam_search(
             step_fn,
             state,
@@ -327,28 +333,12 @@ class ShowAttendTell(ResumableModel):
         )
 
     def decoding_step(self):
-        """The decoder's step as captioning runs it (`search.StepFn`): `vocab.NEVER_EMITTED`
-        (`<pad>`, `<start>`, `<unk>`) are never emitted; the other words'
-        log-probabilities are not renormalised."""
-        decoder_step = self.decoder.step
-        banned = np.zeros([self.vocab_size], np.float32)
-        banned[list(vocab_lib.NEVER_EMITTED)] = -1e9
-
-        def step_fn(tokens, state):
-            log_probs, state, alpha = decoder_step(tokens, state)
-            return log_probs + banned, state, alpha
-
-        return step_fn
+        """The decoder's step as captioning runs it (`search.StepFn`): the words of
+        `vocab.NEVER_EMITTED` are never emitted (`decoding_rules.never_emitting`)."""
+        return decoding_rules.never_emitting(self.decoder.step, self.vocab_size)
 
     def get_config(self):
-        def serialize(layer):
-            # `build()` builds the sublayers; their build shapes would not survive JSON.
-            return {
-                k: v
-                for k, v in keras.saving.serialize_keras_object(layer).items()
-                if k != "build_config"
-            }
-
+        serialize = self.sublayer_config
         return {
             **super().get_config(),
             "decoder": serialize(self.decoder),
@@ -378,19 +368,14 @@ def build_model(config, vocab_size, feature_shape=None, grid=None, load_encoder_
     Returns:
       a built, uncompiled model.
     """
+    self_critical = scst.SelfCriticalSettings.from_config(config)
     kwargs = dict(
         alpha_c=config.alpha_c,
         reinforce={
             f.name: getattr(config, f.name) for f in dataclasses.fields(losses_lib.Settings)
         },
         seed=config.seed,
-        self_critical=dataclasses.asdict(
-            losses_lib.SelfCriticalSettings(
-                config.scst_samples, config.scst_baseline, config.max_caption_length
-            )
-        )
-        if config.scst
-        else None,
+        self_critical=dataclasses.asdict(self_critical) if self_critical else None,
     )
     # The encoder is made before the decoder, whose initializers draw their seeds after
     # the encoder's: runs started from the same --seed begin from the same weights.
