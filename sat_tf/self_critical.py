@@ -7,9 +7,13 @@ seed); each is scored against the image's references by a reward function outsid
 graph (`evaluation.cider.Rewarder`, through `tf.numpy_function`); and the loss is
 `-(r - b) log p(sample)`, with `log p` from a teacher-forced pass over the samples, so that
 its gradient comes from the training schedule (the fused recurrence) rather than through
-the sampling loop. The policy is the model as it captions: no dropout, and hard attention
-attends as `hard_decoding` says, so that the words are the only samples and the estimate
-is the exact score-function gradient of the expected reward of captioning.
+the sampling loop. The policy is the model as it captions: no dropout, hard attention
+attends as `hard_decoding` says, and the words captioning never emits (`<pad>`, `<start>`,
+`<unk>`) are left out of its softmax, so that the words are the only samples and the
+estimate is the exact score-function gradient of the expected reward of captioning.
+Left in, those words would take probability from every sample whose reward is below its
+baseline and give none back (no sample holds them), and the decoder would drift onto
+`<unk>`.
 
 The model's training step calls `batch_terms` with the model itself; nothing here
 imports the model.
@@ -18,6 +22,7 @@ imports the model.
 import dataclasses
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from sat_tf.data import vocab as vocab_lib
@@ -94,8 +99,8 @@ def _reward(rewarder, tokens, image_index):
 
 def _log_likelihood(decoder, features, tokens, state):
     """((N,) `log p(tokens)`, (N,) words) of the samples (N, T) from a teacher-forced pass
-    of the decoder as it captions (no dropout; hard attention as `hard_decoding` says),
-    from its `state` (with gradient)."""
+    of the decoder as it captions (no dropout; hard attention as `hard_decoding` says;
+    the softmax over the words it may emit), from its `state` (with gradient)."""
     mask = tf.cast(tf.not_equal(tokens, vocab_lib.PAD_ID), tf.float32)
     inputs = tf.concat([tf.fill([tf.shape(tokens)[0], 1], vocab_lib.START_ID), tokens], axis=1)
     expected = decoder.attention == "hard" and decoder.hard_decoding == "expected"
@@ -109,7 +114,11 @@ def _log_likelihood(decoder, features, tokens, state):
         use_expected=tf.ones(tf.shape(tokens)[:1], tf.bool) if expected else None,
         state=state,
     )
-    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tokens, logits=outputs["logits"])
+    logits = outputs["logits"]  # (N, T, V)
+    emitted = np.ones([logits.shape[-1]], bool)
+    emitted[list(vocab_lib.NEVER_EMITTED)] = False
+    logits = tf.where(emitted, logits, -1e9)
+    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tokens, logits=logits)
     return tf.reduce_sum(-nll * mask, axis=1), tf.reduce_sum(mask, axis=1)
 
 

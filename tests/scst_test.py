@@ -144,12 +144,21 @@ def test_terms_of_a_tiny_model(attention, baseline):
 
 @pytest.mark.parametrize("attention", ["soft", "hard", "none"])
 def test_log_likelihood_matches_the_sampling_loop(attention):
+    """The objective's `log p(sample)` is the sampler's own: a sampling loop whose step
+    renormalises over the words captioning may emit draws the same words with that
+    log-probability."""
     model = _tiny_model(attention)
     features = tf.random.stateless_normal([2, 4, 8], [5, 6])
     seed = tf.constant([1, 2], tf.int32)
     state = model.decoder.initial_state(tf.repeat(features, 3, axis=0))
+    step_fn = model.decoding_step()
+
+    def renormalised(tokens, state):
+        log_probs, state, alpha = step_fn(tokens, state)
+        return tf.nn.log_softmax(log_probs), state, alpha
+
     sampled = search.greedy_decode(
-        model.decoding_step(),
+        renormalised,
         state,
         batch_size=6,
         start_id=1,
@@ -171,6 +180,30 @@ def test_log_likelihood_matches_the_sampling_loop(attention):
     np.testing.assert_allclose(
         terms["log_likelihood"].numpy(), sampled.log_prob.numpy(), rtol=1e-4, atol=1e-4
     )
+
+
+def test_never_emitted_words_get_no_gradient():
+    """No sample holds `<pad>`, `<start>` or `<unk>`, so the objective leaves their output
+    scores alone; every other word's score moves."""
+    model = _tiny_model("soft")
+    features = tf.random.stateless_normal([2, 4, 8], [7, 8])
+    model.rewarder = lambda tokens, index: np.arange(len(tokens), dtype=np.float32)
+    with tf.GradientTape() as tape:
+        terms = self_critical.self_critical_terms(
+            model.self_critical,
+            model,
+            features,
+            tf.constant([0, 1]),
+            tf.constant([3, 4]),
+            model.rewarder,
+        )
+        loss = tf.reduce_mean(terms["objective"])
+    [bias] = [v for v in model.trainable_variables if tuple(v.shape) == (12,)]
+    grad = tape.gradient(loss, bias).numpy()
+    never = sorted(vocab_lib.NEVER_EMITTED)
+    np.testing.assert_array_equal(grad[never], 0.0)
+    emitted = np.delete(grad, never)
+    assert np.all(emitted != 0.0), emitted
 
 
 def test_config_checks():
