@@ -1,5 +1,5 @@
 """Tests for sat_tf.training.callbacks: stopping at a non-finite loss, early stopping on
-validation BLEU-4 across an interruption, selecting on CIDEr instead."""
+validation BLEU-4 across an interruption, selecting on CIDEr instead (one short run)."""
 
 import json
 import os
@@ -75,33 +75,6 @@ class EarlyStoppingTest(tf.test.TestCase):
         callback.on_epoch_end(0, {})  # no score (no validation images): nothing changes
         self.assertEqual(callback.wait, 1)
 
-    def test_stopped_run_is_not_trained_further_when_run_again(self):
-        root = self.get_temp_dir()
-        config = Config(
-            data_dir=os.path.join(root, "data"),
-            # One step an epoch, two validation images and no test split: the scores
-            # are the mock's, and what is checked is which epochs were trained.
-            **{**TINY, "epochs": 5, "early_stopping_patience": 1, "steps_per_epoch": 1}
-            | {"eval_images": 2, "num_test": 0},
-        )
-        workdir = os.path.join(root, "run")
-        real = scoring.score_captions
-        val_scores = iter([0.5, 0.4, 0.9])
-
-        def scores(*args, full=False, **kwargs):
-            result = real(*args, full=full, **kwargs)
-            return result if full else {**result, "BLEU-4": next(val_scores)}
-
-        with mock.patch.object(callbacks_lib, "score_captions", side_effect=scores):
-            train_lib.train_and_evaluate(config, workdir)
-            history = workdir_lib.read_history(os.path.join(workdir, "val_history.json"))
-            self.assertEqual([h["val_bleu4"] for h in history], [0.5, 0.4])
-            # The same command again (a "resume" of a finished run) trains nothing.
-            train_lib.train_and_evaluate(config, workdir)
-        history = workdir_lib.read_history(os.path.join(workdir, "val_history.json"))
-        self.assertEqual([h["val_bleu4"] for h in history], [0.5, 0.4])
-        self.assertEqual(workdir_lib.backed_up_epoch(workdir), 2)
-
 
 class SelectionOnCiderTest(tf.test.TestCase):
     def test_early_stopping_counts_the_chosen_score_and_passes_over_older_entries(self):
@@ -119,12 +92,13 @@ class SelectionOnCiderTest(tf.test.TestCase):
         callback.on_epoch_end(4, {"val_bleu4": 0.95, "val_cider": 0.55})
         self.assertTrue(callback.model.stop_training)
 
-    def test_a_run_keeps_the_epoch_of_the_best_cider_and_stops_on_it(self):
+    def test_a_run_keeps_the_epoch_of_the_best_cider_stops_and_is_not_trained_again(self):
         root = self.get_temp_dir()
         config = Config(
             data_dir=os.path.join(root, "data"),
-            # As test_stopped_run_is_not_trained_further_when_run_again: the validation
-            # scores are the mock's, BLEU-4 falling where CIDEr rises.
+            # One step an epoch, two validation images and no test split: the validation
+            # scores are the mock's, BLEU-4 falling where CIDEr rises, and what is checked
+            # is which epochs were trained and which was kept.
             **{**TINY, "epochs": 5, "early_stopping_patience": 2, "steps_per_epoch": 1}
             | {"eval_images": 2, "num_test": 0, "selection_metric": "cider"},
         )
@@ -136,16 +110,18 @@ class SelectionOnCiderTest(tf.test.TestCase):
             result = real(*args, full=full, **kwargs)
             if full:
                 return result
-            bleu4, cider = next(val_scores)
+            bleu4, cider = next(val_scores)  # a fifth validation would stop the run
             return {**result, "BLEU-4": bleu4, "CIDEr": cider}
 
+        expected = [(0.9, 0.5), (0.1, 0.7), (0.95, 0.6), (0.99, 0.65)]
         with mock.patch.object(callbacks_lib, "score_captions", side_effect=scores):
             train_lib.train_and_evaluate(config, workdir)
+            history = workdir_lib.read_history(os.path.join(workdir, "val_history.json"))
+            self.assertEqual([(h["val_bleu4"], h["val_cider"]) for h in history], expected)
+            # The same command again (a "resume" of a finished run) trains nothing.
+            train_lib.train_and_evaluate(config, workdir)
         history = workdir_lib.read_history(os.path.join(workdir, "val_history.json"))
-        self.assertEqual(
-            [(h["val_bleu4"], h["val_cider"]) for h in history],
-            [(0.9, 0.5), (0.1, 0.7), (0.95, 0.6), (0.99, 0.65)],
-        )
+        self.assertEqual([(h["val_bleu4"], h["val_cider"]) for h in history], expected)
         with open(os.path.join(workdir, inference.BEST_INFO), encoding="utf-8") as f:
             best = json.load(f)
         self.assertEqual(

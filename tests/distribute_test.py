@@ -7,7 +7,8 @@ mixed-precision case runs in the test process, under the global dtype policy it 
 and then puts back.
 
 - mirrored: one SGD step (learning rate 1, so the weight change is the gradient) under a
-  `MirroredStrategy` over two logical CPUs against one device on the same global batch.
+  `MirroredStrategy` over two logical CPUs against one device on the same global batch;
+  and two self-critical steps under it, each replica rewarding its own images.
 - worker: two `MultiWorkerMirroredStrategy` processes on 127.0.0.1, each with its own
   data, train a few steps; the all-reduce must leave both with the same weights.
 - mixed: a train step under the `mixed_bfloat16` policy; softmax and loss in float32.
@@ -28,8 +29,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from sat_tf.config import Config
 from sat_tf.model.decoder import AttentionDecoder
-from sat_tf.model.show_attend_tell import ShowAttendTell
+from sat_tf.model.show_attend_tell import ShowAttendTell, build_model
 
 VOCAB, WIDTH, LOCATIONS, FEATURES = 12, 8, 4, 8
 REPLICAS = 2
@@ -97,8 +99,50 @@ def _named_weights(model, replica=None, strategy=None):
     return {name: v.numpy().tolist() for name, v in zip(names, variables, strict=True)}
 
 
+def _scst_steps(strategy):
+    """Two self-critical steps (3 samples an image, a reward recording the image index of
+    each sample) of a tiny soft-attention model under `strategy`, on two batches of 4 of
+    8 images."""
+    config = Config(
+        attention="soft",
+        use_feature_cache=True,
+        embed_dim=WIDTH,
+        hidden_dim=WIDTH,
+        attention_dim=WIDTH,
+        scst=True,
+        scst_samples=3,
+        scst_baseline="mean",
+        max_caption_length=6,
+    )
+    with strategy.scope():
+        model = build_model(config, VOCAB, feature_shape=(LOCATIONS, FEATURES), grid=(2, 2))
+        model.compile(optimizer="adam")
+    rewarded = []
+
+    def reward(tokens, image_index):
+        # The words before <end>, minus the image index: advantages that differ.
+        rewarded.extend(int(i) for i in image_index)
+        words = [(list(row) + [2]).index(2) for row in tokens]
+        return (np.array(words) - np.array(image_index)).astype(np.float32)
+
+    model.rewarder = reward
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    features = np.random.default_rng(0).normal(size=(8, LOCATIONS, FEATURES)).astype(np.float32)
+    data = tf.data.Dataset.from_tensor_slices(
+        {"features": features, "image_index": np.arange(8, dtype=np.int32)}
+    ).batch(4)
+    history = model.fit(data, epochs=1, steps_per_epoch=2, verbose=0)
+    after = model.trainable_variables
+    return {
+        "loss": history.history["loss"][-1],
+        "moved": any(not np.allclose(b, v.numpy()) for b, v in zip(before, after, strict=True)),
+        "rewarded": sorted(rewarded),
+    }
+
+
 def run_mirrored():
-    """One step on one device and under MirroredStrategy(2) for every MIRRORED_CASES."""
+    """One step on one device and under MirroredStrategy(2) for every MIRRORED_CASES, and
+    self-critical steps under it."""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * REPLICAS
@@ -125,6 +169,7 @@ def run_mirrored():
         case["single"] = _named_weights(single)
         case["replicas"] = [_named_weights(mirrored, r, strategy) for r in range(REPLICAS)]
         results[name] = case
+    results["scst"] = _scst_steps(strategy)
     return results
 
 
@@ -286,6 +331,14 @@ class MirroredTest(tf.test.TestCase):
             case = self.results[name]
             for metric, value in case["single_metrics"].items():
                 self.assertAllClose(case["mirrored_metrics"][metric], value, rtol=1e-5, msg=metric)
+
+    def test_self_critical_steps(self):
+        scst = self.results["scst"]
+        self.assertTrue(np.isfinite(scst["loss"]))
+        self.assertTrue(scst["moved"], "two steps left the weights as they were")
+        # Each replica rewards its own 2 images x 3 samples: every image of both batches,
+        # 3 times, and none twice as often (a replica rewarding the global batch would).
+        self.assertEqual(scst["rewarded"], sorted(list(range(8)) * 3))
 
 
 def _run_workers(count):

@@ -1,18 +1,16 @@
 """Self-critical sequence training: the baseline, the surrogate's gradient, sampling in the
-graph, the objective of a tiny model, and a few steps of the real loop."""
+graph, the objective of a tiny model, and a few steps of the real loop (steps under a
+`MirroredStrategy`: distribute_test)."""
 
 import dataclasses
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from fixtures import TINY, WORDS, tiny_model
 
-from sat_tf import preset, self_critical
+from sat_tf import inference, preset, self_critical
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model import search
@@ -216,24 +214,32 @@ def test_config_checks():
     Config(scst=True, scst_samples=1, scst_baseline="greedy")
 
 
-@pytest.mark.parametrize("attention", ["soft"])  # the objective of each: test_terms_...
-def test_a_few_steps_of_the_loop_and_a_resume(tmp_path, attention):
+def test_a_few_steps_of_the_loop_and_a_resume(tmp_path):
+    # Soft attention (the objective of each: test_terms_of_a_tiny_model); two validation
+    # images and no test split (test metrics: train_lib_test, on the shared run).
     config = Config(
         data_dir=str(tmp_path / "data"),
         cache_dir=str(tmp_path / "cache"),
-        **{**TINY, "attention": attention, "scst": True, "scst_samples": 2, "steps_per_epoch": 2},
+        **{**TINY, "scst": True, "scst_samples": 2, "steps_per_epoch": 2}
+        | {"eval_images": 2, "num_test": 0},
     )
     workdir = str(tmp_path / "run")
-    scores = train_lib.train_and_evaluate(config, workdir)
-    for key in ("BLEU-4", "CIDEr", "bad_ending_rate", "distinct_words", "mean_length"):
-        assert key in scores
-    with open(os.path.join(workdir, "val_history.json"), encoding="utf-8") as f:
-        history = json.load(f)
-    assert "val_bad_ending_rate" in history[0]
+    assert train_lib.train_and_evaluate(config, workdir) == {}
+    history = workdir_lib.read_history(os.path.join(workdir, workdir_lib.HISTORY_FILE))
+    assert [h["epoch"] for h in history] == [1]
+    for key in ("val_bleu4", "val_cider", "val_bad_ending_rate", "val_mean_length"):
+        assert 0 <= history[0][key] < np.inf, key
     kept = [n for _, _, names in os.walk(config.cache_dir) for n in names]
     assert any(n.startswith("cider_df_") for n in kept)  # beside the dataset's vocabulary
-    # The same command again resumes the finished run: nothing more to train.
-    assert train_lib.train_and_evaluate(config, workdir)["BLEU-4"] == scores["BLEU-4"]
+    # The same command again resumes the finished run: nothing more to train or write.
+    weights = [
+        os.path.join(workdir, inference.BEST_WEIGHTS),
+        os.path.join(workdir, "backup", "latest.weights.h5"),
+    ]
+    written = [os.stat(path).st_mtime_ns for path in weights]
+    assert train_lib.train_and_evaluate(config, workdir) == {}
+    assert [os.stat(path).st_mtime_ns for path in weights] == written
+    assert workdir_lib.read_history(os.path.join(workdir, workdir_lib.HISTORY_FILE)) == history
 
 
 def test_init_from_a_preset(tmp_path):
@@ -250,51 +256,3 @@ def test_init_from_a_preset(tmp_path):
     other = vocab_lib.Vocab([*WORDS[:-1], "other"])
     with pytest.raises(ValueError, match="holds another model:\n  the vocabulary"):
         workdir_lib.load_initial_weights(fresh, config, other, folder)
-
-
-def _mirrored_child():
-    """Two SCST steps under a `MirroredStrategy` over two logical CPUs (a fresh process:
-    logical devices are set before TensorFlow starts); prints one JSON line."""
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(2)])
-    with strategy.scope():
-        model = _tiny_model("soft")
-        model.compile(optimizer="adam")
-    recorder = _Recorder()
-    model.rewarder = recorder
-    before = [v.numpy().copy() for v in model.trainable_variables]
-    features = np.random.default_rng(0).normal(size=(8, 4, 8)).astype(np.float32)
-    ds = tf.data.Dataset.from_tensor_slices(
-        {"features": features, "image_index": np.arange(8, dtype=np.int32)}
-    ).batch(4)
-    history = model.fit(ds, epochs=1, steps_per_epoch=2, verbose=0)
-    moved = any(
-        not np.allclose(b, v.numpy())
-        for b, v in zip(before, model.trainable_variables, strict=True)
-    )
-    rows = sorted(int(i) for _, index in recorder.calls for i in index)
-    print(json.dumps({"loss": history.history["loss"][-1], "moved": moved, "rows": rows}))
-
-
-def test_trains_under_a_mirrored_strategy():
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run(
-        [sys.executable, __file__, "mirrored"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=os.path.dirname(__file__),
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert np.isfinite(result["loss"]) and result["moved"]
-    # Each replica rewards its own 2 images x 3 samples: every image of both batches, 3 times.
-    assert result["rows"] == sorted(list(range(8)) * 3)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] == ["mirrored"]:
-        _mirrored_child()

@@ -43,6 +43,13 @@ class TrainAndEvaluateTest(tf.test.TestCase):
         ):
             self.assertBetween(self.scores[key], 0.0, 1.0)
         self.assertGreaterEqual(self.scores["phrase_hits"], self.scores["hits"])
+        self.assertGreaterEqual(self.scores["CIDEr"], 0.0)
+        # The caption statistics describe the captions the run wrote.
+        with open(os.path.join(self.workdir, "captions_test.json"), encoding="utf-8") as f:
+            captions = [c["caption"].split() for c in json.load(f)]
+        self.assertAllClose(self.scores["mean_length"], sum(map(len, captions)) / len(captions))
+        self.assertEqual(self.scores["distinct_words"], len({w for c in captions for w in c}))
+        self.assertBetween(self.scores["bad_ending_rate"], 0.0, 1.0)
         with open(os.path.join(self.workdir, "metrics_test.json"), encoding="utf-8") as f:
             self.assertEqual(json.load(f)["BLEU-4"], self.scores["BLEU-4"])
 
@@ -55,20 +62,24 @@ class TrainAndEvaluateTest(tf.test.TestCase):
     def test_init_from_starts_from_another_workdirs_weights(self):
         # One step at a learning rate too small to move them: the new run's trained
         # weights are the shared run's, which fresh ones could not be. (Statistics that
-        # training updates whatever the rate, such as the baselines, move.)
-        workdir = os.path.join(self.get_temp_dir(), "continued")
-        flags = [f"--{k}={v}" for k, v in {**TRAINED, "steps_per_epoch": 1}.items()]
-        code, _, stderr = run_main(
+        # training updates whatever the rate, such as the baselines, move.) Its own data
+        # folder holds the shared run's training images (they depend on the seed alone,
+        # so the vocabulary is the same) and no others: nothing to validate or test.
+        root = self.get_temp_dir()
+        workdir = os.path.join(root, "continued")
+        settings = {**TRAINED, "steps_per_epoch": 1, "num_val": 0, "num_test": 0}
+        code, stdout, stderr = run_main(
             train_cli.main,
             "sat-train",
             f"--workdir={workdir}",
-            f"--data_dir={self.data_dir}",
+            f"--data_dir={os.path.join(root, 'data')}",
             f"--init_from={self.workdir}",
             "--learning_rate=1e-12",
-            *flags,
+            *(f"--{k}={v}" for k, v in settings.items()),
         )
         self.assertEqual(code, 0, stderr[-3000:])
         self.assertIn(f"starting from the best weights of {self.workdir}", stderr)
+        self.assertIn("training on 40 images", stderr)
         continued, _, _ = inference.load_workdir(workdir)
         shared, _, _ = inference.load_workdir(self.workdir)
         pairs = zip(continued.trainable_weights, shared.trainable_weights, strict=True)
@@ -176,7 +187,7 @@ def callbacks(*args, **kwargs):
 train_lib._callbacks = callbacks
 sys.exit(train_cli.main(["sat-train", *sys.argv[2:]]))
 """
-RESUME_EPOCHS, RESUME_STEPS = 3, 8
+RESUME_EPOCHS, RESUME_STEPS = 3, 3
 
 
 def _train_flags(workdir, data_dir):
@@ -185,7 +196,7 @@ def _train_flags(workdir, data_dir):
         "attention": "hard",
         "epochs": RESUME_EPOCHS,
         "steps_per_epoch": RESUME_STEPS,
-        "hard_warmup_steps": 3,  # sampling starts within the first epoch
+        "hard_warmup_steps": 2,  # sampling starts at the third step, in the first epoch
         "eval_images": 2,
         "num_test": 0,  # no test-split scores: the weights are what is compared
     }
@@ -223,7 +234,7 @@ class ResumeTest(tf.test.TestCase):
     @pytest.mark.slow
     def test_killed_before_any_backup_then_after_validation(self):
         # Slow: one more child process; the first kill leaves no backup to resume from.
-        self._check_resume((("1:5", 0), ("2:0", 1)))
+        self._check_resume((("1:3", 0), ("2:0", 1)))
 
     def _check_resume(self, kills):
         root = self.get_temp_dir()

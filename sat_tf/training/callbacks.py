@@ -39,10 +39,15 @@ class EvaluationCallback(keras.callbacks.Callback):
         self.grid = grid
         self.writer = tf.summary.create_file_writer(os.path.join(log_dir, "captions"))
         self.num_pictures = num_pictures
+        self.caption = None
 
     def on_epoch_end(self, epoch, logs=None):
         start = time.time()
-        results = caption_records(self.model, self.records, self.vocab, self.config)
+        if self.caption is None:  # traced once, for the weights of every epoch
+            self.caption = inference.make_caption_fn(self.model, self.config, vocab=self.vocab)
+        results = caption_records(
+            self.model, self.records, self.vocab, self.config, caption=self.caption
+        )
         scores = score_captions(
             self.records, results, self.objects, self.grid, self.config.image_size
         )

@@ -20,10 +20,20 @@ def references(records):
 
 
 def caption_records(
-    model, records, vocab, config: Config, beam_size=None, batch_size=100, encoder=None
+    model,
+    records,
+    vocab,
+    config: Config,
+    beam_size=None,
+    batch_size=100,
+    encoder=None,
+    caption=None,
 ):
     """Captions every record's image (its cached features with `--use_feature_cache`;
     the images through `encoder` when one is given, see `make_caption_fn`).
+
+    `caption`, a function `make_caption_fn` made for these arguments, is used instead of
+    a new one: a caller that captions again after each epoch traces it once.
 
     Returns:
       list of dicts {"words": [...], "alpha": (n_words + 1, L) array (the last row made
@@ -39,7 +49,7 @@ def caption_records(
         features=cached,
     )
     key = "image" if cached is None else "features"
-    caption = make_caption_fn(model, config, beam_size, encoder, vocab)
+    caption = caption or make_caption_fn(model, config, beam_size, encoder, vocab)
     results = []
     for batch in ds:
         out = caption({key: batch[key]})
