@@ -1,7 +1,8 @@
-"""Tests for the Python API (`sat_tf.Captioner`, `ShowAttendTell.from_preset`) on the
-shipped preset: README's three lines, every input kind against the file path, batches
-against one image at a time, and the captions against the package's own pipeline of
-`scripts/caption.py` before the API (inference.load_preset, image_io, make_caption_fn)."""
+"""Tests for the Python API (`sat_tf.Captioner`, `ShowAttendTell.from_preset`): on the
+shipped preset README's three lines and the captions against the package's own pipeline
+of `scripts/caption.py` before the API (inference.load_preset, image_io,
+make_caption_fn); on a tiny model every input kind against the file path, batches against
+one image at a time, refusals, pictures and `attend`."""
 
 import contextlib
 import io
@@ -71,6 +72,25 @@ def pipeline_words(model, vocab, config, paths, beam_size):
     return [vocab.decode(out.tokens[i][: int(out.length[i])].numpy()) for i in range(len(paths))]
 
 
+def input_kinds(path):
+    """{kind: the image at `path` as that kind of input}."""
+    with open(path, "rb") as f:
+        data = f.read()
+    pil = Image.open(path)
+    array = np.asarray(pil.convert("RGB"))
+    rgba = np.concatenate([array, np.full(array.shape[:2] + (1,), 7, np.uint8)], -1)
+    return {
+        "str": path,
+        "Path": pathlib.Path(path),
+        "bytes": data,
+        "PIL": pil,
+        "uint8": array,
+        "float": array.astype(np.float32),
+        "float64": array.astype(np.float64),
+        "rgba": rgba,
+    }
+
+
 class CaptionerTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -133,26 +153,34 @@ class CaptionerTest(tf.test.TestCase):
             want = pipeline_words(c.model, c.vocab, c.config, self.pngs, beam)
             self.assertEqual(got, want, f"beam {beam}")
 
-    def _kinds(self, path):
-        with open(path, "rb") as f:
-            data = f.read()
-        pil = Image.open(path)
-        array = np.asarray(pil.convert("RGB"))
-        rgba = np.concatenate([array, np.full(array.shape[:2] + (1,), 7, np.uint8)], -1)
-        return {
-            "str": path,
-            "Path": pathlib.Path(path),
-            "bytes": data,
-            "PIL": pil,
-            "uint8": array,
-            "float": array.astype(np.float32),
-            "float64": array.astype(np.float64),
-            "rgba": rgba,
-        }
+    def test_every_input_kind_of_a_jpeg_photo(self):
+        photos = flickr8k_photos(1)
+        if not photos:
+            self.skipTest(f"no Flickr8k test photo under {os.path.abspath(FLICKR8K)}")
+        # TensorFlow's JPEG decoder (its default IDCT) and PIL's differ by a few levels
+        # per pixel: the same caption, scores within a small margin.
+        kinds = input_kinds(photos[0])
+        (want,) = self.captioner.caption(photos[0])
+        got = self.captioner.caption(list(kinds.values()))
+        for name, caption in zip(kinds, got, strict=True):
+            self.assertEqual(caption.text, want.text, name)
+
+
+class TinyCaptionerTest(tf.test.TestCase):
+    """What the API does with its inputs, batches and captions, on a tiny model (the
+    shipped preset's own captions: CaptionerTest)."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.dir = tempfile.mkdtemp()
+        cls.addClassCleanup(shutil.rmtree, cls.dir, ignore_errors=True)
+        cls.captioner = sat_tf.Captioner(*tiny_model())
+        cls.pngs = [made_photo(os.path.join(cls.dir, f"made_{i}.png"), i) for i in range(3)]
 
     def test_every_input_kind_gives_the_caption_of_the_path(self):
         # PNG decodes to the same pixels with TensorFlow and PIL: the same numbers.
-        kinds = self._kinds(self.pngs[1])
+        kinds = input_kinds(self.pngs[1])
         (want,) = self.captioner.caption(self.pngs[1], beam_size=1)
         for name, image in kinds.items():
             (got,) = self.captioner.caption(image, beam_size=1)
@@ -163,23 +191,12 @@ class CaptionerTest(tf.test.TestCase):
         got = self.captioner.caption(list(kinds.values()), beam_size=1)
         self.assertEqual([c.text for c in got], [want.text] * len(kinds))
 
-    def test_every_input_kind_of_a_jpeg_photo(self):
-        photos = flickr8k_photos(1)
-        if not photos:
-            self.skipTest(f"no Flickr8k test photo under {os.path.abspath(FLICKR8K)}")
-        # TensorFlow's JPEG decoder (its default IDCT) and PIL's differ by a few levels
-        # per pixel: the same caption, scores within a small margin.
-        kinds = self._kinds(photos[0])
-        (want,) = self.captioner.caption(photos[0])
-        got = self.captioner.caption(list(kinds.values()))
-        for name, caption in zip(kinds, got, strict=True):
-            self.assertEqual(caption.text, want.text, name)
-
     def test_batches_equal_one_image_at_a_time(self):
         photos = (flickr8k_photos(3) or []) + self.pngs
-        captioner = sat_tf.Captioner(*inference.load_preset(PRESET), batch_size=2)
+        captioner = sat_tf.Captioner(*tiny_model(), batch_size=2)
         for beam in (1, 3):
             together = self.captioner.caption(photos, beam_size=beam)
+            self.assertGreater(len({c.text for c in together}), 1)  # rows that could mix
             # Batches of two (a last one of one) with beam 3 only: its state is the one
             # that grows with the batch (B x beam rows).
             in_twos = captioner.caption(photos, beam_size=beam) if beam == 3 else []
@@ -258,13 +275,13 @@ class CaptionerTest(tf.test.TestCase):
         # Teacher forcing on the words greedy decoding chose runs the same steps.
         (caption,) = self.captioner.caption(self.pngs[0], beam_size=1)
         (maps,) = self.captioner.attend(self.pngs[0], [caption.words])
-        self.assertEqual(maps.shape, (len(caption.words) + 1, 7, 7))
+        self.assertEqual(maps.shape, (len(caption.words) + 1, *self.captioner.grid))
         self.assertAllClose(maps, caption.attention, atol=1e-5)
         # A text is split as in training; a word outside the vocabulary is read as <unk>.
         text, unknown, spelled = self.captioner.attend(
             self.pngs[0], ["A dog, running!", ["a", "zzzq"], ["a", "<unk>"]]
         )
-        self.assertEqual(text.shape, (4, 7, 7))
+        self.assertEqual(text.shape, (4, *self.captioner.grid))
         self.assertAllClose(unknown, spelled)
         self.assertEqual(self.captioner.attend(self.pngs[0], []), [])
 

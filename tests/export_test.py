@@ -263,7 +263,12 @@ class ExportTest(tf.test.TestCase):
         self.assertEqual(alone["modules/findable"].tolist(), [])
         self.assertEqual(alone["modules/after_calls"].tolist(), [])
         self.assertFreshResults(alone)
+        self.assertNotAllEqual(self.want[1].tokens, self.want[2].tokens)
+        self.assertGreater(len(set(self.captions(self.want[1]))), 1)
 
+    @pytest.mark.slow
+    def test_fresh_process_with_the_installed_packages_imports_nothing_more(self):
+        # Slow: a second fresh process, whose exports already load without these packages.
         # TensorFlow as pip installs it, with Keras (a dependency) and tensorflow-text.
         # `import tensorflow` itself imports Keras (TF 2.21's tensorflow/__init__.py runs
         # `importlib.import_module("keras.src.optimizers")`); loading and calling the
@@ -274,9 +279,6 @@ class ExportTest(tf.test.TestCase):
         self.assertEqual(installed["modules/after_calls"].tolist(), after_import)
         self.assertEqual([m for m in after_import if not m.startswith("keras")], [])
         self.assertFreshResults(installed)
-
-        self.assertNotAllEqual(self.want[1].tokens, self.want[2].tokens)
-        self.assertGreater(len(set(self.captions(self.want[1]))), 1)
 
     def test_model_server_load_and_predict_path(self):
         with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph) as session:

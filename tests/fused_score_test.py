@@ -8,6 +8,7 @@ import sys
 from unittest import mock
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from sat_tf.model.attention import AdditiveScore
@@ -102,7 +103,10 @@ class CompiledScoreTest(tf.test.TestCase):
 
 
 class BuildTest(tf.test.TestCase):
+    @pytest.mark.slow
     def test_a_build_is_one_readable_library(self):
+        # Slow: a real compile, as the first use of the op on a machine does (in a fresh
+        # clone the default run builds it there, into the kernel cache).
         path = os.path.join(self.get_temp_dir(), "built", "op.so")
         fused_score.build(path)
         self.assertEqual(os.listdir(os.path.dirname(path)), ["op.so"])
