@@ -10,6 +10,7 @@ import subprocess
 import sys
 from unittest import mock
 
+import keras
 import pytest
 import tensorflow as tf
 from fixtures import TINY, TRAINED, run_main, trained_run
@@ -144,47 +145,63 @@ class UnwritableWorkdirTest(tf.test.TestCase):
                 train_lib.train_and_evaluate(config, os.path.join(root, "run"))
 
 
-# The child process of ResumeTest (`python -c KILLED_RUN EPOCH:STEP --flags...`): runs
-# sat-train with --flags and SIGKILLs itself after step STEP of epoch EPOCH (both counted
-# from 1), or, with STEP 0, at the end of epoch EPOCH after its evaluation and best
-# checkpoint, just before BackupAndRestore writes its backup.
+class StopAt(keras.callbacks.Callback):
+    """Calls `stop()` after step `step` of epoch `epoch` (both counted from 1), or, with
+    step 0, at the end of epoch `epoch` after its evaluation and best checkpoint, just
+    before BackupAndRestore writes its backup."""
+
+    def __init__(self, epoch, step, stop):
+        super().__init__()
+        self.at, self.stop = (epoch, step), stop
+
+    def on_epoch_begin(self, index, logs=None):
+        self.epoch = index + 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self.epoch, batch + 1) == self.at:
+            self.stop()
+
+    def on_epoch_end(self, index, logs=None):
+        if (index + 1, 0) == self.at:
+            self.stop()
+
+
+def stopping_callbacks(stop_at, stop):
+    """`train_lib._callbacks` with `StopAt` ("EPOCH:STEP") just before the backup."""
+    epoch, step = (int(x) for x in stop_at.split(":"))
+    real = train_lib._callbacks
+
+    def callbacks(*args, **kwargs):
+        found, stopper = real(*args, **kwargs)
+        if not isinstance(found[-1], keras.callbacks.BackupAndRestore):
+            raise AssertionError(f"the backup is not the last callback: {found}")
+        return [*found[:-1], StopAt(epoch, step, stop), found[-1]], stopper
+
+    return callbacks
+
+
+class Interrupted(Exception):
+    """Where a run in this process stops (`StopAt`) instead of being killed."""
+
+
+def _interrupt():
+    raise Interrupted
+
+
+# The child process of ResumeTest (`python -c KILLED_RUN EPOCH:STEP --flags...`, with
+# tests/ on its path): runs sat-train with --flags and SIGKILLs itself where `StopAt` says.
 KILLED_RUN = """
 import os
 import signal
 import sys
 
-import keras
-
+import train_lib_test
 from sat_tf.cli import train as train_cli
 from sat_tf.training import train_lib
 
-epoch, step = (int(x) for x in sys.argv[1].split(":"))
-
-
-class Kill(keras.callbacks.Callback):
-    def on_epoch_begin(self, index, logs=None):
-        self.epoch = index + 1
-
-    def on_train_batch_end(self, batch, logs=None):
-        if (self.epoch, batch + 1) == (epoch, step):
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def on_epoch_end(self, index, logs=None):
-        if (index + 1, 0) == (epoch, step):
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-real = train_lib._callbacks
-
-
-def callbacks(*args, **kwargs):
-    found, stopper = real(*args, **kwargs)
-    if not isinstance(found[-1], keras.callbacks.BackupAndRestore):
-        raise AssertionError(f"the backup is not the last callback: {found}")
-    return [*found[:-1], Kill(), found[-1]], stopper
-
-
-train_lib._callbacks = callbacks
+train_lib._callbacks = train_lib_test.stopping_callbacks(
+    sys.argv[1], lambda: os.kill(os.getpid(), signal.SIGKILL)
+)
 sys.exit(train_cli.main(["sat-train", *sys.argv[2:]]))
 """
 RESUME_EPOCHS, RESUME_STEPS = 3, 3
@@ -220,46 +237,54 @@ def _final_state(workdir):
 
 
 class ResumeTest(tf.test.TestCase):
-    """A hard-attention run of sat-train killed (SIGKILL, in a child process) at chosen
-    steps; the same command resumes it and ends with the weights of an uninterrupted run.
+    """A hard-attention run of sat-train stopped at chosen steps; the same command resumes
+    it and ends with the weights of an uninterrupted run.
 
-    Kills: at the end of epoch 2 after its evaluation and best checkpoint, before its
-    backup (the resumed run redoes epoch 2); with the slow tests also, first, mid-way
-    through epoch 1 (after sampling started, before any backup). The uninterrupted and
-    the resumed runs run in this process."""
+    By default the run stops (an exception, in this process) at the end of epoch 2 after
+    its evaluation and best checkpoint, before its backup: the resumed run redoes epoch
+    2. With the slow tests a child process is killed (SIGKILL: no cleanup runs) first
+    mid-way through epoch 1 (after sampling started, before any backup), then where the
+    default case stops. The uninterrupted and the resumed runs run in this process."""
 
-    def test_killed_after_validation_before_backup(self):
-        self._check_resume((("2:0", 1),))
+    def test_interrupted_after_validation_before_backup(self):
+        self._check_resume((("2:0", 1),), killed=False)
 
     @pytest.mark.slow
     def test_killed_before_any_backup_then_after_validation(self):
-        # Slow: one more child process; the first kill leaves no backup to resume from.
-        self._check_resume((("1:3", 0), ("2:0", 1)))
+        # Slow: two child processes.
+        self._check_resume((("1:3", 0), ("2:0", 1)), killed=True)
 
-    def _check_resume(self, kills):
+    def _check_resume(self, stops, killed):
         root = self.get_temp_dir()
         data_dir = os.path.join(root, "data")
         epochs, steps = RESUME_EPOCHS, RESUME_STEPS
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+        path = [ROOT, os.path.join(ROOT, "tests"), env.get("PYTHONPATH")]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, path))
 
         code, _, stderr = run_main(
             train_cli.main, "sat-train", *_train_flags(f"{root}/whole", data_dir)
         )
         self.assertEqual(code, 0, stderr[-3000:])
 
-        workdir = os.path.join(root, "killed")
+        workdir = os.path.join(root, "stopped")
         flags = _train_flags(workdir, data_dir)
-        for kill_at, backed_up in kills:
-            killed = subprocess.run(
-                [sys.executable, "-c", KILLED_RUN, kill_at, *flags],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
-            self.assertEqual(killed.returncode, -signal.SIGKILL, killed.stderr[-3000:])
-            self.assertEqual(workdir_lib.backed_up_epoch(workdir), backed_up, kill_at)
+        for stop_at, backed_up in stops:
+            if killed:
+                done = subprocess.run(
+                    [sys.executable, "-c", KILLED_RUN, stop_at, *flags],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                )
+                self.assertEqual(done.returncode, -signal.SIGKILL, done.stderr[-3000:])
+            else:
+                callbacks = stopping_callbacks(stop_at, _interrupt)
+                with mock.patch.object(train_lib, "_callbacks", callbacks):
+                    with self.assertRaises(Interrupted):
+                        run_main(train_cli.main, "sat-train", *flags)
+            self.assertEqual(workdir_lib.backed_up_epoch(workdir), backed_up, stop_at)
         history = workdir_lib.read_history(os.path.join(workdir, workdir_lib.HISTORY_FILE))
         self.assertEqual([h["epoch"] for h in history], [1, 2])
 
