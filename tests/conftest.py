@@ -49,21 +49,27 @@ def pytest_xdist_make_scheduler(config, log):
             scope = super()._split_scope(nodeid)
             return _GROUP_OF.get(scope, scope)
 
+    # pytest-xdist (3.x) would hand out the scopes with the most tests first; the order
+    # that counts here is the time they take (LONGEST_FIRST).
+    config.option.loadscopereorder = False
     return Scheduling(config, log)
 
 
-# The classes that take longest (seconds on 2 cores), run first: pytest-xdist hands out
-# scopes in collection order, so with these at the end one worker would still be busy
-# with them long after the other has finished. Order within a class is kept; the rest of
-# the suite keeps its order after them. A stale entry only costs time.
+# The classes that take longest (BUILD_NOTES.md, "Test suite time"), run first:
+# pytest-xdist hands out scopes in this order, so with these at the end one worker would
+# still be busy with them long after the other has finished. Order within a class is
+# kept; the rest of the suite keeps its order after them. A stale entry only costs time.
 LONGEST_FIRST = (
-    "tests/train_lib_test.py::ResumeTest",  # a killed run in a child process, 3 in this one
     *SCOPE_GROUPS["demo_exports"][1],  # two exports, Chromium
-    *SCOPE_GROUPS["trained_run"][1],  # the shared training run
-    "tests/export_test.py::ExportTest",  # an export, a fresh process loading it
-    "tests/api_test.py::CaptionerTest",  # the shipped preset on photos
+    "tests/show_attend_tell_test.py::ShowAttendTellTest",  # many small fits
+    "tests/exporting_test.py::SignaturesTest",  # the signatures traced for one model after another
+    "tests/recurrence_test.py::SoftAttentionRecurrenceTest",  # Jacobians
+    *SCOPE_GROUPS["trained_run"][1],  # the shared training run and its commands
+    "tests/export_test.py::ExportTest",  # two exports, a fresh process loading them
+    "tests/train_lib_test.py::ResumeTest",  # three short runs
+    "tests/cli_test.py::CaptionCommandTest",  # the shipped presets' commands
+    "tests/decoder_test.py::AttentionDecoderTest",  # layer round trips
     "tests/distribute_test.py::MirroredTest",  # a child process with two CPU devices
-    "tests/allocator_test.py::CpuAllocatorTest",  # processes importing TensorFlow
 )
 
 

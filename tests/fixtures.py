@@ -84,6 +84,10 @@ def run_main(main, *argv, cwd=None):
         if cwd:
             os.chdir(cwd)
         handler.stream = err
+        # INFO, where absl's app.run puts --verbosity in a fresh process. In this one
+        # TensorFlow's SavedModel writer may have set it (to WARNING) first, and app.run
+        # keeps a flag that was set, which would hide the command's log lines.
+        logging.set_verbosity(logging.INFO)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(list(argv))
     finally:
