@@ -214,7 +214,7 @@ def _train_flags(workdir, data_dir):
         "epochs": RESUME_EPOCHS,
         "steps_per_epoch": RESUME_STEPS,
         "hard_warmup_steps": 2,  # sampling starts at the third step, in the first epoch
-        "eval_images": 2,
+        "eval_images": 1,
         "num_test": 0,  # no test-split scores: the weights are what is compared
     }
     return [
