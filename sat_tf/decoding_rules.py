@@ -16,12 +16,18 @@ import tensorflow as tf
 from sat_tf.data import vocab as vocab_lib
 
 
-def never_emitting(step_fn, vocab_size):
-    """`step_fn` with the words of `vocab.NEVER_EMITTED` (`<pad>`, `<start>`, `<unk>`)
-    lowered by 1e9, so that no caption holds them; the other words' log-probabilities
-    are not renormalised."""
+def never_emitted_penalty(vocab_size):
+    """(V,) float32: -1e9 at the words of `vocab.NEVER_EMITTED` (`<pad>`, `<start>`,
+    `<unk>`), 0 elsewhere; added to a step's scores, no caption holds those words."""
     banned = np.zeros([vocab_size], np.float32)
     banned[list(vocab_lib.NEVER_EMITTED)] = -1e9
+    return banned
+
+
+def never_emitting(step_fn, vocab_size):
+    """`step_fn` with `never_emitted_penalty` added to its log-probabilities; the other
+    words' log-probabilities are not renormalised."""
+    banned = never_emitted_penalty(vocab_size)
 
     def step(tokens, state):
         log_probs, state, alpha = step_fn(tokens, state)

@@ -22,9 +22,9 @@ imports the model.
 import dataclasses
 
 import keras
-import numpy as np
 import tensorflow as tf
 
+from sat_tf import decoding_rules
 from sat_tf.data import vocab as vocab_lib
 
 BASELINES = ("mean", "greedy")
@@ -115,9 +115,7 @@ def _log_likelihood(decoder, features, tokens, state):
         state=state,
     )
     logits = outputs["logits"]  # (N, T, V)
-    emitted = np.ones([logits.shape[-1]], bool)
-    emitted[list(vocab_lib.NEVER_EMITTED)] = False
-    logits = tf.where(emitted, logits, -1e9)
+    logits += decoding_rules.never_emitted_penalty(logits.shape[-1])
     nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tokens, logits=logits)
     return tf.reduce_sum(-nll * mask, axis=1), tf.reduce_sum(mask, axis=1)
 
