@@ -69,6 +69,18 @@ def test_bleu_with_and_without_brevity_penalty_by_hand(no_java):
     assert metrics.bleu4(REFS, HYPS) == pytest.approx(NO_BP[3] * BP, rel=1e-8)
 
 
+def test_paper_bleu_with_coco_scores_tokenizes_once(no_java, monkeypatch):
+    calls = []
+    real = java_tools.tokenize
+    monkeypatch.setattr(java_tools, "tokenize", lambda *a: calls.append(1) or real(*a))
+    both = metrics.coco_scores(REFS, HYPS, with_paper_bleu=True)
+    assert len(calls) == 1
+    for k in range(4):
+        assert both[metrics.PAPER_BLEU_KEYS[k]] == pytest.approx(NO_BP[k], rel=1e-8)
+        assert both[metrics.BLEU_KEYS[k]] == pytest.approx(NO_BP[k] * BP, rel=1e-8)
+    assert not set(metrics.PAPER_BLEU_KEYS) & set(metrics.coco_scores(REFS, HYPS))
+
+
 def test_bleu_equal_with_and_without_penalty_when_long_enough(no_java):
     # "1" alone: c = 6 = closest reference length, so BP = 1. No 4-gram matches: the
     # scorers' guards give (5/6 * 3/5 * 1/4 * 1e-15/3)^(1/4) instead of 0.

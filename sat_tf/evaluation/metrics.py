@@ -89,6 +89,7 @@ def coco_scores(
     hypotheses: Mapping[str, str],
     *,
     use_spice: bool = False,
+    with_paper_bleu: bool = False,
     java_timeout: float = java_tools.DEFAULT_JAVA_TIMEOUT,
 ) -> dict:
     """The coco-caption metrics of one caption per image (Chen et al., 2015).
@@ -102,6 +103,8 @@ def coco_scores(
       references: image id -> reference captions (raw text).
       hypotheses: image id -> generated caption (raw text).
       use_spice: also compute SPICE (needs Java and Stanford CoreNLP 3.6.0 jars).
+      with_paper_bleu: also the keys of `paper_bleu`, from the same tokens (one Java
+        tokenizer run for both).
       java_timeout: seconds each Java program may run before it counts as failed.
 
     Returns:
@@ -128,6 +131,8 @@ def coco_scores(
         unavailable["METEOR"] = str(e)
     scores["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
     scores["CIDEr"] = float(Cider().compute_score(gts, res)[0])
+    if with_paper_bleu:
+        scores.update(_paper_bleu_of_tokens(gts, res))
     if use_spice:
         try:
             if java is None:
@@ -205,6 +210,10 @@ def paper_bleu(
     """
     refs = _check_inputs(references, hypotheses)
     gts, res, _ = java_tools.tokenize(refs, hypotheses, java_timeout)
+    return _paper_bleu_of_tokens(gts, res)
+
+
+def _paper_bleu_of_tokens(gts, res) -> dict:
     scores = bleu_without_brevity_penalty(gts, {i: h[0] for i, h in res.items()})
     return dict(zip(PAPER_BLEU_KEYS, scores, strict=True))
 

@@ -85,8 +85,7 @@ def score_captions(records, results, objects=None, grid=(14, 14), image_size=112
     refs = references(records)
     hyps = {r.image_id: " ".join(res["words"]) for r, res in zip(records, results, strict=True)}
     if full:
-        scores = metrics.coco_scores(refs, hyps)
-        scores.update(metrics.paper_bleu(refs, hyps))
+        scores = metrics.coco_scores(refs, hyps, with_paper_bleu=True)
     else:
         scores = {"BLEU-4": metrics.bleu4(refs, hyps), "CIDEr": metrics.cider(refs, hyps)}
     scores.update(metrics.caption_statistics(hyps))
