@@ -44,13 +44,23 @@ def _cpu_flags():
     return platform.machine()
 
 
+def _native_flags():
+    """-march=native, less the AVX-512 FP16 packets where the CPU has them: TF 2.21's Eigen
+    header for them (PacketMathFP16.h) does not compile under g++ 12, and the op computes
+    in float32."""
+    flags = ["-march=native"]
+    if "avx512_fp16" in _cpu_flags().split():
+        flags.append("-mno-avx512fp16")
+    return flags
+
+
 def _compile_command(output, native=True):
     return [
         os.environ.get("CXX", "g++"),
         "-shared",
         "-fPIC",
         "-O3",
-        *(["-march=native"] if native else []),
+        *(_native_flags() if native else []),
         "-w",
         *tf.sysconfig.get_compile_flags(),
         SOURCE,
