@@ -71,11 +71,13 @@ def _compile_command(output, native=True):
 
 
 def library_path():
-    """Where the built op is (or will be) kept."""
+    """Where the built op is (or will be) kept: named by a hash of its source, the TF and
+    Python versions, the CPU's flags and the build's (a change of any builds it anew)."""
     with open(SOURCE, "rb") as f:
         source = f.read()
+    parts = [source, tf.__version__, _cpu_flags(), sys.version, " ".join(_native_flags())]
     key = hashlib.sha256(
-        b"\0".join([source, tf.__version__.encode(), _cpu_flags().encode(), sys.version.encode()])
+        b"\0".join(p if isinstance(p, bytes) else p.encode() for p in parts)
     ).hexdigest()[:16]
     cache = os.environ.get("SAT_TF_KERNEL_CACHE") or os.path.join(
         os.path.expanduser("~"), ".cache", "sat_tf", "kernels"
