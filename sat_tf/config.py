@@ -225,6 +225,12 @@ class Config:
         "Self-critical training: baseline b of a sample: the mean reward of the image's "
         "other K - 1 samples (mean) or the reward of its greedy caption (greedy).",
     )
+    scst_entropy_weight: float = _field(
+        0.0,
+        "Self-critical training: weight of an entropy bonus, the loss less this times "
+        "the entropy of the word distributions summed over each sample's steps (it "
+        "resists the distribution turning peaky and the vocabulary shrinking); 0 = off.",
+    )
 
     beam_size: int = _field(1, "Beam size for evaluation and captioning (1 = greedy).")
     max_decode_length: int = _field(50, "Longest caption generated.")
@@ -292,6 +298,7 @@ class Config:
         non_negative = ("steps_per_epoch", "eval_images", "early_stopping_patience", "alpha_c")
         non_negative += ("clip_norm", "num_train", "num_val", "num_test", "seed")
         non_negative += ("reinforce_weight", "entropy_weight", "hard_warmup_steps")
+        non_negative += ("scst_entropy_weight",)
         if self.scst_samples < 1:
             raise ValueError(f"--scst_samples={self.scst_samples} must be at least 1")
         if self.scst and self.scst_baseline == "mean" and self.scst_samples < 2:

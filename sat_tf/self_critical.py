@@ -32,8 +32,8 @@ BASELINES = ("mean", "greedy")
 
 @dataclasses.dataclass(frozen=True)
 class SelfCriticalSettings:
-    """How self-critical training runs; the `Config` fields `scst_samples` and
-    `scst_baseline`.
+    """How self-critical training runs; the `Config` fields `scst_samples`,
+    `scst_baseline` and `scst_entropy_weight`.
 
     Attributes:
       samples: K, captions sampled per image.
@@ -41,11 +41,14 @@ class SelfCriticalSettings:
         self-critical" baseline of self-critical.pytorch); "greedy": the reward of the
         image's greedy caption (Rennie et al.'s).
       max_length: the most tokens a sample holds, `<end>` included.
+      entropy_weight: β of the entropy bonus: the objective less β times the entropy of
+        the policy's word distributions summed over a sample's steps.
     """
 
     samples: int = 5
     baseline: str = "mean"
     max_length: int = 20
+    entropy_weight: float = 0.0
 
     def __post_init__(self):
         if self.baseline not in BASELINES:
@@ -62,7 +65,12 @@ class SelfCriticalSettings:
         """The settings of a `Config` with `scst` set; None without."""
         if not config.scst:
             return None
-        return cls(config.scst_samples, config.scst_baseline, config.max_caption_length)
+        return cls(
+            config.scst_samples,
+            config.scst_baseline,
+            config.max_caption_length,
+            config.scst_entropy_weight,
+        )
 
 
 def sample_seed(seed_generator):
@@ -98,9 +106,10 @@ def _reward(rewarder, tokens, image_index):
 
 
 def _log_likelihood(decoder, features, tokens, state):
-    """((N,) `log p(tokens)`, (N,) words) of the samples (N, T) from a teacher-forced pass
-    of the decoder as it captions (no dropout; hard attention as `hard_decoding` says;
-    the softmax over the words it may emit), from its `state` (with gradient)."""
+    """((N,) `log p(tokens)`, (N,) entropy, (N,) words) of the samples (N, T) from a
+    teacher-forced pass of the decoder as it captions (no dropout; hard attention as
+    `hard_decoding` says; the softmax over the words it may emit), from its `state` (with
+    gradient); the entropy is the step distributions', summed over each sample's words."""
     mask = tf.cast(tf.not_equal(tokens, vocab_lib.PAD_ID), tf.float32)
     inputs = tf.concat([tf.fill([tf.shape(tokens)[0], 1], vocab_lib.START_ID), tokens], axis=1)
     expected = decoder.attention == "hard" and decoder.hard_decoding == "expected"
@@ -116,8 +125,11 @@ def _log_likelihood(decoder, features, tokens, state):
     )
     logits = outputs["logits"]  # (N, T, V)
     logits += decoding_rules.never_emitted_penalty(logits.shape[-1])
-    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tokens, logits=logits)
-    return tf.reduce_sum(-nll * mask, axis=1), tf.reduce_sum(mask, axis=1)
+    log_probs = tf.nn.log_softmax(logits)  # the never-emitted words: exactly 0 * -1e9
+    chosen = tf.gather(log_probs, tokens, axis=2, batch_dims=2)
+    entropy = -tf.reduce_sum(tf.exp(log_probs) * log_probs, axis=2)
+    sums = [tf.reduce_sum(x * mask, axis=1) for x in (chosen, entropy, mask)]
+    return tuple(sums)
 
 
 def self_critical_terms(
@@ -135,8 +147,8 @@ def self_critical_terms(
 
     Returns:
       dict of (B K,) tensors, image by image: "objective", "reward" (of the samples),
-      "baseline", "log_likelihood" (of the samples), "words" (their tokens, `<end>`
-      included).
+      "baseline", "log_likelihood" and "entropy" (of the samples, summed over their
+      words), "words" (their tokens, `<end>` included).
     """
     k = settings.samples
     features = tf.repeat(features, k, axis=0)  # (B K, L, D)
@@ -151,12 +163,16 @@ def self_critical_terms(
     else:
         greedy = model.decode(tf.nest.map_structure(lambda s: s[::k], frozen), settings.max_length)
         baseline = tf.repeat(_reward(rewarder, greedy.tokens, image_index), k, axis=0)
-    log_likelihood, words = _log_likelihood(model.decoder, features, tokens, state)
+    log_likelihood, entropy, words = _log_likelihood(model.decoder, features, tokens, state)
+    objective = self_critical_surrogate(log_likelihood, reward, baseline)
+    if settings.entropy_weight:
+        objective -= settings.entropy_weight * entropy
     return {
-        "objective": self_critical_surrogate(log_likelihood, reward, baseline),
+        "objective": objective,
         "reward": reward,
         "baseline": baseline,
         "log_likelihood": log_likelihood,
+        "entropy": entropy,
         "words": words,
     }
 

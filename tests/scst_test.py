@@ -180,15 +180,49 @@ def test_log_likelihood_matches_the_sampling_loop(attention):
     )
 
 
-def test_never_emitted_words_get_no_gradient():
-    """No sample holds `<pad>`, `<start>` or `<unk>`, so the objective leaves their output
-    scores alone; every other word's score moves."""
+@pytest.mark.parametrize("attention", ["soft", "hard", "none"])
+def test_entropy_bonus_matches_the_decoding_steps(attention):
+    """`entropy` is the sum over a sample's words of its step distributions' entropy, as
+    the decoding step run over the sample's words gives them, and with a zero advantage
+    the objective is minus β times it."""
+    model = _tiny_model(attention)
+    features = tf.random.stateless_normal([2, 4, 8], [9, 10])
+    seen = []
+
+    def rewarder(tokens, index):
+        seen.append(np.array(tokens))
+        return np.zeros(len(tokens), np.float32)
+
+    settings = dataclasses.replace(model.self_critical, entropy_weight=0.5)
+    terms = self_critical.self_critical_terms(
+        settings, model, features, tf.constant([0, 1]), tf.constant([3, 4]), rewarder
+    )
+    tokens = seen[0]
+    state = model.decoder.initial_state(tf.repeat(features, 3, axis=0))
+    step_fn = model.decoding_step()
+    previous = tf.fill([6], vocab_lib.START_ID)
+    expected = np.zeros(6)
+    for t in range(tokens.shape[1]):
+        log_probs, state, _ = step_fn(previous, state)
+        p = tf.nn.softmax(log_probs).numpy().astype(np.float64)
+        logp = np.log(np.where(p > 0, p, 1.0))
+        expected += (tokens[:, t] != vocab_lib.PAD_ID) * -(p * logp).sum(axis=1)
+        previous = tf.constant(tokens[:, t])
+    assert np.all(expected > 0)
+    np.testing.assert_allclose(terms["entropy"].numpy(), expected, rtol=1e-4)
+    np.testing.assert_allclose(terms["objective"].numpy(), -0.5 * expected, rtol=1e-4)
+
+
+@pytest.mark.parametrize("entropy_weight", [0.0, 0.5])
+def test_never_emitted_words_get_no_gradient(entropy_weight):
+    """No sample holds `<pad>`, `<start>` or `<unk>`, so the objective (with or without the
+    entropy bonus) leaves their output scores alone; every other word's score moves."""
     model = _tiny_model("soft")
     features = tf.random.stateless_normal([2, 4, 8], [7, 8])
     model.rewarder = lambda tokens, index: np.arange(len(tokens), dtype=np.float32)
     with tf.GradientTape() as tape:
         terms = self_critical.self_critical_terms(
-            model.self_critical,
+            dataclasses.replace(model.self_critical, entropy_weight=entropy_weight),
             model,
             features,
             tf.constant([0, 1]),
@@ -212,6 +246,11 @@ def test_config_checks():
     with pytest.raises(ValueError, match="batch_size"):
         Config(scst=True, scst_samples=5, batch_size=4)
     Config(scst=True, scst_samples=1, scst_baseline="greedy")
+    with pytest.raises(ValueError, match="scst_entropy_weight"):
+        Config(scst=True, scst_entropy_weight=-0.1)
+    assert self_critical.SelfCriticalSettings.from_config(
+        Config(scst=True, scst_entropy_weight=0.02)
+    ).entropy_weight == pytest.approx(0.02)
 
 
 def test_a_few_steps_of_the_loop_and_a_resume(tmp_path):
