@@ -125,7 +125,9 @@ def _log_likelihood(decoder, features, tokens, state):
     )
     logits = outputs["logits"]  # (N, T, V)
     logits += decoding_rules.never_emitted_penalty(logits.shape[-1])
-    log_probs = tf.nn.log_softmax(logits)  # the never-emitted words: exactly 0 * -1e9
+    # The never-emitted words' probability is exactly 0 (exp of about -1e9), so they add
+    # 0 * -1e9 = 0 to the entropy and get no gradient from it.
+    log_probs = tf.nn.log_softmax(logits)
     chosen = tf.gather(log_probs, tokens, axis=2, batch_dims=2)
     entropy = -tf.reduce_sum(tf.exp(log_probs) * log_probs, axis=2)
     sums = [tf.reduce_sum(x * mask, axis=1) for x in (chosen, entropy, mask)]

@@ -75,10 +75,8 @@ def library_path():
     Python versions, the CPU's flags and the build's (a change of any builds it anew)."""
     with open(SOURCE, "rb") as f:
         source = f.read()
-    parts = [source, tf.__version__, _cpu_flags(), sys.version, " ".join(_native_flags())]
-    key = hashlib.sha256(
-        b"\0".join(p if isinstance(p, bytes) else p.encode() for p in parts)
-    ).hexdigest()[:16]
+    texts = (tf.__version__, _cpu_flags(), sys.version, " ".join(_native_flags()))
+    key = hashlib.sha256(b"\0".join([source, *(t.encode() for t in texts)])).hexdigest()[:16]
     cache = os.environ.get("SAT_TF_KERNEL_CACHE") or os.path.join(
         os.path.expanduser("~"), ".cache", "sat_tf", "kernels"
     )
