@@ -14,7 +14,7 @@ from typing import Any
 
 from sat_tf import files
 
-DATASETS = ("shapes", "flickr8k", "flickr30k", "coco", "coco_captions_tfds")
+DATASETS = ("shapes", "flickr8k", "flickr30k", "coco", "coco_captions_tfds", "folder")
 ATTENTIONS = ("soft", "hard", "none")
 ATTENTION_SCORES = ("additive", "dot", "scaled_dot")
 HARD_DECODINGS = ("argmax", "expected")
@@ -87,6 +87,12 @@ class Config:
 
     dataset: str = _field("shapes", "Dataset to train on.")
     data_dir: str = _field("data/shapes", "Folder with the dataset (generated for shapes).")
+    captions: str = _field(
+        "",
+        "--dataset=folder: the captions file (metadata.jsonl or metadata.csv, a CSV/TSV of "
+        "image and caption columns, or a COCO-format captions JSON), relative to --data_dir "
+        "or absolute; '' = found in --data_dir by the conventions of sat_tf/data/folder.py.",
+    )
     on_missing: str = _field("error", "Images listed but missing: stop, or skip them.")
     num_train: int = _field(8000, "shapes: number of training images.")
     num_val: int = _field(1000, "shapes: number of validation images.")
@@ -102,6 +108,11 @@ class Config:
     )
 
     vocab_size: int = _field(10000, "Most frequent training words kept (paper 5.1).")
+    new_word_min_count: int = _field(
+        3,
+        "--init_from a model of another vocabulary: a word of this run's training captions "
+        "that the source's vocabulary lacks is added when it occurs at least this often.",
+    )
     max_caption_length: int = _field(40, "Longer training captions are cut to this many words.")
 
     encoder: str = _field("shapes_cnn", "Backbone from the registry in sat_tf/model/encoder.py.")
@@ -232,6 +243,13 @@ class Config:
         "resists the distribution turning peaky and the vocabulary shrinking); 0 = off.",
     )
 
+    choose_decoding: bool = _field(
+        True,
+        "After training, choose the beam size, length penalty, repeat and ending blocking "
+        "(and hard attention's context) on the validation images by --selection_metric "
+        "and keep them with the model (sat_tf/training/decoding_choice.py); the decoding "
+        "flags given explicitly are kept as given. false = decode as the flags say.",
+    )
     beam_size: int = _field(1, "Beam size for evaluation and captioning (1 = greedy).")
     max_decode_length: int = _field(50, "Longest caption generated.")
     length_penalty: float = _field(0.0, "Beam length normalisation exponent; 0 = off.")
@@ -292,6 +310,7 @@ class Config:
                 )
         positive = ("vocab_size", "max_caption_length", "image_size", "embed_dim", "hidden_dim")
         positive += ("attention_dim", "batch_size", "epochs", "beam_size", "max_decode_length")
+        positive += ("new_word_min_count",)
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name}={getattr(self, name)} must be at least 1")

@@ -111,7 +111,10 @@ def trained_run() -> TrainedRun:
     if code != 0:
         raise AssertionError(f"sat-train exited with {code}:\n{stderr[-3000:]}")
     scores = json.loads(re.search(r"^\{$.*^\}$", stdout, re.M | re.S)[0])
-    config = Config(data_dir=data_dir, **TRAINED)
+    # The run's settings, with the decoding it chose on its validation images.
+    with open(os.path.join(workdir, "decoding.json"), encoding="utf-8") as f:
+        chosen = json.load(f)["chosen"]
+    config = Config(data_dir=data_dir, **{**TRAINED, **chosen})
     return TrainedRun(root, workdir, data_dir, config, scores, stdout)
 
 

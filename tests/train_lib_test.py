@@ -54,6 +54,23 @@ class TrainAndEvaluateTest(tf.test.TestCase):
         with open(os.path.join(self.workdir, "metrics_test.json"), encoding="utf-8") as f:
             self.assertEqual(json.load(f)["BLEU-4"], self.scores["BLEU-4"])
 
+    def test_decoding_chosen_on_validation(self):
+        with open(os.path.join(self.workdir, "decoding.json"), encoding="utf-8") as f:
+            kept = json.load(f)
+        self.assertEqual(kept["images"], TINY["eval_images"])
+        self.assertEqual(kept["selected_on"], "val_bleu4")
+        # Coordinate ascent from greedy with repeats blocked: every beam tried at the
+        # start's other settings, and the chosen one scores best of all tried.
+        first = [t for t in kept["tried"] if t["block_repeats"] and not t["block_bad_endings"]]
+        self.assertEqual([t["beam_size"] for t in first[:3]], [1, 3, 5])
+        best = max(t["scores"]["BLEU-4"] for t in kept["tried"])
+        chosen = [t for t in kept["tried"] if all(t[k] == v for k, v in kept["chosen"].items())]
+        self.assertLen(chosen, 1)
+        self.assertEqual(chosen[0]["scores"]["BLEU-4"], best)
+        saved = Config.load(os.path.join(self.workdir, "config.json"))
+        for name, value in kept["chosen"].items():
+            self.assertEqual(getattr(saved, name), value, name)
+
     def test_workdir_holds_what_a_later_run_needs(self):
         for name in ("config.json", "vocab.txt", "best.weights.h5", "val_history.json"):
             self.assertTrue(os.path.exists(os.path.join(self.workdir, name)), name)

@@ -25,7 +25,8 @@ def _main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
     config = config_from_flags(FLAGS)
-    scores = train_lib.train_and_evaluate(config, FLAGS.workdir)
+    given = {name for name in FLAGS if FLAGS[name].present}
+    scores = train_lib.train_and_evaluate(config, FLAGS.workdir, given)
     print(json.dumps(scores, indent=2, sort_keys=True))
 
 

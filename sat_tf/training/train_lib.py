@@ -6,6 +6,7 @@ and returns its test metrics.
 import math
 import os
 import time
+from collections.abc import Collection
 
 import keras
 import tensorflow as tf
@@ -19,7 +20,7 @@ from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import cider
 from sat_tf.model.show_attend_tell import build_model
 from sat_tf.training import callbacks as callbacks_lib
-from sat_tf.training import optimizers
+from sat_tf.training import decoding_choice, optimizers
 from sat_tf.training import workdir as workdir_lib
 from sat_tf.training.prepare import cached_features, prepare_data
 from sat_tf.training.scoring import evaluate
@@ -122,9 +123,11 @@ def cider_rewarder(config: Config, train, vocab) -> cider.Rewarder:
     return rewarder
 
 
-def train_and_evaluate(config: Config, workdir: str) -> dict:
+def train_and_evaluate(config: Config, workdir: str, given: Collection[str] = ()) -> dict:
     """Trains a model as `config` says, keeps the best by its validation score
-    (`--selection_metric`), and returns its test-split metrics.
+    (`--selection_metric`), chooses its decoding on the validation images
+    (`decoding_choice`, but for the settings named in `given`, the flags given
+    explicitly), and returns its test-split metrics with that decoding.
 
     Re-running the same command after an interruption resumes from `workdir/backup`.
     """
@@ -201,6 +204,7 @@ def train_and_evaluate(config: Config, workdir: str) -> dict:
     else:
         workdir_lib.save_weights_atomically(model, best)
         workdir_lib.write_best_info(workdir, data.vocab, epoch=config.epochs)
+    config = decoding_choice.choose_and_keep(model, data, config, workdir, given)
     if not data.splits["test"]:
         return {}
     return evaluate(model, data, config, workdir, "test")
