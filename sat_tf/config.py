@@ -404,6 +404,23 @@ def encoder_crop_fraction(encoder: str) -> float:
     return 1.0 if encoder in FULL_FRAME_ENCODERS else IMAGENET_CROP_FRACTION
 
 
+# The settings that name a file or folder of the machine: a workdir keeps them absolute.
+PATH_FIELDS = ("data_dir", "cache_dir", "feature_dir", "init_from")
+
+
+def absolute_paths(config: Config) -> Config:
+    """`config` with its folders (`PATH_FIELDS`) as absolute paths, so that a workdir's
+    config finds its data and cache from any working directory. `--init_from` stays as
+    given when it names no file or folder here (a shipped preset's name, a URL);
+    `--captions` is relative to `--data_dir` and stays as given."""
+    values = {}
+    for name in PATH_FIELDS:
+        value = getattr(config, name)
+        if value and (name != "init_from" or os.path.exists(value)):
+            values[name] = os.path.abspath(value)
+    return dataclasses.replace(config, **values)
+
+
 def derived_dir(config: Config) -> str:
     """`<cache_dir>/<dataset>-<hash of the data folder's real path>`: the folder for the
     files derived from one dataset folder (two copies of a dataset, such as original and

@@ -89,3 +89,25 @@ def staged_dir(output):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def undone_on_failure(folder):
+    """Removes what the block added to `folder` (and `folder` itself, if the block made
+    it and left it empty) when the block raises: a command refused half-way leaves the
+    folder as it found it. Files that were there before are left as they are."""
+    existed = os.path.isdir(folder)
+    before = set(os.listdir(folder)) if existed else set()
+    try:
+        yield
+    except BaseException:
+        if os.path.isdir(folder):
+            for name in set(os.listdir(folder)) - before:
+                path = os.path.join(folder, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.remove(path)
+            if not existed and not os.listdir(folder):
+                os.rmdir(folder)
+        raise

@@ -179,6 +179,31 @@ class FileTest(parameterized.TestCase):
         super().setUp()
         self.dir = tempfile.mkdtemp()
 
+    def test_absolute_paths(self):
+        previous = os.getcwd()
+        os.makedirs(os.path.join(self.dir, "runs", "base"))
+        try:
+            os.chdir(self.dir)
+            config = Config(
+                data_dir="data/shapes",
+                cache_dir="cache",
+                init_from="runs/base",
+                captions="captions.csv",
+            )
+            absolute = config_lib.absolute_paths(config)
+            real = os.path.realpath(self.dir)
+            self.assertEqual(os.path.realpath(absolute.data_dir), f"{real}/data/shapes")
+            self.assertEqual(os.path.realpath(absolute.cache_dir), f"{real}/cache")
+            self.assertEqual(os.path.realpath(absolute.init_from), f"{real}/runs/base")
+            self.assertTrue(os.path.isabs(absolute.data_dir))
+            self.assertEqual(absolute.feature_dir, "")  # the default stays the default
+            self.assertEqual(absolute.captions, "captions.csv")  # relative to data_dir
+            # A preset's name is not a path here.
+            named = config_lib.absolute_paths(Config(init_from="flickr8k_lite0_grid14_soft"))
+            self.assertEqual(named.init_from, "flickr8k_lite0_grid14_soft")
+        finally:
+            os.chdir(previous)
+
     def test_round_trip(self):
         config = Config(
             dataset="coco",

@@ -65,3 +65,37 @@ def test_sha256_of(tmp_path):
     assert files.sha256_of(path) == (
         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     )
+
+
+def test_undone_on_failure_removes_what_the_block_added(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "kept.json").write_text("old")
+    with pytest.raises(ValueError, match="refused"):
+        with files.undone_on_failure(str(folder)):
+            (folder / "kept.json").write_text("new")  # was there: stays, as written
+            (folder / "config.json").write_text("{}")
+            (folder / "backup").mkdir()
+            (folder / "backup" / "state").write_text("x")
+            raise ValueError("refused")
+    assert sorted(os.listdir(folder)) == ["kept.json"]
+    assert (folder / "kept.json").read_text() == "new"
+
+
+def test_undone_on_failure_removes_the_folder_it_made(tmp_path):
+    folder = tmp_path / "new" / "run"
+    with pytest.raises(KeyboardInterrupt):
+        with files.undone_on_failure(str(folder)):
+            folder.mkdir(parents=True)
+            (folder / "vocab.txt").write_text("<pad>")
+            raise KeyboardInterrupt
+    assert not folder.exists()
+    assert (tmp_path / "new").exists()  # made before the block: not the block's
+
+
+def test_undone_on_failure_keeps_everything_on_success(tmp_path):
+    folder = tmp_path / "run"
+    with files.undone_on_failure(str(folder)):
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+    assert os.listdir(folder) == ["config.json"]

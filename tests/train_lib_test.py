@@ -162,6 +162,36 @@ class UnwritableWorkdirTest(tf.test.TestCase):
                 train_lib.train_and_evaluate(config, os.path.join(root, "run"))
 
 
+class RefusedRunTest(tf.test.TestCase):
+    """A run refused before training starts leaves its workdir as it found it, so that
+    the corrected command is not refused in turn."""
+
+    def test_a_refused_start_writes_nothing(self):
+        root = self.get_temp_dir()
+        not_a_run = os.path.join(root, "not_a_run")
+        os.makedirs(not_a_run)
+        workdir = os.path.join(root, "run")
+        config = Config(data_dir=os.path.join(root, "data"), init_from=not_a_run, **TINY)
+        with self.assertRaisesRegex(ValueError, "not_a_run"):
+            train_lib.train_and_evaluate(config, workdir)
+        self.assertFalse(
+            os.path.exists(workdir), os.listdir(workdir) if os.path.exists(workdir) else ""
+        )
+        # The corrected command runs in the same workdir, and its config there names its
+        # folders absolutely.
+        config = Config(data_dir=os.path.join(root, "data"), **{**TINY, "num_test": 0})
+        previous = os.getcwd()
+        try:
+            os.chdir(root)
+            relative = dataclasses.replace(config, data_dir="data", cache_dir="cache")
+            self.assertEqual(train_lib.train_and_evaluate(relative, "run"), {})
+        finally:
+            os.chdir(previous)
+        saved = Config.load(os.path.join(workdir, "config.json"))
+        self.assertEqual(saved.data_dir, os.path.join(os.path.realpath(root), "data"))
+        self.assertEqual(saved.cache_dir, os.path.join(os.path.realpath(root), "cache"))
+
+
 class StopAt(keras.callbacks.Callback):
     """Calls `stop()` after step `step` of epoch `epoch` (both counted from 1), or, with
     step 0, at the end of epoch `epoch` after its evaluation and best checkpoint, just

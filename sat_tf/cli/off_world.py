@@ -58,7 +58,10 @@ def _main(argv):
         config = dataclasses.replace(config, feature_dir=FLAGS.feature_dir)
     feature_dir = feature_cache.feature_dir_of(config)
     records = datasets.load_records(
-        config.dataset, FLAGS.data_dir or config.data_dir, on_missing=config.on_missing
+        config.dataset,
+        FLAGS.data_dir or config.data_dir,
+        captions=config.captions,
+        on_missing=config.on_missing,
     )
     records = feature_cache.drop_skipped(records, feature_dir)
     stats, flagged = off_world.compute(

@@ -35,6 +35,16 @@ Expected directory layouts:
     coco_captions_tfds  <data_dir>/coco_captions/2014/<version>/  (prepared by `tfds build`)
                         <data_dir>/coco_captions_images/<id>.jpg  (written on first read)
                         <data_dir>/coco_captions_images/<split>_index.json
+    folder              one captions file with one's own images, in any subfolders:
+                        <data_dir>/metadata.jsonl or metadata.csv  (Hugging Face
+                        imagefolder), or one in each of train/, validation/, test/
+                        <data_dir>/captions.txt with Images/  (Kaggle's Flickr8k),
+                        results.csv with flickr30k_images/, or another *.csv or *.tsv
+                        <data_dir>/annotations/<name>.json  (COCO-format captions, or
+                        at the top), the images in any subfolder
+                        or the file `captions` names; split by a `split` column, the
+                        train/val/test folders or a hash of the image's path (80/10/10)
+                        as `sat_tf/data/folder.py` says
 
 The Flickr image folder may also be named `Flickr8k_Dataset/` or `Images/` (Flickr8k),
 `flickr30k_images/` or `Images/` (Flickr30k), as other mirrors unpack them; the first
@@ -48,7 +58,7 @@ import os
 from collections.abc import Sequence
 
 from sat_tf.config import DATASETS
-from sat_tf.data import coco, flickr
+from sat_tf.data import coco, flickr, folder
 from sat_tf.data.coco import (
     COCO_TEST_IMAGES,
     COCO_VAL_IMAGES,
@@ -65,6 +75,7 @@ from sat_tf.data.flickr import (
     read_flickr8k,
     read_token_file,
 )
+from sat_tf.data.folder import read_folder
 from sat_tf.data.records import (
     SPLITS,
     DatasetError,
@@ -91,6 +102,7 @@ __all__ = [
     "read_coco",
     "read_coco_official",
     "read_flickr8k",
+    "read_folder",
     "read_karpathy",
     "read_tfds",
     "read_token_file",
@@ -103,14 +115,19 @@ def load_records(
     dataset: str,
     data_dir: str,
     *,
+    captions: str = "",
     splits: Sequence[str] | None = None,
     on_missing: str = "error",
 ) -> list[Record]:
     """Reads a dataset by name from the layout documented at the top of this module.
 
     Args:
-      dataset: One of "shapes", "flickr8k", "flickr30k", "coco", "coco_captions_tfds".
+      dataset: One of "shapes", "flickr8k", "flickr30k", "coco", "coco_captions_tfds",
+        "folder".
       data_dir: The dataset's root folder (for "coco_captions_tfds", the TFDS data dir).
+      captions: For "folder", its captions file (relative to `data_dir` or absolute);
+        "" to find it by the conventions of `sat_tf/data/folder.py`. Other datasets
+        take "" only.
       splits: Splits to return (subset of "train", "val", "test"); None for all.
       on_missing: "error" or "skip" for images absent on disk (not used by the TFDS
         reader, which writes its images itself).
@@ -119,12 +136,19 @@ def load_records(
       The records, at most 5 captions per image.
 
     Raises:
-      ValueError: For an unknown dataset name.
+      ValueError: For an unknown dataset name, or `captions` with another dataset than
+        "folder".
       DatasetError: If the expected files are absent or hold bad input.
     """
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; expected one of {list(DATASETS)}")
+    if captions and dataset != "folder":
+        raise ValueError(
+            f"captions={captions!r} is read for dataset 'folder' only, not {dataset!r}"
+        )
     splits = check_options(splits, on_missing, 5)
+    if dataset == "folder":
+        return folder.read_folder(data_dir, captions=captions, splits=splits, on_missing=on_missing)
     if dataset == "coco_captions_tfds":
         records = []
         for split in splits:

@@ -9,6 +9,7 @@ shard it was writing: the same command again skips the finished shards.
 
 import os
 import re
+import sys
 import time
 from collections.abc import Sequence
 
@@ -228,7 +229,10 @@ def extract_features(
     feature_cache.write_index(out_dir, index)
     encode = tf.function(lambda x: encoder(x, training=False), reduce_retracing=True)
     total = sum(len(records[i * shard_size : (i + 1) * shard_size]) for i in todo)
-    progbar = keras.utils.Progbar(total, unit_name="image", verbose=1 if progress else 0)
+    # Off a terminal, one plain line when done: Keras draws the bar with escapes and
+    # carriage returns wherever it runs (POSIX).
+    shown = 1 if sys.stdout.isatty() else 2
+    progbar = keras.utils.Progbar(total, unit_name="image", verbose=shown if progress else 0)
     for shard in todo:
         shard_records = records[shard * shard_size : (shard + 1) * shard_size]
         _extract_shard(
@@ -259,7 +263,9 @@ def extract_for_config(config, **kwargs) -> dict:
     Returns:
       the index.
     """
-    records = datasets.load_records(config.dataset, config.data_dir, on_missing=config.on_missing)
+    records = datasets.load_records(
+        config.dataset, config.data_dir, captions=config.captions, on_missing=config.on_missing
+    )
     records = sorted(records, key=lambda r: feature_cache.SPLIT_ORDER[r.split])
     return extract_features(
         records,
