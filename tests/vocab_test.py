@@ -1,4 +1,5 @@
-"""Tests for sat_tf.data.vocab: tokenization, building, the vocabulary file, encode and decode."""
+"""Tests for sat_tf.data.vocab: tokenization, building and growing, the vocabulary file,
+encode and decode."""
 
 import os
 
@@ -96,6 +97,43 @@ class BuildTest(tf.test.TestCase, parameterized.TestCase):
     def test_constructor_rejects(self, words):
         with self.assertRaises(ValueError):
             Vocab(words)
+
+
+class GrowTest(tf.test.TestCase, parameterized.TestCase):
+    # zebra 4, apple 3, the 3, kiwi 2, mango 2, fig 1 (BuildTest.CAPTIONS).
+    SOURCE = [*SPECIALS, "mango", "dog", "apple"]
+
+    @parameterized.parameters(
+        (1, ["zebra", "the", "kiwi", "fig"]),
+        (2, ["zebra", "the", "kiwi"]),
+        (3, ["zebra", "the"]),
+        (4, ["zebra"]),
+        (5, []),
+    )
+    def test_appends_the_words_it_lacks_seen_min_count_times(self, min_count, new):
+        grown = Vocab(self.SOURCE).grow(BuildTest.CAPTIONS, min_count)
+        self.assertEqual(grown.words, self.SOURCE + new)
+        # The source's words keep their ids; the new ones follow.
+        self.assertEqual(grown.ids(["mango", "dog", "apple"]), [4, 5, 6])
+        self.assertEqual(grown.ids(new), list(range(7, 7 + len(new))))
+
+    @parameterized.parameters(1, 2, 100)
+    def test_counts_across_chunks(self, chunk):
+        grown = Vocab(self.SOURCE).grow(iter(BuildTest.CAPTIONS), 2, chunk=chunk)
+        self.assertEqual(grown.words, self.SOURCE + ["zebra", "the", "kiwi"])
+
+    def test_a_vocabulary_that_has_every_word_stays_the_same(self):
+        built = Vocab.build(BuildTest.CAPTIONS)
+        self.assertEqual(built.grow(BuildTest.CAPTIONS, 1).fingerprint, built.fingerprint)
+
+    def test_tokenizes_as_the_pipeline_and_never_adds_a_special(self):
+        grown = Vocab(list(SPECIALS)).grow(["<unk> Dog, DOG!", "dog <end>"], 2)
+        # "<unk>" and "<end>" are the words "unk" and "end"; each occurs once.
+        self.assertEqual(grown.words, [*SPECIALS, "dog"])
+
+    def test_min_count_below_one_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "^min_count=0 must be at least 1$"):
+            Vocab(self.SOURCE).grow(BuildTest.CAPTIONS, 0)
 
 
 class FileTest(tf.test.TestCase, parameterized.TestCase):

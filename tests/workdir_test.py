@@ -195,6 +195,27 @@ class FineTuneFromCachedFeaturesTest(tf.test.TestCase):
         encoded = model.encode({"image": self.images}, training=True)
         self.assertAllClose(encoded, self.features, atol=1e-5)
 
+    def test_a_grown_vocabulary_over_the_pretrained_encoder(self):
+        VOCAB.save(os.path.join(self.source, inference.VOCAB_FILE))
+        grown = Vocab([*VOCAB.words, "blue", "circle"])
+        model = build_model(self.config, len(grown))
+        encoder_before = [w.numpy() for w in model.encoder.weights]
+        workdir_lib.load_initial_weights(model, self.config, grown, self.source)
+        for got, want in zip(model.encoder.weights, encoder_before, strict=True):
+            self.assertAllEqual(got, want)
+        # Old words but <unk> (3) keep their log-probabilities; <unk> and the two new
+        # words share <unk>'s.
+        caption = tf.constant([[1, 4, 3, 6, 2], [1, 5, 8, 2, 0]])
+        source_caption = tf.where(caption >= len(VOCAB), 3, caption)
+        mine = tf.nn.log_softmax(model({"image": self.images, "caption": caption})["logits"])
+        theirs = self.trained({"features": self.features, "caption": source_caption})["logits"]
+        theirs = tf.nn.log_softmax(theirs)
+        self.assertAllClose(mine[..., :3], theirs[..., :3], atol=1e-4)
+        self.assertAllClose(mine[..., 4:7], theirs[..., 4:], atol=1e-4)
+        shared = tf.reduce_logsumexp(tf.gather(mine, [3, 7, 8], axis=-1), axis=-1)
+        self.assertAllClose(shared, theirs[..., 3], atol=1e-4)
+        self.assertAllClose(mine[..., 7], theirs[..., 3] - np.log(3.0), atol=1e-4)
+
     def test_features_of_another_encoder_or_crop_are_refused(self):
         other = os.path.join(self.get_temp_dir(), "other.weights.h5")
         cases = [

@@ -53,6 +53,22 @@ def tokenize_py(texts: Sequence[str]) -> list[list[str]]:
     return [[w.decode("utf-8") for w in ws] for ws in words]
 
 
+def _ranked_words(captions: Iterable[str], chunk: int) -> list[tuple[str, int]]:
+    """(word, count) of the words of `captions` but the special tokens, most frequent
+    first (ties: alphabetical); `chunk` captions are tokenized at a time."""
+    counts = collections.Counter()
+    batch = []
+    for caption in captions:
+        batch.append(caption)
+        if len(batch) == chunk:
+            counts.update(w for ws in tokenize_py(batch) for w in ws)
+            batch = []
+    counts.update(w for ws in tokenize_py(batch) for w in ws)
+    for special in SPECIALS:
+        counts.pop(special, None)
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
 class Vocab:
     """Word <-> id mapping with `<pad>`=0, `<start>`=1, `<end>`=2, `<unk>`=3.
 
@@ -82,18 +98,27 @@ class Vocab:
     @classmethod
     def build(cls, captions: Iterable[str], max_words: int = 10000, chunk: int = 4096) -> "Vocab":
         """Keeps the `max_words` most frequent words of `captions` (ties: alphabetical)."""
-        counts = collections.Counter()
-        batch = []
-        for caption in captions:
-            batch.append(caption)
-            if len(batch) == chunk:
-                counts.update(w for ws in tokenize_py(batch) for w in ws)
-                batch = []
-        counts.update(w for ws in tokenize_py(batch) for w in ws)
-        for special in SPECIALS:
-            counts.pop(special, None)
-        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:max_words]
+        ranked = _ranked_words(captions, chunk)[:max_words]
         return cls(list(SPECIALS) + [w for w, _ in ranked])
+
+    def grow(self, captions: Iterable[str], min_count: int, chunk: int = 4096) -> "Vocab":
+        """This vocabulary and, after its words, those of `captions` it lacks (`--init_from`
+        a model of another vocabulary, `--new_word_min_count`).
+
+        Args:
+          captions: the training captions of the new data.
+          min_count: a new word is added when it occurs at least this many times.
+          chunk: captions tokenized at a time.
+
+        Returns:
+          a `Vocab` whose first words are this one's, with their ids; the new words
+          follow as `build` ranks them (most frequent first, ties alphabetical).
+        """
+        if min_count < 1:
+            raise ValueError(f"min_count={min_count} must be at least 1")
+        ranked = _ranked_words(captions, chunk)
+        new = [w for w, n in ranked if n >= min_count and w not in self._index]
+        return type(self)(self.words + new)
 
     @classmethod
     def load(cls, path: str) -> "Vocab":

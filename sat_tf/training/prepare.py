@@ -9,6 +9,7 @@ from sat_tf.config import Config, derived_dir
 from sat_tf.data import datasets, feature_cache, shapes
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.inference import VOCAB_FILE
+from sat_tf.training import workdir as workdir_lib
 
 
 @dataclasses.dataclass
@@ -42,6 +43,22 @@ def dataset_vocab(config: Config, train_records) -> vocab_lib.Vocab:
     return vocab
 
 
+def grown_vocab(config: Config, train_records) -> vocab_lib.Vocab:
+    """The vocabulary of the model `config.init_from` names, grown with the words of the
+    training captions it lacks that occur `config.new_word_min_count` times or more
+    (`Vocab.grow`): the source's words keep their ids, so its weights start the run."""
+    source = workdir_lib.source_vocab(config.init_from)
+    vocab = source.grow((c for r in train_records for c in r.captions), config.new_word_min_count)
+    logging.info(
+        "vocabulary: %s words of %s + %s new (seen >= %d times)",
+        f"{len(source):,}",
+        config.init_from,
+        f"{len(vocab) - len(source):,}",
+        config.new_word_min_count,
+    )
+    return vocab
+
+
 def prepare_data(config: Config, workdir: str, vocab: vocab_lib.Vocab | None = None) -> Data:
     """Reads (for shapes: first generates) the dataset and loads or builds the vocabulary.
 
@@ -49,7 +66,9 @@ def prepare_data(config: Config, workdir: str, vocab: vocab_lib.Vocab | None = N
 
     Args:
       config: the settings of the run.
-      workdir: where the vocabulary is kept (`vocab.txt`, written when absent).
+      workdir: where the vocabulary is kept (`vocab.txt`, written when absent: the
+        training words', or with `--init_from` the source's grown by them,
+        `grown_vocab`).
       vocab: the model's vocabulary (a preset's); then none is read or written.
     """
     objects = None
@@ -63,7 +82,9 @@ def prepare_data(config: Config, workdir: str, vocab: vocab_lib.Vocab | None = N
             image_size=config.image_size,
         )
         objects = shapes.load_objects(json_path)
-    records = datasets.load_records(config.dataset, config.data_dir, on_missing=config.on_missing)
+    records = datasets.load_records(
+        config.dataset, config.data_dir, captions=config.captions, on_missing=config.on_missing
+    )
     if config.use_feature_cache:
         if config.fine_tune_encoder:
             raise ValueError(
@@ -79,7 +100,8 @@ def prepare_data(config: Config, workdir: str, vocab: vocab_lib.Vocab | None = N
         if os.path.exists(vocab_path):
             vocab = vocab_lib.Vocab.load(vocab_path)
         else:
-            vocab = dataset_vocab(config, splits["train"])
+            make = grown_vocab if config.init_from else dataset_vocab
+            vocab = make(config, splits["train"])
             vocab.save(vocab_path)
     return Data(splits, vocab, objects)
 

@@ -208,7 +208,7 @@ def train_and_evaluate(config: Config, workdir: str, given: Collection[str] = ()
     found it. Re-running the same command after an interruption resumes from
     `workdir/backup`.
     """
-    config = absolute_paths(config)
+    config = workdir_lib.run_config(absolute_paths(config), given)
     with files.undone_on_failure(workdir):
         data, steps, train_ds, model, done = _set_up(config, workdir)
     train = data.splits["train"]
