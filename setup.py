@@ -59,6 +59,7 @@ setup(
             "scikit-image>=0.24",
             "selenium>=4.20",
             "requests>=2.31",
+            "cryptography>=42",
         ],
     },
 )

@@ -15,7 +15,11 @@ from pycocoevalcap.bleu.bleu import Bleu
 from sat_tf.evaluation import java_tools, metrics
 
 HAS_JAVA = shutil.which("java") is not None
-needs_java = pytest.mark.skipif(not HAS_JAVA, reason="java is not installed")
+# Only the tests that run coco-caption's Java programs (METEOR 1.5, the PTB tokenizer); the
+# others hide java or stand in a fake one. .ci/run installs it.
+needs_java = pytest.mark.skipif(
+    not HAS_JAVA, reason=java_tools.java_missing("METEOR 1.5 and the PTB tokenizer")
+)
 
 # Two images, already tokenized. Counts written out by hand:
 #   "1": hyp "the cat sat on the mat" (6 words), refs of 6 and 7 words.
@@ -131,16 +135,45 @@ def test_cider_and_rouge_by_hand(no_java):
     assert metrics.cider(refs, hyps) == pytest.approx(5.0, rel=1e-9)
 
 
-def test_no_java_still_scores_and_marks_meteor_unavailable(no_java):
+def test_no_java_still_scores_and_marks_meteor_unavailable(no_java, caplog):
     refs = {"1": ["A dog runs on the grass."], "2": ["Two cats (black) sleep."]}
     hyps = {"1": "A dog, running on grass!", "2": "two cats sleep"}
-    scores = metrics.coco_scores(refs, hyps)
+    with caplog.at_level("WARNING", logger="absl"):
+        scores = metrics.coco_scores(refs, hyps)
     for key in (*metrics.BLEU_KEYS, "ROUGE-L", "CIDEr"):
         assert 0 <= scores[key] <= 10
     assert scores["BLEU-1"] > 0.5
-    assert "METEOR" not in scores
-    assert "java" in scores["unavailable"]["METEOR"]
+    assert scores["METEOR"] is None
+    reason = scores["unavailable"]["METEOR"]
+    assert reason.startswith("java not found on PATH") and "apt-get install default-jre" in reason
     assert "simple_ptb_tokenize" in scores["tokenizer"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"METEOR not computed (null in the scores): {reason}"
+    ]
+
+
+def test_java_missing_from_path_is_one_line_and_null_in_the_json(monkeypatch, tmp_path, caplog):
+    # What a machine without Java runs: PATH holds no java at all (shutil.which not mocked).
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with caplog.at_level("WARNING", logger="absl"):
+        scores = metrics.coco_scores(REFS, HYPS, use_spice=True)
+    printed = json.loads(json.dumps(scores, indent=2, sort_keys=True))  # as sat-evaluate prints
+    assert printed["METEOR"] is None and printed["SPICE"] is None
+    assert printed["unavailable"] == {
+        "METEOR": "java not found on PATH; METEOR 1.5 is a Java program "
+        "(install it: apt-get install default-jre-headless)",
+        "SPICE": "java not found on PATH; SPICE is a Java program "
+        "(install it: apt-get install default-jre-headless)",
+    }
+    assert printed["tokenizer"].endswith(
+        "because java not found on PATH; the PTB tokenizer is a Java program "
+        "(install it: apt-get install default-jre-headless)"
+    )
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "\n" not in line
+    assert line.startswith("METEOR not computed (null in the scores): java not found on PATH;")
+    assert "; SPICE not computed (null in the scores): java not found on PATH;" in line
+    assert printed["BLEU-4"] == pytest.approx(NO_BP[3] * BP, rel=1e-8)
 
 
 def test_failing_java_becomes_unavailable(monkeypatch, tmp_path):
@@ -165,13 +198,14 @@ def test_hanging_java_times_out(monkeypatch, tmp_path):
 
 def test_spice_without_java_is_unavailable(no_java):
     scores = metrics.coco_scores(REFS, HYPS, use_spice=True)
-    assert "SPICE" not in scores and "java" in scores["unavailable"]["SPICE"]
+    assert scores["SPICE"] is None and "java" in scores["unavailable"]["SPICE"]
 
 
 @needs_java
 def test_missing_meteor_jar_is_unavailable(monkeypatch):
     monkeypatch.setattr(java_tools._meteor_module, "METEOR_JAR", "no-such-meteor.jar")
     scores = metrics.coco_scores(REFS, HYPS)
+    assert scores["METEOR"] is None
     assert "no-such-meteor.jar is missing" in scores["unavailable"]["METEOR"]
     assert scores["tokenizer"].startswith("PTBTokenizer")
 
@@ -303,8 +337,9 @@ def test_format_table1_has_paper_rows_and_both_bleus():
     assert "| Soft-Attention (Xu et al., 2015) | 66.7 | 43.4 | 28.8 | 19.1 | 18.49 |" in f30k
 
 
-def test_format_table1_other_dataset_and_missing_meteor():
-    scores = dict(zip(metrics.BLEU_KEYS, [0.9, 0.8, 0.7, 0.6], strict=True))
+@pytest.mark.parametrize("meteor", [{}, {"METEOR": None}], ids=["absent", "null"])
+def test_format_table1_other_dataset_and_missing_meteor(meteor):
+    scores = dict(zip(metrics.BLEU_KEYS, [0.9, 0.8, 0.7, 0.6], strict=True)) | meteor
     table = metrics.format_table1(scores, "shapes", "ours")
     assert "Xu et al., 2015) |" not in table
     assert (

@@ -3,9 +3,11 @@ download over HTTPS from a server on 127.0.0.1 with its cache, making a preset f
 workdir, the scripts' --preset, and the shipped preset on a real Flickr8k photo."""
 
 import dataclasses
+import datetime
 import hashlib
 import http.server
 import io
+import ipaddress
 import json
 import os
 import re
@@ -24,6 +26,9 @@ import pytest
 import tensorflow as tf
 from absl import flags
 from absl.testing import parameterized
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from fixtures import MAX_LENGTH, WORDS, run_main, scenes, tiny_model
 
 from sat_tf import download, files, inference, preset
@@ -398,20 +403,51 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def self_signed_certificate(folder):
+    """A key and a one-day certificate for 127.0.0.1 (CN and IP subjectAltName), as PEM files.
+
+    Returns:
+      (certificate path, key path).
+    """
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert, key_path = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
+    with open(cert, "wb") as f:
+        f.write(certificate.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as f:
+        f.write(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+    return cert, key_path
+
+
 def https_server(folder):
-    """An HTTPS server on 127.0.0.1 with a self-signed certificate made by openssl.
+    """An HTTPS server on 127.0.0.1 with a self-signed certificate.
 
     Returns:
       (server, certificate path); the server runs in a daemon thread.
     """
-    cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
-         "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
+    cert, key = self_signed_certificate(folder)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
@@ -422,7 +458,6 @@ def https_server(folder):
     return server, cert
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl CLI for a certificate")
 class DownloadTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):

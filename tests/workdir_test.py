@@ -243,3 +243,48 @@ class FineTuneFromCachedFeaturesTest(tf.test.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class RunConfigTest(tf.test.TestCase):
+    """`run_config`: the settings of a run on a user's folder, from scratch or a source."""
+
+    def test_a_folder_from_scratch_takes_the_grid_presets_recipe(self):
+        from sat_tf import preset
+
+        recipe = preset.read(workdir_lib.FOLDER_RECIPE).config
+        config = workdir_lib.run_config(
+            Config(dataset="folder", data_dir="/photos", learning_rate=5e-4),
+            {"dataset", "data_dir", "learning_rate"},
+        )
+        self.assertEqual(config.encoder, "efficientnet_lite0_head_dilated")
+        for name in ("encoder", "encoder_weights", "image_size", "hidden_dim", "vocab_size"):
+            self.assertEqual(getattr(config, name), getattr(recipe, name), name)
+        self.assertTrue(config.use_feature_cache)
+        self.assertEqual(config.beam_size, recipe.beam_size)
+        self.assertEqual(config.learning_rate, 5e-4)  # given: kept
+        self.assertEqual(config.selection_metric, "cider")
+        self.assertEqual(config.epochs, workdir_lib.FOLDER_SETTINGS["epochs"])
+        self.assertEqual(config.data_dir, "/photos")
+
+    def test_a_folder_from_a_source_keeps_the_sources_model(self):
+        source = tempfile.mkdtemp()
+        saved = Config(encoder="shapes_cnn", image_size=112, hidden_dim=16, beam_size=2)
+        saved.save(os.path.join(source, "config.json"))
+        config = workdir_lib.run_config(
+            Config(dataset="folder", init_from=source, epochs=2), {"dataset", "init_from", "epochs"}
+        )
+        # The source's model and decoding, the recipe's optimisation, the given epochs.
+        self.assertEqual(
+            (config.encoder, config.hidden_dim, config.beam_size), ("shapes_cnn", 16, 2)
+        )
+        self.assertEqual(config.dropout, 0.5)
+        self.assertEqual(config.epochs, 2)
+        with self.assertRaisesRegex(ValueError, "--hidden_dim=32 contradicts --init_from="):
+            workdir_lib.run_config(
+                Config(dataset="folder", init_from=source, hidden_dim=32),
+                {"dataset", "init_from", "hidden_dim"},
+            )
+
+    def test_other_datasets_are_left_as_given(self):
+        config = Config(dataset="shapes", epochs=1)
+        self.assertEqual(workdir_lib.run_config(config, {"epochs"}), config)

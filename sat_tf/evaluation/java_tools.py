@@ -3,7 +3,8 @@ and SPICE, which ship inside `pycocoevalcap`.
 
 They run here with the commands and line protocols of the `pycocoevalcap` wrappers, but
 with their failures caught: a missing `java`, a missing jar, a crash or a timeout raises
-`Unavailable` with the reason, never another exception or a hang. Without Java the
+`Unavailable` with the reason, never another exception or a hang; a missing `java` is
+named with the Debian package that provides it (`java_missing`). Without Java the
 captions are tokenized by `simple_ptb_tokenize`, a Python version of the PTB rules.
 """
 
@@ -23,6 +24,8 @@ from pycocoevalcap.spice import spice as _spice_module
 from pycocoevalcap.tokenizer import ptbtokenizer as _ptb_module
 
 DEFAULT_JAVA_TIMEOUT = 1800.0
+# The command that installs `java` on Debian and Ubuntu (what .ci/run installs).
+JAVA_INSTALL = "apt-get install default-jre-headless"
 
 _PUNCTUATIONS = frozenset(_ptb_module.PUNCTUATIONS)
 _ABBREVIATIONS = frozenset(
@@ -101,6 +104,11 @@ def find_java() -> str | None:
     return shutil.which("java")
 
 
+def java_missing(program: str) -> str:
+    """Why `program` cannot run without `java` on PATH, and how to install it."""
+    return f"java not found on PATH; {program} is a Java program (install it: {JAVA_INSTALL})"
+
+
 def _tail(data: bytes, limit: int = 400) -> str:
     text = data.decode("utf-8", errors="replace").strip()
     return text[-limit:] if text else "(no output on stderr)"
@@ -156,11 +164,11 @@ def tokenize(
     tokenizer = "PTBTokenizer (Stanford CoreNLP 3.4.1, java)"
     try:
         if java is None:
-            raise Unavailable("java not found on PATH")
+            raise Unavailable(java_missing("the PTB tokenizer"))
         tokens = java_ptb_tokenize(java, sentences, timeout)
     except Unavailable as e:
         tokens = [simple_ptb_tokenize(s) for s in sentences]
-        tokenizer = f"sat_tf.evaluation.metrics.simple_ptb_tokenize (Python), because {e}"
+        tokenizer = f"sat_tf.evaluation.java_tools.simple_ptb_tokenize (Python), because {e}"
     res = {i: [tokens[k]] for k, i in enumerate(ids)}
     gts, k = {}, len(ids)
     for i in ids:

@@ -7,8 +7,8 @@ as in Table 1 of Xu et al. (2015), and `format_table1` lays both out next to the
 rows. `bleu4` is the quick corpus BLEU-4 the training loop selects models on (§4.3).
 
 The PTB tokenizer, METEOR and SPICE are Java programs (`java_tools`): a metric whose
-program cannot run is reported "unavailable" with the reason, never an exception or a
-hang.
+program cannot run is null in the scores and listed "unavailable" with the reason, which
+a warning line repeats, never an exception, a hang or a key that silently disappears.
 """
 
 import math
@@ -18,6 +18,7 @@ import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from absl import logging
 from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.rouge.rouge import Rouge
@@ -96,8 +97,9 @@ def coco_scores(
 
     Captions are PTB-tokenized (Java; `java_tools.simple_ptb_tokenize` without it), then scored by
     `pycocoevalcap`'s Bleu(4), Meteor, Rouge and Cider, and Spice if asked for. Only the
-    images that have a hypothesis are scored. Java failures do not raise: the metric is
-    left out and listed under "unavailable".
+    images that have a hypothesis are scored. Java failures do not raise: the metric's
+    value is None, its reason is listed under "unavailable" and logged as one warning
+    line (without Java: that java is missing and the command that installs it).
 
     Args:
       references: image id -> reference captions (raw text).
@@ -109,7 +111,8 @@ def coco_scores(
 
     Returns:
       {"BLEU-1".."BLEU-4", "METEOR", "ROUGE-L", "CIDEr"[, "SPICE"]: float in [0, 1]
-      (CIDEr in [0, 10]), "unavailable": {metric: reason}, "tokenizer": which one ran}.
+      (CIDEr in [0, 10]; METEOR and SPICE None when their program could not run),
+      "unavailable": {metric: reason}, "tokenizer": which one ran}.
       BLEU here includes the brevity penalty; see `paper_bleu` for the paper's BLEU.
 
     Raises:
@@ -125,9 +128,10 @@ def coco_scores(
     java = java_tools.find_java()
     try:
         if java is None:
-            raise java_tools.Unavailable("java not found on PATH (METEOR 1.5 is a Java program)")
+            raise java_tools.Unavailable(java_tools.java_missing("METEOR 1.5"))
         scores["METEOR"] = java_tools.meteor(java, gts, res, java_timeout)
     except java_tools.Unavailable as e:
+        scores["METEOR"] = None
         unavailable["METEOR"] = str(e)
     scores["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
     scores["CIDEr"] = float(Cider().compute_score(gts, res)[0])
@@ -136,10 +140,16 @@ def coco_scores(
     if use_spice:
         try:
             if java is None:
-                raise java_tools.Unavailable("java not found on PATH (SPICE is a Java program)")
+                raise java_tools.Unavailable(java_tools.java_missing("SPICE"))
             scores["SPICE"] = java_tools.spice(java, gts, res, java_timeout)
         except java_tools.Unavailable as e:
+            scores["SPICE"] = None
             unavailable["SPICE"] = str(e)
+    if unavailable:
+        notes = [
+            f"{name} not computed (null in the scores): {why}" for name, why in unavailable.items()
+        ]
+        logging.warning("%s", "; ".join(notes))
     scores["unavailable"] = unavailable
     scores["tokenizer"] = tokenizer
     return scores
