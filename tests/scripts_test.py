@@ -311,7 +311,7 @@ class TrainScriptTest(parameterized.TestCase):
         self.assertEqual(code, 1, text)
         self.assertNotIn("flagfile", text)
         # The run read coco.flags (--dataset=coco) and stopped at the missing data.
-        self.assertRegex(text, r"^error: .*coco.*no_coco")
+        self.assertRegex(text, r"(?m)^error: .*coco.*no_coco")
 
     def test_helpfull_lists_every_field_with_its_help(self):
         text = " ".join(self.results["help"][1].split())

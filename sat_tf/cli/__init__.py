@@ -1,28 +1,52 @@
 """The console commands: `sat-<name>` (setup.py) and `python scripts/<name>.py` both run
 `sat_tf.cli.<name>.main` (`export/export.py` runs `sat_tf.cli.export`).
 
-Importing this package silences TensorFlow's own log lines (library loading, CPU
-features, a missing CUDA driver) unless the command line asks for them with `-v` or
-`--verbosity`: its C++ logging through `TF_CPP_MIN_LOG_LEVEL` (unless already set) and
-its Python logger; the lines absl's C++ logging writes while TensorFlow's libraries load,
-which no setting reaches, by pointing stderr at /dev/null for the import alone.
+Importing this package quiets TensorFlow and Keras unless the command line asks for
+their output with `-v` / `--verbose` (or absl's `--verbosity`): TensorFlow's C++ logging
+through `TF_CPP_MIN_LOG_LEVEL=3` (unless the environment sets a level), its Python
+logger (errors only), the Python warnings of TensorFlow, Keras and absl, and the lines
+absl's C++ logging writes while TensorFlow's libraries load, which no setting reaches,
+by pointing stderr at /dev/null for the import alone. It must come before TensorFlow
+loads, so it reads the process's own command line (`sys.argv`); `flags_lib.run` shows
+the package's log lines plainly. `import sat_tf` and the Python API change none of this.
 """
 
 import os
 import sys
+import warnings
 
-VERBOSE_FLAGS = ("-v", "--v", "-verbosity", "--verbosity")
+# The modules whose Python warnings a command without -v leaves out.
+QUIET_MODULES = r"(tensorflow|tensorflow_text|keras|tf_keras|absl|google\.protobuf)(\.|$)"
 
 
 def verbose(argv) -> bool:
-    """Whether `argv` (program name first) asks for log lines: -v / --verbosity."""
-    return any(arg.split("=", 1)[0] in VERBOSE_FLAGS for arg in argv[1:])
+    """Whether `argv` (program name first) asks for log lines: -v / --verbose, or absl's
+    --verbosity (`-v=1`, `-v 1`); a later --noverbose takes it back. Flags after `--`
+    are arguments."""
+    asked = False
+    for arg in argv[1:]:
+        if arg == "--":
+            break
+        if not arg.startswith("-"):
+            continue
+        name, given, value = arg.lstrip("-").partition("=")
+        if name in ("v", "verbosity"):
+            asked = True
+        elif name == "verbose":
+            asked = not given or value.lower() in ("true", "t", "1")
+        elif name == "noverbose":
+            asked = False
+    return asked
 
 
 def quiet_tensorflow() -> None:
     """Imports TensorFlow (and tensorflow_text, which loads its own copy of the logging
-    library) with its log lines hidden; Python errors of the import still show."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    library) with its log lines hidden, sets TensorFlow's Python logger to errors, and
+    leaves out the Python warnings of `QUIET_MODULES` from then on; Python errors of the
+    import still show."""
+    if not os.environ.get("TF_CPP_MIN_LOG_LEVEL"):
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    warnings.filterwarnings("ignore", module=QUIET_MODULES)
     sys.stderr.flush()
     saved = os.dup(2)
     try:

@@ -11,8 +11,9 @@ table_<split>.md (laid out like the paper's Table 1) into the workdir, or into
 --beam_size, --length_penalty, --hard_decoding, --block_repeats or --block_bad_endings
 override the model's own. A workdir's model reads its
 feature cache, if it was trained on one; a preset is evaluated from the image files (its
-encoder runs on every photo, as in caption.py and the exports), and its scores are
-compared with those stored in its metadata.json.
+encoder runs on every photo, as in caption.py and the exports), and on the data it was
+trained on its scores are compared with those stored in its metadata.json; on other
+data (`--dataset=folder --data_dir=my_photos`) they are that data's alone.
 """
 
 import dataclasses
@@ -30,6 +31,7 @@ from sat_tf.cli.flags_lib import (
     override,
     run,
 )
+from sat_tf.config import DATASETS
 from sat_tf.evaluation import metrics
 from sat_tf.training import prepare, publish, scoring
 
@@ -43,6 +45,20 @@ flags.DEFINE_string(
     "Dataset folder; default the one the model was trained on.",
     flag_values=FLAGS,
 )
+flags.DEFINE_enum(
+    "dataset",
+    None,
+    list(DATASETS),
+    "Dataset kind of --data_dir; default the one the model was trained on (e.g. "
+    "--dataset=folder --data_dir=my_photos scores a preset on a folder of your own).",
+    flag_values=FLAGS,
+)
+flags.DEFINE_string(
+    "captions",
+    None,
+    "--dataset=folder: its captions file; default found in --data_dir.",
+    flag_values=FLAGS,
+)
 flags.DEFINE_string(
     "output_dir",
     None,
@@ -52,7 +68,16 @@ flags.DEFINE_string(
 
 
 def _with_data_dir(config):
-    return dataclasses.replace(config, data_dir=FLAGS.data_dir) if FLAGS.data_dir else config
+    """`config` with the data flags given: the dataset to score."""
+    given = {name: FLAGS[name].value for name in ("dataset", "data_dir", "captions")}
+    return dataclasses.replace(config, **{k: v for k, v in given.items() if v is not None})
+
+
+def _same_data(config, trained) -> bool:
+    """Whether `config` names the data the model was trained on (its folder by real path)."""
+    return config.dataset == trained.dataset and os.path.realpath(
+        config.data_dir
+    ) == os.path.realpath(trained.data_dir)
 
 
 def _main(argv):
@@ -73,15 +98,15 @@ def _main(argv):
             model, data, config, output_dir, FLAGS.split, beam_size, overrides=overrides
         )
     else:
-        model, vocab, config = inference.load_preset(source)
+        model, vocab, trained = inference.load_preset(source)
         metadata = preset.read_metadata(preset.resolve(source))
-        config = _with_data_dir(config)
+        config = _with_data_dir(trained)
         config, overrides = decoding_overrides(FLAGS, model, config)
         output_dir = FLAGS.output_dir or os.path.join("runs", "presets", metadata["name"])
         scores = scoring.evaluate_images(
             model, vocab, config, output_dir, FLAGS.split, beam_size, overrides
         )
-        if not overrides:
+        if not overrides and _same_data(config, trained):
             stored = publish.stored_scores(metadata, beam_size or config.beam_size, FLAGS.split)
     beam = beam_size or config.beam_size
     decoding = f", {config.hard_decoding} context" if config.attention == "hard" else ""

@@ -9,14 +9,29 @@ reads flags. A flagfile is plain data, one flag a line (`--flagfile=configs/coco
 read by absl; a name not found from the working directory is looked up in the project's
 `configs/` (`--flagfile=coco.flags`), also for flagfiles that flagfiles name. An unknown
 flag in it stops the command with a one-line error naming the flag.
+
+What a command prints: its results on stdout; on stderr, the package's own log messages
+(the `logging.info` / `logging.warning` calls under `sat_tf/`) as plain lines, the
+message alone (`warning: ` or `error: ` before those levels), and errors as
+`error: ...`. TensorFlow's C++ and Python log lines, Keras's and absl's, the Python
+warnings of those libraries and the log lines of other libraries below errors are left
+out (`sat_tf/cli/__init__.py` before TensorFlow loads, `run` for the log records);
+`-v` / `--verbose`, on every command, keeps all of them in absl's own format. Only the
+commands do this: the rest of the package never imports `sat_tf.cli`, so `import sat_tf`
+and its Python API (`sat_tf.Captioner`) leave TensorFlow's logging, Python's warnings
+and absl's format as they are.
 """
 
+import contextlib
 import dataclasses
+import logging
 import os
 import sys
 
 from absl import app, flags
+from absl import logging as absl_logging
 
+from sat_tf import cli
 from sat_tf import config as config_lib
 from sat_tf.config import HARD_DECODINGS
 
@@ -28,6 +43,19 @@ CONFIGS = os.path.join(ROOT, "configs")
 _DEFINE = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float}
 # absl's help flags, which print the help and exit with status 1; `run` makes it 0.
 HELP_FLAGS = ("-?", "-h", "-help", "--help", "--helpshort", "--helpfull", "--helpxml")
+# The package's folder: log records of its modules are the ones a command shows.
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Read from the command line before anything is parsed (`sat_tf.cli.verbose`), since
+# TensorFlow's logging is chosen before TensorFlow loads; the flag makes absl accept it
+# and --help list it. absl's own `-v` is --verbosity's short name: `run` passes a `-v`
+# without a number as --verbose.
+flags.DEFINE_bool(
+    "verbose",
+    False,
+    "-v: show TensorFlow's, Keras's and absl's log lines and warnings, and every log "
+    "line in absl's format; left out: only the package's own messages, as plain lines.",
+)
 
 
 def define_config_flags(flag_values=flags.FLAGS, only=None):
@@ -279,10 +307,65 @@ def _error(e):
     return 1
 
 
+def _parse_flags(argv):
+    """absl's parse, with a flag it cannot parse reported as one `error: ...` line."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        unknown = isinstance(e, flags.UnrecognizedFlagError)
+        _error(f"{e} (--helpfull lists the flags)" if unknown else e)
+        raise SystemExit(1) from None
+
+
+def _verbose_as_flag(args):
+    """`args` with each `-v` that is not absl's `-v N` (--verbosity) as `--verbose`."""
+    args = list(args)
+    end = args.index("--") if "--" in args else len(args)
+    for i in range(end):
+        number = i + 1 < end and args[i + 1].lstrip("-").isdigit()
+        if args[i] == "-v" and not number:
+            args[i] = "--verbose"
+    return args
+
+
+class _PlainFormatter(logging.Formatter):
+    """A log record as its message alone, after `warning: ` or `error: ` at those levels."""
+
+    def format(self, record):
+        text = super().format(record)
+        if record.levelno >= logging.ERROR:
+            return f"error: {text}"
+        return f"warning: {text}" if record.levelno >= logging.WARNING else text
+
+
+def _shown(record):
+    """Whether a command without -v shows a log record: the package's, and errors."""
+    return record.levelno >= logging.ERROR or record.pathname.startswith(PACKAGE + os.sep)
+
+
+@contextlib.contextmanager
+def _plain_log_lines():
+    """absl's handler (every Python log record reaches it, in absl's format) writing
+    only the records `_shown` passes, as `_PlainFormatter` lines."""
+    handler = absl_logging.get_absl_handler()
+    formatter = handler.python_handler.formatter
+    handler.setFormatter(_PlainFormatter())
+    handler.addFilter(_shown)
+    try:
+        yield
+    finally:
+        handler.removeFilter(_shown)
+        handler.setFormatter(formatter)
+
+
 def run(main, flag_values=flags.FLAGS, argv=None, doc=""):
     """Parses `argv` into `flag_values` and calls `main` with the arguments left, through
     `absl.app.run` (its --help / --helpfull, logging flags and flagfiles, with names
     looked up by `expand_flagfiles`).
+
+    Without -v / --verbose (`sat_tf.cli.verbose` of `argv`, flagfiles expanded) log
+    records are shown as the module docstring says; absl's handler gets its own format
+    back when the run ends.
 
     Args:
       main: a function of the remaining argv (its program name first); its return value
@@ -294,8 +377,8 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc=""):
       doc: the command's help text, printed by --help before the flags.
 
     Returns:
-      the exit status: main's, 0 after --help, 1 for a ValueError (printed as one line
-      `error: ...`) or for flags absl cannot parse.
+      the exit status: main's, 0 after --help, 1 for a ValueError or for flags absl
+      cannot parse (each printed as one line `error: ...`).
     """
     argv = list(sys.argv if argv is None else argv)
     flag_args = argv[1 : argv.index("--")] if "--" in argv else argv[1:]
@@ -304,6 +387,8 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc=""):
         argv = [argv[0], *expand_flagfiles(argv[1:])]
     except ValueError as e:
         return _error(e)
+    log_lines = contextlib.nullcontext() if cli.verbose(argv) else _plain_log_lines()
+    argv = _verbose_as_flag(argv)
 
     def wrapped(args):
         flag_values.mark_as_parsed()
@@ -322,9 +407,12 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc=""):
         for name in flag_values:
             # --help lists the flags of the main module (absl keys it by sys.argv[0]).
             flags.FLAGS.register_flag_by_module(sys.argv[0], flag_values[name])
+    if flags.FLAGS["verbose"] not in flags.FLAGS.get_flags_for_module(sys.argv[0]):
+        flags.FLAGS.register_flag_by_module(sys.argv[0], flags.FLAGS["verbose"])
     try:
         main_module.__doc__ = (doc or main_doc or "") + FLAGFILE_HELP
-        app.run(wrapped, argv=argv)
+        with log_lines:
+            app.run(wrapped, argv=argv, flags_parser=_parse_flags)
     except SystemExit as e:
         if asked_help and e.code == 1:
             return 0

@@ -73,7 +73,8 @@ def _write_shard(path, records, encode, image_size, crop_fraction, batch_size, s
             for i, r in enumerate(records)
             if i not in kept
         ]
-        progbar.add(len(bad))
+        if bad:  # an add after the last image would print the finished bar again
+            progbar.add(len(bad))
         if bad and not skip_bad:
             raise _Undecodable(bad)
     return [records[i].image_id for i in written], bad, overflow
