@@ -93,7 +93,7 @@ def prepare_data(config: Config, workdir: str, vocab: vocab_lib.Vocab | None = N
             )
         records = feature_cache.drop_skipped(records, feature_cache.feature_dir_of(config))
     splits = {s: [r for r in records if r.split == s] for s in ("train", "val", "test")}
-    if not splits["train"]:
+    if vocab is None and not splits["train"]:  # a given vocabulary needs no training split
         raise ValueError(f"dataset {config.dataset} in {config.data_dir} has no training images")
     if vocab is None:
         vocab_path = os.path.join(workdir, VOCAB_FILE)
