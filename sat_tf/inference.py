@@ -97,6 +97,8 @@ def load_workdir(workdir: str):
             VOCAB_FILE,
         )
     model = build_model(config, len(vocab), feature_shape, grid, load_encoder_weights=False)
+    # A run fine-tuned from a preset keeps the preset's tag table (`--init_from`).
+    model.tagger = tags.load_tagger(workdir, vocab, config.encoder)
     for path in (
         os.path.join(workdir, BEST_WEIGHTS),
         os.path.join(workdir, BACKUP_WEIGHTS),

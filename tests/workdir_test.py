@@ -288,3 +288,27 @@ class RunConfigTest(tf.test.TestCase):
     def test_other_datasets_are_left_as_given(self):
         config = Config(dataset="shapes", epochs=1)
         self.assertEqual(workdir_lib.run_config(config, {"epochs"}), config)
+
+
+class CopyTagTableTest(tf.test.TestCase):
+    def test_the_sources_table_is_copied_byte_for_byte(self):
+        source, workdir = tempfile.mkdtemp(), tempfile.mkdtemp()
+        with open(os.path.join(source, inference.BEST_INFO), "w") as f:
+            f.write("{}")
+        self.assertFalse(workdir_lib.copy_tag_table(source, workdir))
+        self.assertEqual(os.listdir(workdir), [])
+        table = "class\tword\nn02123045\tcat|kitty\n"
+        with open(os.path.join(source, "tags.tsv"), "w", encoding="utf-8") as f:
+            f.write(table)
+        self.assertTrue(workdir_lib.copy_tag_table(source, workdir))
+        with open(os.path.join(workdir, "tags.tsv"), encoding="utf-8") as f:
+            self.assertEqual(f.read(), table)
+
+    def test_a_shipped_presets_table(self):
+        workdir = tempfile.mkdtemp()
+        self.assertTrue(workdir_lib.copy_tag_table("flickr8k_lite0_grid14_soft", workdir))
+        from sat_tf import preset
+
+        shipped = os.path.join(preset.resolve("flickr8k_lite0_grid14_soft"), "tags.tsv")
+        with open(shipped, "rb") as a, open(os.path.join(workdir, "tags.tsv"), "rb") as b:
+            self.assertEqual(a.read(), b.read())

@@ -28,6 +28,7 @@ from sat_tf.config import (
     check_given_settings,
     encoder_crop_fraction,
 )
+from sat_tf.data import tag_table
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.tokens import UNK_ID
 from sat_tf.inference import (
@@ -470,6 +471,26 @@ def run_config(config: Config, given: Collection[str]) -> Config:
         config = dataclasses.replace(config, **{k: v for k, v in values.items() if k not in given})
     check_given_settings(config, given)
     return config
+
+
+def copy_tag_table(source: str, workdir: str) -> bool:
+    """Copies the tag table of `--init_from`'s source (`tags.tsv` of a preset or a
+    workdir) into the workdir, where `inference.load_workdir` finds it: a grown
+    vocabulary keeps the old words' ids, and the table names tags by their words, so
+    new words it holds become tags too. Returns whether the source had one."""
+    folder = _preset_folder(source) if _from_preset(source) else source
+    path = os.path.join(folder, tag_table.TAGS_FILE)
+    if not os.path.isfile(path):
+        return False
+    with open(path, encoding="utf-8") as f:
+        files.write_text(os.path.join(workdir, tag_table.TAGS_FILE), f.read())
+    return True
+
+
+def _preset_folder(source: str) -> str:
+    from sat_tf import preset
+
+    return preset.resolve(source)
 
 
 def _shown(value) -> str:
