@@ -5,10 +5,14 @@ import dataclasses
 import gzip
 import json
 import os
+import shutil
 import tarfile
 import tempfile
 
-from sat_tf import files, inference, machine, preset
+from absl import logging
+
+from sat_tf import files, inference, machine, off_world, preset
+from sat_tf.data import tag_table
 from sat_tf.evaluation import coco_grounding
 from sat_tf.training import scoring
 
@@ -78,6 +82,7 @@ def make(
                 **{k: best[k] for k in ("val_cider", "selected_on") if k in best},
             },
         )
+        _carry_workdir_files(workdir, tmp)
         size = sum(os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp))
         if size > preset.MAX_BYTES:
             raise ValueError(
@@ -86,6 +91,35 @@ def make(
             )
         metadata = _store_scores(tmp, data_dir or config.data_dir, split)
     return metadata
+
+
+# Files of a workdir that its preset carries when present: the tag table (a run
+# `--init_from` a preset keeps the preset's, which names words of the grown vocabulary
+# too) and the off-world statistics (`sat-off-world --workdir`, from its training photos).
+CARRIED = (tag_table.TAGS_FILE, off_world.FILE)
+_WITHOUT = {
+    tag_table.TAGS_FILE: "captions without tags (a run from scratch has no tag table; "
+    "scripts/build_tag_table.py makes one)",
+    off_world.FILE: "gives no off-world score (run `sat-off-world --workdir=<the workdir>` "
+    "first to fit it to the run's training photos)",
+}
+
+
+def _carry_workdir_files(workdir: str, directory: str) -> None:
+    """Copies `CARRIED` files of the workdir into the preset folder and lists them in its
+    metadata.json; says in one line each what the preset lacks."""
+    carried = [name for name in CARRIED if os.path.isfile(os.path.join(workdir, name))]
+    for name in CARRIED:
+        if name not in carried:
+            logging.info("%s holds no %s: the preset %s", workdir, name, _WITHOUT[name])
+    if not carried:
+        return
+    for name in carried:
+        with files.atomic_path(os.path.join(directory, name)) as tmp:
+            shutil.copyfile(os.path.join(workdir, name), tmp)
+    metadata = preset.read_metadata(directory)
+    metadata["files"] = {**metadata["files"], **preset.file_entries(directory, carried)}
+    preset.write_metadata(directory, metadata)
 
 
 def rescore(
