@@ -2,11 +2,15 @@
 
 The defaults train on the built-in `shapes` dataset; `configs/*.flags` list only what
 differs for Flickr8k, Flickr30k and COCO. The console commands' flags (`sat-train`, ...)
-are generated from the fields of `Config` by `sat_tf/cli/flags_lib.py`.
+are generated from the fields of `Config` by `sat_tf/cli/flags_lib.py`. The parts that
+take a setting hold no default of their own (they read `Config.<name>`, or are given
+every value by `arguments`) and check its allowed values with `check_choice`; a saved
+config is read with the values of `ADDED_FIELDS` for the settings it predates.
 """
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 from collections.abc import Collection, Iterable
@@ -38,6 +42,21 @@ CHOICES = {
     "selection_metric": tuple(SELECTION_METRICS),
     "scst_baseline": ("mean", "greedy"),
 }
+
+
+def check_choice(name: str, value, prefix: str = "") -> None:
+    """Raises ValueError unless `value` is one of `CHOICES[name]`: the one check of a
+    setting's allowed values, for `Config` and for the parts given the setting.
+
+    Args:
+      name: the setting, a key of `CHOICES`.
+      value: its value.
+      prefix: put before the name in the message (`Config` names the flag: "--").
+    """
+    choices = CHOICES[name]
+    if value not in choices:
+        raise ValueError(f"{prefix}{name}={value!r} is not one of {', '.join(map(repr, choices))}")
+
 
 # The settings that decide the model's weights: a workdir or a preset made with other
 # values holds another model.
@@ -75,6 +94,38 @@ HARD_ONLY = (
     "hard_gate",
     "hard_decoding",
 )
+
+# The settings of captioning that a trained model carries with it: a run --init_from it
+# takes them where they are not given.
+DECODING_FIELDS = (
+    "beam_size",
+    "length_penalty",
+    "block_repeats",
+    "block_bad_endings",
+    "tags",
+    "tag_threshold",
+    "max_decode_length",
+)
+
+# Settings added after configs were first saved, with the value that a config saved
+# before the setting existed was made with: a saved config (a workdir's or a preset's
+# config.json, the fields a preset's metadata.json records) without the key means that
+# value, where `Config`'s default is the one for new runs. Settings of hard attention
+# (`HARD_ONLY`) are filled in hard-attention configs only; the others never read them.
+ADDED_FIELDS = {
+    "hard_gate": False,  # hard attention had no gate
+    "hard_decoding": "argmax",  # and captioned at argmax alpha
+    "global_context": False,
+    "start_state": "mean",
+    "location_prior": False,
+}
+
+
+def with_added_fields(values: dict) -> dict:
+    """A saved config's `values` with each setting of `ADDED_FIELDS` that they lack."""
+    hard = values.get("attention") == "hard"
+    added = {k: v for k, v in ADDED_FIELDS.items() if hard or k not in HARD_ONLY}
+    return {**added, **values}
 
 
 def _field(default, help_text):
@@ -302,12 +353,8 @@ class Config:
             kinds = (int, float) if f.type is float else (f.type,)
             if isinstance(value, bool) != (f.type is bool) or not isinstance(value, kinds):
                 raise ValueError(f"--{f.name}={value!r} is not a {f.type.__name__}")
-        for name, choices in CHOICES.items():
-            value = getattr(self, name)
-            if value not in choices:
-                raise ValueError(
-                    f"--{name}={value!r} is not one of {', '.join(map(repr, choices))}"
-                )
+        for name in CHOICES:
+            check_choice(name, getattr(self, name), prefix="--")
         positive = ("vocab_size", "max_caption_length", "image_size", "embed_dim", "hidden_dim")
         positive += ("attention_dim", "batch_size", "epochs", "beam_size", "max_decode_length")
         positive += ("new_word_min_count",)
@@ -381,22 +428,30 @@ class Config:
 
     @classmethod
     def load(cls, path: str) -> "Config":
-        """Reads a config written by `save` (the `config.json` of a workdir)."""
+        """Reads a config written by `save` (the `config.json` of a workdir or a preset);
+        a setting it lacks takes the value of `ADDED_FIELDS`, else the default."""
         try:
             with open(path, encoding="utf-8") as f:
                 values = json.load(f)
         except (OSError, ValueError) as e:
             raise ValueError(f"cannot read config {path}: {e}") from e
-        if isinstance(values, dict) and values.get("attention") == "hard":
-            # Written before `hard_gate` existed: that hard attention had no gate.
-            values.setdefault("hard_gate", False)
-            # Written before `hard_decoding` existed: that hard attention decoded at argmax.
-            values.setdefault("hard_decoding", "argmax")
+        if isinstance(values, dict):
+            values = with_added_fields(values)
         return cls.from_dict(values)
 
     def save(self, path: str) -> None:
         """Writes the config as JSON atomically (temp file + rename)."""
         files.write_text(path, self.to_json())
+
+
+_NAMES = frozenset(f.name for f in dataclasses.fields(Config))
+
+
+def arguments(function, config: Config, leave_out=()) -> dict:
+    """{name: value} of `config` for each parameter of `function` (or class) named like
+    one of its settings, but those in `leave_out`."""
+    names = inspect.signature(function).parameters
+    return {n: getattr(config, n) for n in names if n in _NAMES and n not in leave_out}
 
 
 def encoder_crop_fraction(encoder: str) -> float:

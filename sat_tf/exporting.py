@@ -54,7 +54,8 @@ FORMATS = image_io.FORMATS_TEXT
 
 @dataclasses.dataclass(frozen=True)
 class ExportSpec:
-    """What an export computes; everything is fixed when the graph is traced.
+    """What an export computes; everything is fixed when the graph is traced. The
+    settings of the model's config have no defaults here: `export_spec` gives them all.
 
     Attributes:
       image_size: side S of the square encoder input.
@@ -64,12 +65,12 @@ class ExportSpec:
       max_length: T, tokens decoded per caption (`<end>` included).
       beam_size: 1 for greedy decoding, else beam search.
       length_penalty: GNMT length penalty exponent of beam search.
-      max_image_pixels: `serving_default` refuses images over it (`image_io.admit`).
       tag_threshold: the probability a photo's ImageNet tag needs before its caption
         must say it (`tags.tagged_generate`); None: no tags (--notags, or a model
         without a tag table).
       block_repeats: no word a third time in a row, no trigram twice.
       bad_ending_ids: words a caption may not end on.
+      max_image_pixels: `serving_default` refuses images over it (`image_io.admit`).
       off_world: the model's `off_world.Stats`; with them the signatures also return
         off_world_score float32 (N,) and off_world bool (N,).
     """
@@ -79,12 +80,12 @@ class ExportSpec:
     grid: tuple[int, int]
     feature_dim: int
     max_length: int
-    beam_size: int = 1
-    length_penalty: float = 0.0
+    beam_size: int
+    length_penalty: float
+    tag_threshold: float | None
+    block_repeats: bool
+    bad_ending_ids: tuple[int, ...]
     max_image_pixels: int = image_io.MAX_IMAGE_PIXELS
-    tag_threshold: float | None = None
-    block_repeats: bool = False
-    bad_ending_ids: tuple[int, ...] = ()
     off_world: off_world_lib.Stats | None = dataclasses.field(default=None, compare=False)
 
     @property

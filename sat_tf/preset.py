@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import sat_tf
 from sat_tf import download, files, npz_weights
-from sat_tf.config import MODEL_FIELDS, Config
+from sat_tf.config import MODEL_FIELDS, Config, with_added_fields
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.files import sha256_of
 
@@ -41,9 +41,6 @@ CHECKED_FIELDS = MODEL_FIELDS + (
     "max_decode_length",
     "length_penalty",
 )
-# Checked fields that came after the first presets, with the value a preset made before
-# them was trained with (its metadata.json does not name them).
-ADDED_FIELDS = {"global_context": False, "start_state": "mean", "location_prior": False}
 BEAM_SIZES = (1, 3)
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -178,7 +175,8 @@ def _check(directory: str, where: str | None = None):
             f"with {metadata.get('vocab_words')} (fingerprint {metadata['vocab_fingerprint']})"
         )
     config = Config.load(os.path.join(directory, CONFIG_FILE))
-    recorded = {**ADDED_FIELDS, **metadata["config"]}
+    # A preset made before a field existed does not record it (`config.ADDED_FIELDS`).
+    recorded = with_added_fields(metadata["config"])
     diff = [
         f"{k}={getattr(config, k)!r} in {CONFIG_FILE}, {recorded.get(k)!r} in {METADATA_FILE}"
         for k in CHECKED_FIELDS

@@ -24,16 +24,16 @@ import dataclasses
 import keras
 import tensorflow as tf
 
+from sat_tf import config as config_lib
 from sat_tf import decoding_rules
+from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
-
-BASELINES = ("mean", "greedy")
 
 
 @dataclasses.dataclass(frozen=True)
 class SelfCriticalSettings:
     """How self-critical training runs; the `Config` fields `scst_samples`,
-    `scst_baseline` and `scst_entropy_weight`.
+    `scst_baseline`, `max_caption_length` and `scst_entropy_weight` (`from_config`).
 
     Attributes:
       samples: K, captions sampled per image.
@@ -45,14 +45,14 @@ class SelfCriticalSettings:
         the policy's word distributions summed over a sample's steps.
     """
 
-    samples: int = 5
-    baseline: str = "mean"
-    max_length: int = 20
-    entropy_weight: float = 0.0
+    samples: int
+    baseline: str
+    max_length: int
+    # A model's Keras config saved before the entropy bonus existed lacks the key.
+    entropy_weight: float = Config.scst_entropy_weight
 
     def __post_init__(self):
-        if self.baseline not in BASELINES:
-            raise ValueError(f"scst_baseline={self.baseline!r} is not one of {BASELINES}")
+        config_lib.check_choice("scst_baseline", self.baseline)
         minimum = 2 if self.baseline == "mean" else 1
         if self.samples < minimum:
             raise ValueError(

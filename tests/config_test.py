@@ -278,6 +278,46 @@ class FileTest(parameterized.TestCase):
             Config.load(path)
 
 
+class OneSourceTest(parameterized.TestCase):
+    @parameterized.named_parameters(*[(name, name) for name in CHOICES])
+    def test_check_choice_reads_choices(self, name):
+        for value in CHOICES[name]:
+            config_lib.check_choice(name, value)
+        with self.assertRaises(ValueError) as raised:
+            config_lib.check_choice(name, "bogus")
+        choices = ", ".join(map(repr, CHOICES[name]))
+        self.assertEqual(str(raised.exception), f"{name}='bogus' is not one of {choices}")
+
+    def test_added_fields_fill_what_a_saved_config_lacks(self):
+        later = {"global_context": False, "start_state": "mean", "location_prior": False}
+        self.assertEqual(
+            config_lib.with_added_fields({"attention": "soft"}), {"attention": "soft", **later}
+        )
+        hard = config_lib.with_added_fields({"attention": "hard", "start_state": "learned"})
+        self.assertEqual(
+            hard,
+            {"attention": "hard", **later, "start_state": "learned"}
+            | {"hard_gate": False, "hard_decoding": "argmax"},
+        )
+        names = {f.name for f in dataclasses.fields(Config)}
+        self.assertContainsSubset(set(config_lib.ADDED_FIELDS), names)
+
+    def test_arguments_are_the_settings_a_function_names(self):
+        def part(seed, beam_size, vocab_size, other=1):
+            del seed, beam_size, vocab_size, other
+
+        config = Config(seed=3, beam_size=2)
+        self.assertEqual(
+            config_lib.arguments(part, config, leave_out=("vocab_size",)),
+            {"seed": 3, "beam_size": 2},
+        )
+
+    def test_named_groups_are_settings(self):
+        names = {f.name for f in dataclasses.fields(Config)}
+        for group in (config_lib.HARD_ONLY, config_lib.DECODING_FIELDS, config_lib.MODEL_FIELDS):
+            self.assertContainsSubset(set(group), names)
+
+
 class DifferencesTest(parameterized.TestCase):
     def test_names_each_differing_setting_with_both_values_in_the_order_asked(self):
         mine = Config(seed=1, epochs=6, attention="hard")

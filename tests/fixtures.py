@@ -23,7 +23,7 @@ from absl import logging
 from PIL import Image
 
 from sat_tf.cli import train as train_cli
-from sat_tf.config import Config
+from sat_tf.config import Config, absolute_paths
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model.show_attend_tell import build_model
 
@@ -114,7 +114,8 @@ def trained_run() -> TrainedRun:
     # The run's settings, with the decoding it chose on its validation images.
     with open(os.path.join(workdir, "decoding.json"), encoding="utf-8") as f:
         chosen = json.load(f)["chosen"]
-    config = Config(data_dir=data_dir, **{**TRAINED, **chosen})
+    # The workdir keeps its folders absolute (config.absolute_paths).
+    config = absolute_paths(Config(data_dir=data_dir, **{**TRAINED, **chosen}))
     return TrainedRun(root, workdir, data_dir, config, scores, stdout)
 
 

@@ -12,15 +12,25 @@ directly or around a loop. Imports inside functions count as much as those at th
 Sizes, in lines of code (docstrings, comments and blank lines not counted): `model/`
 without its speed folder `fast/` is the paper, read top to bottom, in a few files; no
 module, class or function outside `fast/` grows past what a reader holds at once.
+
+One source for every setting: a class of the package (a dataclass's field, a NamedTuple's,
+an `__init__`'s parameter) that has a default for a `Config` setting has Config's own,
+read from it (`Config.name`) or equal to it; and the allowed values of a setting
+(`config.CHOICES`) are written nowhere else.
 """
 
 import ast
+import dataclasses
+import inspect
 import io
 import os
 import textwrap
 import tokenize
 
 import pytest
+
+from sat_tf import config as config_lib
+from sat_tf.config import Config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPORT = "exporting"
@@ -359,6 +369,209 @@ def test_a_planted_loop_is_found(tmp_path):
         "sat_tf.evaluation.score; sat_tf/evaluation/score.py:1 imports sat_tf.data.vocab",
         f"parts {EXPORT}, training import each other: sat_tf/{EXPORT}.py:1 imports "
         f"sat_tf.training.loop; sat_tf/training/loop.py:1 imports sat_tf.{EXPORT}",
+    ]
+
+
+# Parameters named like a `Config` setting that hold another quantity, so that their
+# defaults are not the setting's: (file, class, name) -> what they hold.
+OTHER_MEANINGS = {
+    ("sat_tf/api.py", "Captioner", "batch_size"): "images captioned at once",
+    ("sat_tf/backbones/registry.py", "EncoderSpec", "image_size"): "the backbone's own input",
+    ("sat_tf/data/folder.py", "_Row", "captions"): "a row's captions, not the captions file",
+    ("sat_tf/model/show_attend_tell.py", "ShowAttendTell", "encoder"): "the layer, not a name",
+}
+# Literal tuples of a setting's allowed values outside config.py that are not a second
+# declaration of them: (file, setting) -> why.
+CHOICES_ELSEWHERE = {
+    ("sat_tf/training/decoding_choice.py", "hard_decoding"): "SEARCH: the order tried in",
+    ("sat_tf/data/records.py", "on_missing"): "records.check_options, for its owner to turn "
+    "into config.check_choice('on_missing', ...)",
+}
+
+
+def _class_defaults(tree):
+    """(class name, name, default expression) of every field with a default (an annotated
+    assignment in the class body) and every `__init__` parameter with one."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for item in node.body:
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                if item.value is not None:
+                    yield node.name, item.target.id, item.value
+            elif isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                args = item.args
+                positional = args.posonlyargs + args.args
+                with_default = positional[len(positional) - len(args.defaults) :]
+                pairs = list(zip(with_default, args.defaults, strict=True))
+                pairs += zip(args.kwonlyargs, args.kw_defaults, strict=True)
+                for arg, value in pairs:
+                    if value is not None:
+                        yield node.name, arg.arg, value
+
+
+def _config_reference(value):
+    """The setting whose default `value` reads: "x" for `Config.x` (`config.Config.x`
+    too) and for `dataclasses.field(default=Config.x, ...)`; else None."""
+    function = value.func if isinstance(value, ast.Call) else None
+    if function is not None and getattr(function, "attr", getattr(function, "id", "")) == "field":
+        inner = [k.value for k in value.keywords if k.arg == "default"]
+        return _config_reference(inner[0]) if inner else None
+    if isinstance(value, ast.Attribute):
+        owner = value.value
+        if getattr(owner, "id", None) == "Config" or getattr(owner, "attr", None) == "Config":
+            return value.attr
+    return None
+
+
+def default_problems(package_root, defaults):
+    """Every default of a class of `package_root` for a setting of `defaults` ({name:
+    Config's default}) that is not Config's, as lines."""
+    problems = []
+    for folder, _, names in os.walk(package_root):
+        for file_name in sorted(n for n in names if n.endswith(".py")):
+            path = os.path.join(folder, file_name)
+            where = os.path.relpath(path, os.path.dirname(package_root)).replace(os.sep, "/")
+            if where == "sat_tf/config.py":
+                continue
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            for cls, name, value in _class_defaults(tree):
+                reference = _config_reference(value)
+                if reference is not None:
+                    if reference not in defaults:
+                        problems.append(f"{where}::{cls}.{name}: no setting {reference!r}")
+                    continue
+                if name not in defaults or (where, cls, name) in OTHER_MEANINGS:
+                    continue
+                try:
+                    own = ast.literal_eval(value)
+                except ValueError:
+                    own = ast.unparse(value)
+                if own != defaults[name] or type(own) is not type(defaults[name]):
+                    problems.append(
+                        f"{where}::{cls}.{name}: default {ast.unparse(value)}, Config's "
+                        f"{defaults[name]!r}"
+                    )
+    return problems
+
+
+def _config_defaults():
+    return {f.name: f.default for f in dataclasses.fields(Config)}
+
+
+def choice_problems(package_root, choices):
+    """Every literal tuple, list or set outside config.py that holds exactly the allowed
+    values of a setting of `choices` (`config.CHOICES`), as lines."""
+    problems = []
+    for folder, _, names in os.walk(package_root):
+        for file_name in sorted(n for n in names if n.endswith(".py")):
+            path = os.path.join(folder, file_name)
+            where = os.path.relpath(path, os.path.dirname(package_root)).replace(os.sep, "/")
+            if where == "sat_tf/config.py":
+                continue
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                if not isinstance(node, (ast.Tuple, ast.List, ast.Set)) or len(node.elts) < 2:
+                    continue
+                if not all(
+                    isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
+                ):
+                    continue
+                values = {e.value for e in node.elts}
+                for name, allowed in choices.items():
+                    if values == set(allowed) and (where, name) not in CHOICES_ELSEWHERE:
+                        problems.append(
+                            f"{where}:{node.lineno} repeats the choices of --{name}: "
+                            f"{ast.unparse(node)} (config.CHOICES, config.check_choice)"
+                        )
+    return problems
+
+
+def test_no_class_holds_a_default_of_its_own_for_a_setting():
+    assert default_problems(os.path.join(ROOT, "sat_tf"), _config_defaults()) == []
+
+
+def test_the_parts_settings_have_configs_defaults_or_none():
+    # What the classes hold when imported, beside what their source says (above); the
+    # decoder's vocab_size is the vocabulary's size, not --vocab_size.
+    from sat_tf import exporting, self_critical
+    from sat_tf.model import decoder, losses
+
+    defaults = _config_defaults()
+    scst = {"samples": "scst_samples", "baseline": "scst_baseline"}
+    scst |= {"max_length": "max_caption_length", "entropy_weight": "scst_entropy_weight"}
+    parts = [(losses.Settings, {}), (decoder.AttentionDecoder, {"vocab_size": None})]
+    parts += [(self_critical.SelfCriticalSettings, scst), (exporting.ExportSpec, {})]
+    for part, settings in parts:
+        for name, parameter in inspect.signature(part).parameters.items():
+            setting = settings.get(name, name)
+            if setting in defaults and parameter.default is not inspect.Parameter.empty:
+                assert parameter.default == defaults[setting], (part.__name__, name)
+    assert losses.Settings() == losses.Settings(**config_lib.arguments(losses.Settings, Config()))
+
+
+def test_allowed_values_are_declared_once():
+    assert choice_problems(os.path.join(ROOT, "sat_tf"), config_lib.CHOICES) == []
+
+
+def test_a_planted_default_of_its_own_is_found(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "model/parts.py": """\
+                import dataclasses
+                from dataclasses import field
+
+                from sat_tf import config
+                from sat_tf.config import Config
+
+
+                @dataclasses.dataclass
+                class Settings:
+                    reinforce_reward: str = "sequence"
+                    reinforce_weight: float = Config.reinforce_weight
+                    hard_mix_prob: float = 0.5
+                    entropy_weight: float = field(default=config.Config.scst_entropy_weight)
+                    beam: int = Config.beam
+
+
+                class Layer:
+                    def __init__(self, vocab_size, hidden_dim=64, *, hard_gate=True, seed=None):
+                        pass
+                """,
+        },
+    )
+    defaults = {"reinforce_reward": "to_go", "reinforce_weight": 1.0, "hard_mix_prob": 0.5}
+    defaults |= {"hidden_dim": 256, "hard_gate": True, "seed": 0, "vocab_size": 10}
+    defaults |= {"scst_entropy_weight": 0.0, "entropy_weight": 0.002}
+    assert default_problems(root, defaults) == [
+        "sat_tf/model/parts.py::Settings.reinforce_reward: default 'sequence', Config's 'to_go'",
+        "sat_tf/model/parts.py::Settings.beam: no setting 'beam'",
+        "sat_tf/model/parts.py::Layer.hidden_dim: default 64, Config's 256",
+        "sat_tf/model/parts.py::Layer.seed: default None, Config's 0",
+    ]
+
+
+def test_planted_choices_are_found(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "model/parts.py": """\
+                BASELINES = ("greedy", "mean")
+                PARTLY = ("mean",)
+
+
+                def check(reward):
+                    return reward in ["sequence", "to_go", "other"]
+                """,
+        },
+    )
+    choices = {"scst_baseline": ("mean", "greedy"), "reinforce_reward": ("sequence", "to_go")}
+    assert choice_problems(root, choices) == [
+        "sat_tf/model/parts.py:1 repeats the choices of --scst_baseline: ('greedy', 'mean') "
+        "(config.CHOICES, config.check_choice)"
     ]
 
 

@@ -178,6 +178,7 @@ class ReinforceEstimatorTest(tf.test.TestCase, parameterized.TestCase):
             attention_dim=WIDTH,
             attention="hard",
             dropout=0.0,
+            hard_gate=False,
         )
         cls.decoder.build((None, LOCATIONS, WIDTH))
         rng = np.random.default_rng(0)

@@ -34,7 +34,7 @@ from fixtures import MAX_LENGTH, WORDS, run_main, scenes, tiny_model
 from sat_tf import download, files, inference, preset
 from sat_tf.cli import caption as caption_cli
 from sat_tf.cli import flags_lib
-from sat_tf.config import CHOICES, Config
+from sat_tf.config import ADDED_FIELDS, CHOICES, HARD_ONLY, Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import java_tools
 from sat_tf.model.show_attend_tell import build_model
@@ -296,11 +296,13 @@ class PresetTest(tf.test.TestCase, parameterized.TestCase):
             inference.load_preset(directory)
 
     def test_metadata_from_before_a_later_field(self):
-        # A preset made before a field existed (`global_context`, `start_state`,
+        # A preset made before a checked field existed (`global_context`, `start_state`,
         # `location_prior`) has no such key in its metadata: it was trained with the
-        # default, so a config.json without the key loads and one with another value is
-        # refused.
-        for field, default in preset.ADDED_FIELDS.items():
+        # value of `config.ADDED_FIELDS`, so a config.json without the key loads and one
+        # with another value is refused. (The settings of hard attention: below.)
+        added = {k: v for k, v in ADDED_FIELDS.items() if k not in HARD_ONLY}
+        self.assertEqual(set(added), {"global_context", "start_state", "location_prior"})
+        for field, default in added.items():
             directory = self.copy(self.image_dir)
             rewrite_metadata(directory, lambda m, field=field: m["config"].pop(field))
             _, _, config = inference.load_preset(directory)
@@ -315,6 +317,42 @@ class PresetTest(tf.test.TestCase, parameterized.TestCase):
             )
             with self.assertRaisesRegex(ValueError, f"{field}={changed!r} in config.json"):
                 inference.load_preset(directory)
+
+    def test_hard_preset_from_before_the_gate(self):
+        # A hard-attention preset made before `hard_gate` and `hard_decoding` existed
+        # names neither, in config.json nor in metadata.json: it had no gate and
+        # captioned at argmax alpha (`config.ADDED_FIELDS`), and loads as such.
+        model, vocab, config = tiny_model(attention="hard", hard_gate=False, hard_decoding="argmax")
+        directory = os.path.join(tempfile.mkdtemp(dir=self.root), "old_hard")
+        preset.save(model, vocab, config, directory, name="old_hard")
+        want = generate(float16_rounded(model), {"image": self.images})
+        path = os.path.join(directory, preset.CONFIG_FILE)
+        edit_json(path, lambda c: [c.pop(k) for k in ("hard_gate", "hard_decoding")])
+        rewrite_metadata(directory, lambda m: m["config"].pop("hard_gate"))
+        loaded, _, loaded_config = inference.load_preset(directory)
+        self.assertEqual((loaded_config.hard_gate, loaded_config.hard_decoding), (False, "argmax"))
+        self.assertIsNone(loaded.decoder.beta)
+        got = generate(loaded, {"image": self.images})
+        self.assertAllEqual(got.tokens, want.tokens)
+
+    def test_shipped_configs_lack_later_fields_and_load(self):
+        # The shipped presets' config.json were written before `block_repeats`, `tags`,
+        # `global_context`, ...: each missing setting takes its `ADDED_FIELDS` value, else
+        # Config's default, and the files stay as shipped.
+        names = {f.name for f in dataclasses.fields(Config)}
+        for name in preset.names():
+            path = os.path.join(preset.PRESETS_DIR, name, preset.CONFIG_FILE)
+            with open(path, encoding="utf-8") as f:
+                values = json.load(f)
+            missing = names - set(values)
+            self.assertContainsSubset({"block_repeats", "tags", "global_context"}, missing)
+            config = Config.load(path)
+            for field in missing:
+                expected = ADDED_FIELDS.get(field, getattr(Config, field))
+                if field in HARD_ONLY and values["attention"] != "hard":
+                    expected = getattr(Config, field)
+                self.assertEqual(getattr(config, field), expected, (name, field))
+            preset.verify(os.path.join(preset.PRESETS_DIR, name))
 
     def test_save_refuses(self):
         model, vocab, config = tiny_model()

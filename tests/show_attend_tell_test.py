@@ -52,6 +52,9 @@ def _model(
         hard_gate=hard_gate,
         name="decoder",
     )
+    # The paper's hard attention (§4.1) unless a test says otherwise.
+    paper = {"reinforce_reward": "sequence", "reinforce_baseline": "moving_average"}
+    reinforce = {**paper, "hard_warmup_steps": 0, **reinforce}
     model = ShowAttendTell(
         decoder, feature_dim=FEATURES, alpha_c=alpha_c, reinforce=reinforce, seed=seed
     )

@@ -74,10 +74,10 @@ def _with_data_dir(config):
 
 
 def _same_data(config, trained) -> bool:
-    """Whether `config` names the data the model was trained on (its folder by real path)."""
-    return config.dataset == trained.dataset and os.path.realpath(
-        config.data_dir
-    ) == os.path.realpath(trained.data_dir)
+    """Whether `config` names data of the kind the model was trained on: a Flickr or COCO
+    dataset it was trained on (its stored scores are of that split), never a folder of a
+    user's own photos."""
+    return config.dataset == trained.dataset and config.dataset != "folder"
 
 
 def _main(argv):

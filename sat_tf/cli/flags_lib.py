@@ -33,7 +33,6 @@ from absl import logging as absl_logging
 
 from sat_tf import cli
 from sat_tf import config as config_lib
-from sat_tf.config import HARD_DECODINGS
 
 # The repository root: configs/ holds the project's flagfiles (an editable install, or a
 # checkout run through scripts/).
@@ -161,53 +160,33 @@ def override(flag_values, name):
     return value
 
 
+# The decoding settings that a command loading a trained model may override
+# (`decoding_overrides`); each command defines its beam size and length itself
+# (`define_override`).
+DECODING_OVERRIDES = (
+    "hard_decoding",
+    "length_penalty",
+    "block_repeats",
+    "block_bad_endings",
+    "tags",
+    "tag_threshold",
+)
+
+
 def define_model_source(flag_values=flags.FLAGS):
     """The flags --workdir and --preset, of which a script that loads a trained model
     takes exactly one (`load_model`), and the decoding settings it may override
-    (`decoding_overrides`)."""
-    flags.DEFINE_enum(
-        "hard_decoding",
-        None,
-        list(HARD_DECODINGS),
-        "Hard attention: the context when captioning (argmax or expected); left out: the "
-        "trained model's own --hard_decoding.",
-        flag_values=flag_values,
-    )
-    flags.DEFINE_float(
-        "length_penalty",
-        None,
-        "Beam length normalisation exponent (0 = off); left out: the trained model's own "
-        "--length_penalty.",
-        flag_values=flag_values,
-    )
-    flags.DEFINE_bool(
-        "block_repeats",
-        None,
-        "Never a word a third time in a row nor a trigram twice; left out: the trained "
-        "model's own --block_repeats.",
-        flag_values=flag_values,
-    )
-    flags.DEFINE_bool(
-        "block_bad_endings",
-        None,
-        "Never end a caption on a, the, with, of, ...; left out: the trained model's own "
-        "--block_bad_endings.",
-        flag_values=flag_values,
-    )
-    flags.DEFINE_bool(
-        "tags",
-        None,
-        "Make a caption name the photo's confident ImageNet tag (a preset's tag table); "
-        "--notags turns it off; left out: the model's own --tags (on).",
-        flag_values=flag_values,
-    )
-    flags.DEFINE_float(
-        "tag_threshold",
-        None,
-        "Probability a tag needs before the caption must name it; left out: the model's "
-        "own --tag_threshold.",
-        flag_values=flag_values,
-    )
+    (`decoding_overrides`): a flag per name of `DECODING_OVERRIDES` with the type and
+    help of its `Config` field, None when left out."""
+    for name, _, kind, help_text in config_lib.fields_with_help():
+        if name not in DECODING_OVERRIDES:
+            continue
+        help_text = f"{help_text.rstrip('.')}; left out: the trained model's own --{name}."
+        if name in config_lib.CHOICES:
+            choices = list(config_lib.CHOICES[name])
+            flags.DEFINE_enum(name, None, choices, help_text, flag_values=flag_values)
+        else:
+            _DEFINE[kind](name, None, help_text, flag_values=flag_values)
     flags.DEFINE_string(
         "workdir",
         None,
@@ -243,8 +222,9 @@ def model_source(flag_values):
 
 
 def decoding_overrides(flag_values, model, config):
-    """Applies --hard_decoding, --length_penalty, --block_repeats, --block_bad_endings,
-    --tags and --tag_threshold to a loaded model before it captions anything.
+    """Applies the flags of `DECODING_OVERRIDES` (--hard_decoding, --length_penalty,
+    --block_repeats, --block_bad_endings, --tags, --tag_threshold) to a loaded model
+    before it captions anything.
 
     Returns:
       (config with the values, {name: value} of those that differ from the model's own).
@@ -253,29 +233,20 @@ def decoding_overrides(flag_values, model, config):
       ValueError: for --hard_decoding with a model without hard attention, or a negative
         --length_penalty, or a --tag_threshold outside [0, 1].
     """
-    changed = {}
-    threshold = flag_values["tag_threshold"].value
+    given = {name: flag_values[name].value for name in DECODING_OVERRIDES}
+    threshold, penalty = given["tag_threshold"], given["length_penalty"]
     if threshold is not None and not 0.0 <= threshold <= 1.0:
         raise ValueError(f"--tag_threshold={threshold} must lie in [0, 1]")
-    penalty = flag_values["length_penalty"].value
-    if penalty is not None:
-        if penalty < 0:
-            raise ValueError(f"--length_penalty={penalty} must be >= 0 (0 = off)")
-        if penalty != config.length_penalty:
-            changed["length_penalty"] = penalty
-    for name in ("block_repeats", "block_bad_endings", "tags", "tag_threshold"):
-        value = flag_values[name].value
-        if value is not None and value != getattr(config, name):
-            changed[name] = value
-    value = flag_values["hard_decoding"].value
-    if value is not None and value != config.hard_decoding:
+    if penalty is not None and penalty < 0:
+        raise ValueError(f"--length_penalty={penalty} must be >= 0 (0 = off)")
+    changed = {k: v for k, v in given.items() if v is not None and v != getattr(config, k)}
+    if "hard_decoding" in changed:
         if config.attention != "hard":
             raise ValueError(
-                f"--hard_decoding={value} is a setting of hard attention; this model has "
-                f"{config.attention} attention: leave it out"
+                f"--hard_decoding={changed['hard_decoding']} is a setting of hard attention; "
+                f"this model has {config.attention} attention: leave it out"
             )
-        model.decoder.hard_decoding = value
-        changed["hard_decoding"] = value
+        model.decoder.hard_decoding = changed["hard_decoding"]
     return dataclasses.replace(config, **changed), changed
 
 

@@ -27,24 +27,24 @@ fused recurrence with a hand-written backward pass, the additive score as a comp
 where it applies; `call(..., autodiff=True)` runs the reference loop.
 """
 
+import inspect
+
 import keras
 import tensorflow as tf
 
-from sat_tf.config import ATTENTIONS, HARD_DECODINGS, START_STATES
+from sat_tf import config as config_lib
+from sat_tf.config import Config
 from sat_tf.model import attention as attention_lib
 from sat_tf.model import step
 from sat_tf.model.fast import schedule
-
-# The arguments that `Config` fields of the same name give (`build_model`).
-FIELDS = tuple(
-    "embed_dim hidden_dim attention_dim attention attention_score dropout hard_gate "
-    "hard_decoding global_context start_state location_prior".split()
-)
 
 
 @keras.saving.register_keras_serializable(package="sat_tf")
 class AttentionDecoder(keras.layers.Layer):
     """Attention LSTM with init MLPs and deep output.
+
+    The arguments after `vocab_size` are the `Config` settings of their names, with
+    their defaults (`build_model` passes the run's); `get_config` returns them all.
 
     Args:
       vocab_size: number of output words V.
@@ -75,28 +75,27 @@ class AttentionDecoder(keras.layers.Layer):
     def __init__(
         self,
         vocab_size,
-        embed_dim=64,
-        hidden_dim=256,
-        attention_dim=64,
-        attention="soft",
-        attention_score="additive",
-        dropout=0.2,
-        hard_gate=False,
-        hard_decoding="expected",
-        global_context=False,
-        start_state="mean",
-        location_prior=False,
+        embed_dim=Config.embed_dim,
+        hidden_dim=Config.hidden_dim,
+        attention_dim=Config.attention_dim,
+        attention=Config.attention,
+        attention_score=Config.attention_score,
+        dropout=Config.dropout,
+        hard_gate=Config.hard_gate,
+        hard_decoding=Config.hard_decoding,
+        global_context=Config.global_context,
+        start_state=Config.start_state,
+        location_prior=Config.location_prior,
         **kwargs,
     ):
         super().__init__(**kwargs)
-        for name, value, choices in (
-            ("attention", attention, ATTENTIONS),
-            ("attention_score", attention_score, tuple(attention_lib.SCORES)),
-            ("hard_decoding", hard_decoding, HARD_DECODINGS),
-            ("start_state", start_state, START_STATES),
+        for name, value in (
+            ("attention", attention),
+            ("attention_score", attention_score),
+            ("hard_decoding", hard_decoding),
+            ("start_state", start_state),
         ):
-            if value not in choices:
-                raise ValueError(f"{name}={value!r} is not one of {choices}")
+            config_lib.check_choice(name, value)
         for name, given in (("global_context", global_context), ("location_prior", location_prior)):
             if given and attention == "none":
                 raise ValueError(f"{name}=True acts on attention; attention='none' has none")
@@ -379,5 +378,5 @@ class AttentionDecoder(keras.layers.Layer):
         }
 
     def get_config(self):
-        fields = {name: getattr(self, name) for name in ("vocab_size", *FIELDS)}
-        return {**super().get_config(), **fields}
+        names = [n for n in inspect.signature(AttentionDecoder).parameters if n != "kwargs"]
+        return {**super().get_config(), **{name: getattr(self, name) for name in names}}

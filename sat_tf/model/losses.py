@@ -18,6 +18,9 @@ import dataclasses
 import keras
 import tensorflow as tf
 
+from sat_tf import config as config_lib
+from sat_tf.config import Config
+
 
 def word_log_likelihood(logits, targets, mask):
     """`log p(y_t | ...)` of every target word, 0 at padded steps.
@@ -125,8 +128,8 @@ BASELINE_SLOTS = 128
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """How hard attention is trained; the fields of `Config` of the same names. The
-    defaults are the paper's (BUILD_NOTES.md gives the project's defaults and why).
+    """How hard attention is trained: the fields of `Config` of the same names, and
+    their defaults (BUILD_NOTES.md gives why they are not all the paper's).
 
     Attributes:
       reinforce_weight: lambda_r of the score-function term.
@@ -145,19 +148,17 @@ class Settings:
         optimizer steps; sampling and the REINFORCE term start after them.
     """
 
-    reinforce_weight: float = 1.0
-    entropy_weight: float = 0.002
-    reinforce_reward: str = "sequence"
-    reinforce_baseline: str = "moving_average"
-    baseline_decay: float = 0.9
-    hard_mix_prob: float = 0.5
-    hard_warmup_steps: int = 0
+    reinforce_weight: float = Config.reinforce_weight
+    entropy_weight: float = Config.entropy_weight
+    reinforce_reward: str = Config.reinforce_reward
+    reinforce_baseline: str = Config.reinforce_baseline
+    baseline_decay: float = Config.baseline_decay
+    hard_mix_prob: float = Config.hard_mix_prob
+    hard_warmup_steps: int = Config.hard_warmup_steps
 
     def __post_init__(self):
-        if self.reinforce_reward not in ("sequence", "to_go"):
-            raise ValueError(f"reinforce_reward={self.reinforce_reward!r} is not a reward")
-        if self.reinforce_baseline not in ("moving_average", "argmax"):
-            raise ValueError(f"reinforce_baseline={self.reinforce_baseline!r} is not a baseline")
+        config_lib.check_choice("reinforce_reward", self.reinforce_reward)
+        config_lib.check_choice("reinforce_baseline", self.reinforce_baseline)
 
     @property
     def to_go(self) -> bool:

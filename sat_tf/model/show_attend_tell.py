@@ -10,11 +10,12 @@ import dataclasses
 import keras
 import tensorflow as tf
 
+from sat_tf import config as config_lib
 from sat_tf import decoding_rules
 from sat_tf import self_critical as scst
 from sat_tf.backbones import tags as tags_lib
+from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.model import decoder as decoder_lib
 from sat_tf.model import losses as losses_lib
 from sat_tf.model import search
 from sat_tf.model.decoder import AttentionDecoder
@@ -33,8 +34,8 @@ class ShowAttendTell(ResumableModel):
       feature_dim: D of cached features (only without an encoder).
       grid: (H, W) of cached features (only without an encoder), for attention maps.
       alpha_c: weight of the doubly stochastic penalty (soft attention, §4.2.1).
-      reinforce: dict of `losses.Settings` fields (hard attention, §4.1); None for
-        the paper's.
+      reinforce: dict of `losses.Settings` fields (hard attention, §4.1); those left
+        out (all for None) take `Config`'s defaults.
       seed: seed of the hard-attention samples and of self-critical training's.
       self_critical: dict of `self_critical.SelfCriticalSettings` fields to train by
         self-critical sequence training (its rewards come from `rewarder`, set before
@@ -47,9 +48,9 @@ class ShowAttendTell(ResumableModel):
         encoder=None,
         feature_dim=None,
         grid=None,
-        alpha_c=0.0,
+        alpha_c=Config.alpha_c,
         reinforce=None,
-        seed=0,
+        seed=Config.seed,
         self_critical=None,
         **kwargs,
     ):
@@ -371,9 +372,7 @@ def build_model(config, vocab_size, feature_shape=None, grid=None, load_encoder_
     self_critical = scst.SelfCriticalSettings.from_config(config)
     kwargs = dict(
         alpha_c=config.alpha_c,
-        reinforce={
-            f.name: getattr(config, f.name) for f in dataclasses.fields(losses_lib.Settings)
-        },
+        reinforce=config_lib.arguments(losses_lib.Settings, config),
         seed=config.seed,
         self_critical=dataclasses.asdict(self_critical) if self_critical else None,
     )
@@ -389,9 +388,10 @@ def build_model(config, vocab_size, feature_shape=None, grid=None, load_encoder_
             name="encoder",
         )
         encoder.trainable = config.fine_tune_encoder or weights is None
-    decoder = AttentionDecoder(
-        vocab_size, name="decoder", **{f: getattr(config, f) for f in decoder_lib.FIELDS}
-    )
+    # The decoder's `vocab_size` counts the words of the vocabulary built, special
+    # tokens included; --vocab_size is how many training words it keeps.
+    settings = config_lib.arguments(AttentionDecoder, config, leave_out=("vocab_size",))
+    decoder = AttentionDecoder(vocab_size, name="decoder", **settings)
     if config.use_feature_cache:
         if grid is None:
             side = int(round(feature_shape[0] ** 0.5))

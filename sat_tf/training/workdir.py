@@ -22,6 +22,7 @@ import numpy as np
 
 from sat_tf import files, npz_weights
 from sat_tf.config import (
+    DECODING_FIELDS,
     MODEL_FIELDS,
     SELECTION_METRICS,
     Config,
@@ -56,15 +57,6 @@ SOURCE_FIELDS = tuple(k for k in MODEL_FIELDS if k not in ("dataset", "vocab_siz
     "encoder_weights",
     "crop_fraction",
     "hard_gate",
-)
-DECODING_FIELDS = (
-    "beam_size",
-    "length_penalty",
-    "block_repeats",
-    "block_bad_endings",
-    "tags",
-    "tag_threshold",
-    "max_decode_length",
 )
 
 
