@@ -243,6 +243,8 @@ class BombMemoryTest(tf.test.TestCase):
                 image_io.decode_admitted(data, "bomb.png", 224)
             except image_io.ImageError as e:
                 assert e.status == image_io.TOO_MANY_PIXELS, e
+            else:
+                raise AssertionError("the bomb was decoded")
             _, status, _ = tf.function(lambda b: graph_admission.decode_images_admitted(b, 224))(
                 tf.constant([data, data])
             )
@@ -256,10 +258,6 @@ class BombMemoryTest(tf.test.TestCase):
         )
         self.assertEqual(done.returncode, 0, done.stderr[-2000:])
         self.assertLess(int(done.stdout.split()[-1]), 1024)
-
-
-if __name__ == "__main__":
-    tf.test.main()
 
 
 class PipelineTest(tf.test.TestCase):
@@ -311,3 +309,7 @@ class PipelineTest(tf.test.TestCase):
         self.assertEqual(written, ["good"])
         self.assertEqual([r.image_id for r, _ in bad], ["bomb"])
         self.assertStartsWith(bad[0][1], f"{self.bomb}: 529,000,000 pixels (23000 x 23000)")
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -76,6 +76,17 @@ class EarlyStoppingTest(tf.test.TestCase):
         self.assertEqual(callback.wait, 1)
 
 
+class WeightsAtEpochEnd(keras.callbacks.Callback):
+    """Keeps a copy of the model's weights at the end of each epoch (counted from 1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weights = {}
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.weights[epoch + 1] = [w.numpy().copy() for w in self.model.weights]
+
+
 class SelectionOnCiderTest(tf.test.TestCase):
     def test_early_stopping_counts_the_chosen_score_and_passes_over_older_entries(self):
         # The first entry predates val_cider; of the others 0.4, 0.6 (best), 0.5.
@@ -114,7 +125,16 @@ class SelectionOnCiderTest(tf.test.TestCase):
             return {**result, "BLEU-4": bleu4, "CIDEr": cider}
 
         expected = [(0.9, 0.5), (0.1, 0.7), (0.95, 0.6), (0.99, 0.65)]
-        with mock.patch.object(callbacks_lib, "score_captions", side_effect=scores):
+        recorder, real_callbacks = WeightsAtEpochEnd(), train_lib._callbacks
+
+        def callbacks(*args, **kwargs):
+            found, stopper = real_callbacks(*args, **kwargs)
+            return [*found, recorder], stopper
+
+        with (
+            mock.patch.object(callbacks_lib, "score_captions", side_effect=scores),
+            mock.patch.object(train_lib, "_callbacks", callbacks),
+        ):
             train_lib.train_and_evaluate(config, workdir)
             history = workdir_lib.read_history(os.path.join(workdir, "val_history.json"))
             self.assertEqual([(h["val_bleu4"], h["val_cider"]) for h in history], expected)
@@ -129,6 +149,14 @@ class SelectionOnCiderTest(tf.test.TestCase):
             {"epoch": 2, "selected_on": "val_cider", "val_bleu4": 0.1, "val_cider": 0.7},
         )
         self.assertEqual(workdir_lib.backed_up_epoch(workdir), 4)
+        # best.weights.h5 holds the weights the model had at the end of epoch 2 (each
+        # epoch's step changed them), not the last epoch's.
+        self.assertEqual(sorted(recorder.weights), [1, 2, 3, 4])
+        best_model, _, _ = inference.load_workdir(workdir)
+        kept = [w.numpy() for w in best_model.weights]
+        for epoch, weights in recorder.weights.items():
+            same = all(np.array_equal(a, b) for a, b in zip(kept, weights, strict=True))
+            self.assertEqual(same, epoch == 2, f"best.weights.h5 against epoch {epoch}")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ and then puts back.
 
 - mirrored: one SGD step (learning rate 1, so the weight change is the gradient) under a
   `MirroredStrategy` over two logical CPUs against one device on the same global batch;
-  and two self-critical steps under it, each replica rewarding its own images.
+  and a self-critical step under it, each replica sampling and rewarding its own
+  images, against that step written out on one device.
 - worker: two `MultiWorkerMirroredStrategy` processes on 127.0.0.1, each with its own
   data, train a few steps; the all-reduce must leave both with the same weights.
-- mixed: a train step under the `mixed_bfloat16` policy; softmax and loss in float32.
+- mixed: a train step under the `mixed_bfloat16` policy; softmax and loss in float32;
+  the loss and the weight change close to those of the same step in float32.
 """
 
 import contextlib
@@ -29,6 +31,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from sat_tf import self_critical
 from sat_tf.config import Config
 from sat_tf.model.decoder import AttentionDecoder
 from sat_tf.model.show_attend_tell import ShowAttendTell, build_model
@@ -55,12 +58,16 @@ def _tiny_model(attention="soft", score="additive", hard_mix_prob=0.5, alpha_c=0
         dropout=0.0,
         name="decoder",
     )
+    # Hard attention as the paper trains it (§4.1): sampling from the first step, the
+    # sequence's reward against a moving average per caption length.
+    reinforce = dict(
+        hard_mix_prob=hard_mix_prob,
+        hard_warmup_steps=0,
+        reinforce_reward="sequence",
+        reinforce_baseline="moving_average",
+    )
     model = ShowAttendTell(
-        decoder,
-        feature_dim=FEATURES,
-        alpha_c=alpha_c,
-        reinforce={"hard_mix_prob": hard_mix_prob},
-        seed=3,
+        decoder, feature_dim=FEATURES, alpha_c=alpha_c, reinforce=reinforce, seed=3
     )
     model.build()
     model.compile(optimizer=keras.optimizers.SGD(1.0))
@@ -100,9 +107,12 @@ def _named_weights(model, replica=None, strategy=None):
 
 
 def _scst_steps(strategy):
-    """Two self-critical steps (3 samples an image, a reward recording the image index of
-    each sample) of a tiny soft-attention model under `strategy`, on two batches of 4 of
-    8 images."""
+    """One self-critical step (SGD with learning rate 1: the weight change is the gradient)
+    of a tiny soft-attention model under `strategy` on a global batch of 4 images, 3
+    samples each, a reward recording the image index of each sample; and the same step
+    on one device, written out: each replica's half of the images sampled with the step's
+    seed folded with the replica's id (`self_critical.sample_seed`), the objectives
+    averaged over the 12 samples of the global batch."""
     config = Config(
         attention="soft",
         use_feature_cache=True,
@@ -114,9 +124,13 @@ def _scst_steps(strategy):
         scst_baseline="mean",
         max_caption_length=6,
     )
+    keras.utils.set_random_seed(0)
+    single = build_model(config, VOCAB, feature_shape=(LOCATIONS, FEATURES), grid=(2, 2))
+    single.compile(optimizer=keras.optimizers.SGD(1.0))
     with strategy.scope():
-        model = build_model(config, VOCAB, feature_shape=(LOCATIONS, FEATURES), grid=(2, 2))
-        model.compile(optimizer="adam")
+        mirrored = build_model(config, VOCAB, feature_shape=(LOCATIONS, FEATURES), grid=(2, 2))
+        mirrored.compile(optimizer=keras.optimizers.SGD(1.0))
+    mirrored.set_weights(single.get_weights())
     rewarded = []
 
     def reward(tokens, image_index):
@@ -125,17 +139,45 @@ def _scst_steps(strategy):
         words = [(list(row) + [2]).index(2) for row in tokens]
         return (np.array(words) - np.array(image_index)).astype(np.float32)
 
-    model.rewarder = reward
-    before = [v.numpy().copy() for v in model.trainable_variables]
-    features = np.random.default_rng(0).normal(size=(8, LOCATIONS, FEATURES)).astype(np.float32)
-    data = tf.data.Dataset.from_tensor_slices(
-        {"features": features, "image_index": np.arange(8, dtype=np.int32)}
-    ).batch(4)
-    history = model.fit(data, epochs=1, steps_per_epoch=2, verbose=0)
-    after = model.trainable_variables
+    single.rewarder = mirrored.rewarder = reward
+    features = np.random.default_rng(0).normal(size=(4, LOCATIONS, FEATURES)).astype(np.float32)
+    index = np.arange(4, dtype=np.int32)
+    initial = _named_weights(single)
+
+    seed = keras.random.randint([2], 0, 2**30, seed=single.seed_generator, dtype="int32")
+    shard = len(index) // REPLICAS
+    with tf.GradientTape() as tape:
+        terms = [
+            self_critical.self_critical_terms(
+                single.self_critical,
+                single,
+                features[r * shard : (r + 1) * shard],
+                index[r * shard : (r + 1) * shard],
+                tf.random.experimental.stateless_fold_in(seed, r),
+                reward,
+            )
+            for r in range(REPLICAS)
+        ]
+        objective = tf.concat([t["objective"] for t in terms], axis=0)  # (12,)
+        loss = tf.reduce_mean(objective)
+    variables = single.trainable_variables
+    for variable, grad in zip(variables, tape.gradient(loss, variables), strict=True):
+        variable.assign_sub(grad)
+    one_device_rewarded = sorted(rewarded)
+    rewarded.clear()
+
+    data = tf.data.Dataset.from_tensors({"features": features, "image_index": index})
+    history = mirrored.fit(data, epochs=1, verbose=0)
     return {
-        "loss": history.history["loss"][-1],
-        "moved": any(not np.allclose(b, v.numpy()) for b, v in zip(before, after, strict=True)),
+        "initial": initial,
+        "one_device": _named_weights(single),
+        "replicas": [_named_weights(mirrored, r, strategy) for r in range(REPLICAS)],
+        "one_device_metrics": {
+            "loss": float(loss),
+            "reward": float(tf.reduce_mean(tf.concat([t["reward"] for t in terms], 0))),
+        },
+        "mirrored_metrics": {k: float(v[-1]) for k, v in history.history.items()},
+        "one_device_rewarded": one_device_rewarded,
         "rewarded": sorted(rewarded),
     }
 
@@ -200,33 +242,46 @@ def run_worker():
 
 
 def run_mixed():
-    """A train step, the loss terms, the decoder outputs and greedy decoding under
-    the mixed_bfloat16 policy, for each attention type; errors are reported."""
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    """For each attention type under the mixed_bfloat16 policy: a train step (SGD with
+    learning rate 1: the weight change is the gradient), the loss terms, the decoder
+    outputs and greedy decoding; and the same train step under float32, from the same
+    weights and seed. {policy: {attention: results}}; errors are reported."""
     batch = _global_batch()
     results = {}
-    for attention in ("soft", "hard", "none"):
-        keras.utils.set_random_seed(0)
-        try:
-            model = _tiny_model(attention)
-            metrics = _fit_one_step(model, batch)
-            terms = model.loss_terms(batch, training=True)
-            outputs = model(batch)
-            decoded = model.generate({"features": batch["features"]}, max_length=6)
-            results[attention] = {
-                "metrics": metrics,
-                "terms": {k: v.dtype.name for k, v in terms.items()},
-                "outputs": {k: v.dtype.name for k, v in outputs.items()},
-                "alpha_sum_error": float(np.abs(outputs["alpha"].numpy().sum(-1) - 1).max()),
-                "decoded": {k: v.dtype.name for k, v in decoded._asdict().items()},
-                "decoded_alpha_sum_error": float(
-                    np.abs(decoded.attention.numpy()[:, 0].sum(-1) - 1).max()
-                ),
-                "variable_dtypes": sorted({v.dtype for v in model.trainable_weights}),
-                "state_dtype": model.decoder.initial_state(batch["features"])["h"].dtype.name,
-            }
-        except Exception as e:  # noqa: BLE001 - the parent reports it
-            results[attention] = {"error": f"{type(e).__name__}: {e}"[:3000]}
+    for policy in ("mixed_bfloat16", "float32"):
+        keras.mixed_precision.set_global_policy(policy)
+        results[policy] = {}
+        for attention in ("soft", "hard", "none"):
+            keras.utils.set_random_seed(0)
+            try:
+                model = _tiny_model(attention)
+                initial = _named_weights(model)
+                metrics = _fit_one_step(model, batch)
+                after = _named_weights(model)
+                result = {
+                    "metrics": metrics,
+                    "step": {k: np.subtract(after[k], v).tolist() for k, v in initial.items()},
+                }
+                if policy == "float32":
+                    results[policy][attention] = result
+                    continue
+                terms = model.loss_terms(batch, training=True)
+                outputs = model(batch)
+                decoded = model.generate({"features": batch["features"]}, max_length=6)
+                results[policy][attention] = {
+                    **result,
+                    "terms": {k: v.dtype.name for k, v in terms.items()},
+                    "outputs": {k: v.dtype.name for k, v in outputs.items()},
+                    "alpha_sum_error": float(np.abs(outputs["alpha"].numpy().sum(-1) - 1).max()),
+                    "decoded": {k: v.dtype.name for k, v in decoded._asdict().items()},
+                    "decoded_alpha_sum_error": float(
+                        np.abs(decoded.attention.numpy()[:, 0].sum(-1) - 1).max()
+                    ),
+                    "variable_dtypes": sorted({v.dtype for v in model.trainable_weights}),
+                    "state_dtype": model.decoder.initial_state(batch["features"])["h"].dtype.name,
+                }
+            except Exception as e:  # noqa: BLE001 - the parent reports it
+                results[policy][attention] = {"error": f"{type(e).__name__}: {e}"[:3000]}
     return results
 
 
@@ -332,13 +387,22 @@ class MirroredTest(tf.test.TestCase):
             for metric, value in case["single_metrics"].items():
                 self.assertAllClose(case["mirrored_metrics"][metric], value, rtol=1e-5, msg=metric)
 
-    def test_self_critical_steps(self):
+    def test_self_critical_step_matches_one_device(self):
         scst = self.results["scst"]
-        self.assertTrue(np.isfinite(scst["loss"]))
-        self.assertTrue(scst["moved"], "two steps left the weights as they were")
-        # Each replica rewards its own 2 images x 3 samples: every image of both batches,
-        # 3 times, and none twice as often (a replica rewarding the global batch would).
-        self.assertEqual(scst["rewarded"], sorted(list(range(8)) * 3))
+        # Each replica rewards its own 2 images x 3 samples: every image 3 times, and none
+        # twice as often (a replica rewarding the global batch would).
+        self.assertEqual(scst["rewarded"], sorted(list(range(4)) * 3))
+        self.assertEqual(scst["one_device_rewarded"], scst["rewarded"])
+        for replica in scst["replicas"]:
+            self.assertEqual(replica, scst["replicas"][0], "replicas hold different weights")
+        # The samples, rewards, baselines and gradient of each replica are those of its
+        # images on one device, and the all-reduce sums the gradients of the global mean.
+        _assert_weights_close(self, scst["replicas"][0], scst["one_device"])
+        for metric, value in scst["one_device_metrics"].items():
+            self.assertAllClose(scst["mirrored_metrics"][metric], value, rtol=1e-5, msg=metric)
+        kernel = [p for p in scst["initial"] if p.endswith("deep_output/kernel")][0]
+        step = np.subtract(scst["one_device"][kernel], scst["initial"][kernel])
+        self.assertGreater(np.abs(step).max(), 1e-3, "the step did not change the weights")
 
 
 def _run_workers(count):
@@ -413,7 +477,7 @@ class MixedPrecisionTest(tf.test.TestCase):
             keras.mixed_precision.set_global_policy(previous)
 
     def test_train_step_in_mixed_bfloat16(self):
-        for attention, result in self.results.items():
+        for attention, result in self.results["mixed_bfloat16"].items():
             with self.subTest(attention=attention):
                 self.assertNotIn("error", result, result.get("error"))
                 self.assertTrue(np.isfinite(result["metrics"]["loss"]))
@@ -428,6 +492,31 @@ class MixedPrecisionTest(tf.test.TestCase):
                 # A softmax in bfloat16 (8-bit mantissa) misses 1 by ~1e-3.
                 self.assertLess(result["alpha_sum_error"], 1e-5)
                 self.assertLess(result["decoded_alpha_sum_error"], 1e-5)
+
+    def test_mixed_bfloat16_step_is_the_float32_step(self):
+        # bfloat16 keeps 8 significant bits (a rounding of up to 2**-9 of each value).
+        # The loss, a float32 mean over the words, moves by far less; the weight change
+        # of each variable by a few percent at most, the whole step by under one. A
+        # gradient lost or a term computed on other numbers moves them by far more.
+        for attention, full in self.results["float32"].items():
+            with self.subTest(attention=attention):
+                mixed = self.results["mixed_bfloat16"][attention]
+                for result in (mixed, full):
+                    self.assertNotIn("error", result, result.get("error"))
+                for metric, value in full["metrics"].items():
+                    self.assertAllClose(mixed["metrics"][metric], value, rtol=1e-3, msg=metric)
+                self.assertEqual(sorted(mixed["step"]), sorted(full["step"]))
+                got, want = (
+                    [np.ravel(r["step"][k]) for k in sorted(full["step"])] for r in (mixed, full)
+                )
+                for name, g, w in zip(sorted(full["step"]), got, want, strict=True):
+                    self.assertLessEqual(
+                        np.linalg.norm(g - w), 0.1 * np.linalg.norm(w) + 1e-6, name
+                    )
+                everything = np.concatenate(want)
+                error = np.linalg.norm(np.concatenate(got) - everything)
+                self.assertLess(error, 0.02 * np.linalg.norm(everything))
+                self.assertGreater(np.linalg.norm(everything), 0.1, "the step changed nothing")
 
 
 CHILDREN = {"mirrored": run_mirrored, "worker": run_worker}

@@ -20,15 +20,10 @@ from fixtures import MAX_LENGTH, encode, scenes, tiny_model
 from sat_tf import exporting, files, inference
 from sat_tf.data import image_io
 
-# The `export` extra (pip install -e ".[export]"): without it these tests are skipped.
-Interpreter = pytest.importorskip("ai_edge_litert.interpreter").Interpreter
-predict_pb2 = pytest.importorskip("tensorflow_serving.apis.predict_pb2")
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "export", "serving"))
 
-import grpc_client  # noqa: E402
-import rest_client  # noqa: E402
+import rest_client  # noqa: E402  (urllib and absl only)
 
 GRID = (14, 14)
 
@@ -83,6 +78,22 @@ np.savez(out, **results)
 """
 
 
+# The `export` extra (pip install -e ".[export]") brings LiteRT and TF Serving's API: a
+# test that runs one of them is skipped without it; the others run.
+def litert_interpreter():
+    """LiteRT's `Interpreter` class (skips the test without `ai_edge_litert`)."""
+    return pytest.importorskip("ai_edge_litert.interpreter").Interpreter
+
+
+def serving_api():
+    """(`predict_pb2`, export/serving/grpc_client.py), which needs it (skips the test
+    without `tensorflow_serving`)."""
+    predict_pb2 = pytest.importorskip("tensorflow_serving.apis.predict_pb2")
+    import grpc_client
+
+    return predict_pb2, grpc_client
+
+
 def installed_packages():
     """This interpreter's site-packages directories. On PYTHONPATH under `python -S` their
     `.pth` files are not read, so the editable install of this repo is not on the path."""
@@ -105,6 +116,7 @@ def packages_without(root, names):
 
 def session_predict(session, meta_graph, request):
     """What the model server does with a `PredictRequest`: feed, run, `PredictResponse`."""
+    predict_pb2, _ = serving_api()
     signature = meta_graph.signature_def[request.model_spec.signature_name or "serving_default"]
     feed = {signature.inputs[k].name: tf.make_ndarray(v) for k, v in request.inputs.items()}
     names = sorted(signature.outputs)
@@ -281,6 +293,7 @@ class ExportTest(tf.test.TestCase):
         self.assertFreshResults(installed)
 
     def test_model_server_load_and_predict_path(self):
+        predict_pb2, grpc_client = serving_api()
         with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph) as session:
             meta_graph = tf.compat.v1.saved_model.loader.load(
                 session, [tf.saved_model.SERVING], self.greedy_dir
@@ -356,6 +369,7 @@ class ExportTest(tf.test.TestCase):
         self.assertAllEqual(got["tokens"][2:], self.generate({"image": gray[None]}, 1).tokens)
 
     def test_tflite_matches_saved_model(self):
+        Interpreter = litert_interpreter()
         path = os.path.join(self.greedy_dir, exporting.TFLITE_FILE)
         self.assertEqual(os.path.getsize(path), self.info["tflite"]["bytes"])
         runner = Interpreter(model_path=path).get_signature_runner()
@@ -379,6 +393,7 @@ class ExportTest(tf.test.TestCase):
         self.assertAllEqual(saved["tokens"], self.want_resized[1].tokens)
 
     def test_int8_tflite(self):
+        Interpreter = litert_interpreter()
         paths = {
             name: os.path.join(self.greedy_dir, name)
             for name in (exporting.TFLITE_FILE, exporting.TFLITE_INT8_FILE)
@@ -399,7 +414,7 @@ class ExportTest(tf.test.TestCase):
             # quantizes those (smaller tensors stay float).
             self.assertEqual(bool(int8), name == exporting.TFLITE_INT8_FILE, name)
         runners = {name: i.get_signature_runner() for name, i in interpreters.items()}
-        pixels = image_io.resize_and_crop(self.images, 112, 1.0).numpy()
+        pixels = image_io.resize_and_crop(scenes(0, 16), 112, 1.0).numpy()
         float_input = interpreters[exporting.TFLITE_FILE].get_input_details()[0]
         int8_input = interpreters[exporting.TFLITE_INT8_FILE].get_input_details()[0]
         self.assertEqual(float_input["dtype"], int8_input["dtype"])
@@ -413,11 +428,20 @@ class ExportTest(tf.test.TestCase):
             want_words = [self.vocab.words[t].encode() for t in out["tokens"][0]]
             self.assertEqual(out["words"][0].tolist(), want_words)
             self.assertAllClose(np.sum(out["attention"][0], axis=(1, 2))[0], 1.0, atol=1e-4)
-            same += np.array_equal(out["tokens"], outs[exporting.TFLITE_FILE]["tokens"])
-        # Agreement with the float model is measured, not asserted (int8 weights round).
-        print(f"int8 TFLite captions equal to float TFLite: {same} of {len(pixels)}")
+            float_out = outs[exporting.TFLITE_FILE]
+            if np.array_equal(out["tokens"], float_out["tokens"]):
+                same += 1
+                # Weights rounded to 1/254 of their channel's largest move each word's
+                # log-probability by hundredths of a nat, and the attention as little.
+                words = int(out["length"][0]) + 1  # `<end>` too
+                self.assertAllClose(out["log_prob"], float_out["log_prob"], atol=0.05 * words)
+                self.assertAllClose(out["attention"], float_out["attention"], atol=0.1)
+        # This untrained model's words are nearly tied at many steps, so the rounding
+        # changes some captions; a wrong scale or a quantized activation changes most.
+        self.assertGreaterEqual(same, 12, f"{same} of {len(pixels)} captions as the float model's")
 
     def test_float_depthwise_filters(self):
+        Interpreter = litert_interpreter()
         # A depthwise and a 1x1 convolution, each with >= 1024 weights, so that
         # dynamic-range quantization makes both filters int8.
         keras.utils.set_random_seed(0)

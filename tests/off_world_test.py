@@ -2,13 +2,15 @@
 
 import json
 import os
+import unittest
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from PIL import Image
 
 import sat_tf
-from sat_tf import off_world, preset
+from sat_tf import inference, off_world, preset
 from sat_tf.cli import caption as caption_cli
 from sat_tf.cli import off_world as off_world_cli
 from sat_tf.config import Config
@@ -174,6 +176,11 @@ class OffWorldCommandTest(tf.test.TestCase):
 
 
 GRID_PRESET = "flickr8k_lite0_grid14_soft"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLICKR8K = os.environ.get("SAT_TF_FLICKR8K", os.path.join(ROOT, "..", "shared", "data", "flickr8k"))
+PHOTOS = os.path.join(FLICKR8K, "Flicker8k_Dataset")
+# The files of the preset's splits (the split `sat-off-world` calibrated on is "val").
+SPLIT_FILES = {"val": "Flickr_8k.devImages.txt", "test": "Flickr_8k.testImages.txt"}
 
 
 def _probes():
@@ -187,11 +194,64 @@ def _probes():
     }
 
 
+def _split_photos(split, count=None):
+    """Paths of the first `count` (None: all) Flickr8k photos of `split`; skips the test
+    when the photos are not there."""
+    listing = os.path.join(FLICKR8K, SPLIT_FILES[split])
+    if not os.path.isdir(PHOTOS) or not os.path.exists(listing):
+        raise unittest.SkipTest(
+            f"the Flickr8k photos are not in {PHOTOS} (set SAT_TF_FLICKR8K to the folder "
+            "holding Flicker8k_Dataset and the split files)"
+        )
+    with open(listing, encoding="utf-8") as f:
+        names = [line.strip() for line in f if line.strip()][:count]
+    return [os.path.join(PHOTOS, name) for name in names]
+
+
 class ShippedPresetTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
         cls.captioner = sat_tf.Captioner.from_preset(GRID_PRESET)
+
+    def scores(self, paths, batch_size=50):
+        """The off-world scores of image files, by the preset's encoder and statistics."""
+        encoder = inference.feature_encoder(self.captioner.model, self.captioner.config)
+        out = []
+        for start in range(0, len(paths), batch_size):
+            pixels = np.stack(
+                [self.captioner.load_image(p) for p in paths[start : start + batch_size]]
+            )
+            features = encoder(pixels, training=False)
+            out.append(off_world.score(features, self.captioner.off_world)[0].numpy())
+        return np.concatenate(out)
+
+    def test_real_photos_pass_while_a_black_frame_and_noise_are_flagged(self):
+        photos = _split_photos("test", 12)
+        probes = _probes()
+        captions = self.captioner.caption([*photos, probes["black"], probes["noise"]])
+        flagged = [c.off_world for c in captions]
+        self.assertEqual(flagged, [False] * len(photos) + [True, True])
+        threshold = self.captioner.off_world.threshold
+        for path, caption in zip(photos, captions, strict=False):
+            self.assertLess(caption.off_world_score, threshold, path)
+
+    @pytest.mark.slow
+    def test_flagged_rates_computed_afresh_equal_the_stored_ones(self):
+        # Slow: the encoder over the 2,000 validation and test photos. The threshold is
+        # the 0.99 quantile of the validation photos' scores; the stored rates were
+        # computed from `sat-extract-features`'s cache, here from the image files.
+        metadata = preset.verify(os.path.join(preset.PRESETS_DIR, GRID_PRESET))
+        stored = metadata["off_world"]["flagged"]
+        stats = self.captioner.off_world
+        for split in SPLIT_FILES:
+            scores = self.scores(_split_photos(split))
+            self.assertLen(scores, 1000)
+            if split == "val":
+                self.assertAllClose(np.quantile(scores, stats.quantile), stats.threshold, atol=1e-4)
+            # A photo that the last digits of another CPU's convolutions could move across
+            # the threshold may count differently: one in 1,000.
+            self.assertAllClose(np.mean(scores > stats.threshold), stored[split], atol=1e-3)
 
     def test_flat_frames_noise_and_one_pixel_are_flagged_and_captioned(self):
         probes = _probes()

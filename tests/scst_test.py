@@ -4,11 +4,13 @@ graph, the objective of a tiny model, and a few steps of the real loop (steps un
 
 import dataclasses
 import os
+from unittest import mock
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from fixtures import TINY, WORDS, tiny_model
+from train_lib_test import Interrupted, _final_state, _interrupt, stopping_callbacks
 
 from sat_tf import inference, preset, self_critical
 from sat_tf.config import Config
@@ -253,15 +255,20 @@ def test_config_checks():
     ).entropy_weight == pytest.approx(0.02)
 
 
-def test_a_few_steps_of_the_loop_and_a_resume(tmp_path):
+def _loop_config(tmp_path, **settings):
     # Soft attention (the objective of each: test_terms_of_a_tiny_model); two validation
     # images and no test split (test metrics: train_lib_test, on the shared run).
-    config = Config(
+    return Config(
         data_dir=str(tmp_path / "data"),
         cache_dir=str(tmp_path / "cache"),
         **{**TINY, "scst": True, "scst_samples": 2, "steps_per_epoch": 2}
-        | {"eval_images": 2, "num_test": 0},
+        | {"eval_images": 2, "num_test": 0}
+        | settings,
     )
+
+
+def test_a_few_steps_of_the_loop_and_a_finished_run_run_again(tmp_path):
+    config = _loop_config(tmp_path)
     workdir = str(tmp_path / "run")
     assert train_lib.train_and_evaluate(config, workdir) == {}
     history = workdir_lib.read_history(os.path.join(workdir, workdir_lib.HISTORY_FILE))
@@ -279,6 +286,34 @@ def test_a_few_steps_of_the_loop_and_a_resume(tmp_path):
     assert train_lib.train_and_evaluate(config, workdir) == {}
     assert [os.stat(path).st_mtime_ns for path in weights] == written
     assert workdir_lib.read_history(os.path.join(workdir, workdir_lib.HISTORY_FILE)) == history
+
+
+@pytest.mark.slow
+def test_a_run_interrupted_mid_epoch_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
+    # Slow: three runs. Stopped (an exception, in this process) after the first step of
+    # epoch 2, when the backup holds epoch 1; the same command redoes epoch 2 and must end
+    # where the uninterrupted run ends: the samples drawn from the seed generator the
+    # backup restores, the optimizer's step and moments, the data order all continued.
+    config = _loop_config(tmp_path, epochs=2)
+    whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
+    assert train_lib.train_and_evaluate(config, whole) == {}
+    with mock.patch.object(train_lib, "_callbacks", stopping_callbacks("2:1", _interrupt)):
+        with pytest.raises(Interrupted):
+            train_lib.train_and_evaluate(config, stopped)
+    assert workdir_lib.backed_up_epoch(stopped) == 1
+    first_epoch = _final_state(stopped)
+    assert train_lib.train_and_evaluate(config, stopped) == {}
+
+    expected, got = _final_state(whole), _final_state(stopped)
+    steps = [int(v) for p, v in got if p.endswith(("/iteration", "/iterations"))]
+    assert steps and set(steps) == {2 * config.steps_per_epoch}, steps
+    moved = [p for (p, v), (_, w) in zip(got, first_epoch, strict=True) if not np.allclose(v, w)]
+    assert any("decoder" in p for p in moved), moved  # epoch 2 changed the weights
+    for (path, value), (_, want) in zip(got, expected, strict=True):
+        np.testing.assert_allclose(value, want, atol=1e-5, rtol=1e-4, err_msg=path)
+    history = workdir_lib.read_history(os.path.join(stopped, workdir_lib.HISTORY_FILE))
+    assert [h["epoch"] for h in history] == [1, 2]
+    assert history == workdir_lib.read_history(os.path.join(whole, workdir_lib.HISTORY_FILE))
 
 
 def test_init_from_a_preset(tmp_path):

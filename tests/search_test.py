@@ -168,8 +168,63 @@ def _reference_beam(fn, code, max_length, beam_size, length_penalty, num_return,
     return [(tokens, log_prob) for _, _, tokens, log_prob in scored[:num_return]]
 
 
-def _all_sequences(fn, code, max_length, length_penalty):
-    """Every caption of at most max_length tokens with its score, best first."""
+def _reference_constrained_beam(fn, code, words, max_length, beam_size, length_penalty, **blocking):
+    """Constrained beam search for one disjunctive constraint written with Python lists,
+    one image at a time, by the rules of `search.beam_search`: 2k slots, the first k for
+    hypotheses holding none of `words`, the last k for those holding one (where an image
+    without words starts). Each step lists every extension of every hypothesis (a
+    finished one by `<pad>` at log-prob 0, a live one by each word `_blocked` allows); an
+    extension from the second state or by one of `words` goes to the second state, the
+    others to the first, and each state keeps its best k, ties to the lower (slot, token)
+    index. The caption is the best of the second state, or of the first where the second
+    is empty. Returns (tokens, log_prob)."""
+    k = beam_size
+    # A hypothesis: (tokens, log_prob, finished, code); None in a slot not filled.
+    slots = [None] * (2 * k)
+    slots[0 if words else k] = ([], np.float32(0.0), False, code)
+    for _ in range(max_length):
+        if not any(slot and not slot[2] for slot in slots):
+            break
+        states = ([], [])
+        for j, slot in enumerate(slots):
+            if slot is None:
+                continue
+            tokens, log_prob, finished, code = slot
+            if finished:
+                score = log_prob / _penalty(len(tokens), length_penalty)
+                extensions = [(score, PAD, tokens, log_prob, True, code)]
+            else:
+                log_probs, new_code, _ = fn.numpy_step(code, tokens[-1] if tokens else START)
+                banned = _blocked(tokens, **blocking)
+                extensions = []
+                for v in range(fn.vocab_size):
+                    if v in banned:
+                        continue
+                    new_log_prob = np.float32(log_prob + log_probs[v])
+                    score = new_log_prob / _penalty(len(tokens) + 1, length_penalty)
+                    extensions.append((score, v, [*tokens, v], new_log_prob, v == END, new_code))
+            for score, v, *hypothesis in extensions:
+                holds = j >= k or (not finished and v in words)
+                states[holds].append((score, j * fn.vocab_size + v, tuple(hypothesis)))
+        slots = []
+        for state in states:
+            state.sort(key=lambda c: (-c[0], c[1]))
+            kept = [hypothesis for _, _, hypothesis in state[:k]]
+            slots += kept + [None] * (k - len(kept))
+    final = [
+        (slot[1] / _penalty(len(slot[0]), length_penalty), j, slot[0], slot[1])
+        for j, slot in enumerate(slots)
+        if slot is not None
+    ]
+    if any(j >= k for _, j, _, _ in final):
+        final = [f for f in final if f[1] >= k]
+    final.sort(key=lambda f: (-f[0], f[1]))
+    return final[0][2], final[0][3]
+
+
+def _all_sequences(fn, code, max_length, length_penalty, **blocking):
+    """Every caption of at most max_length tokens with its score, best first; with
+    `blocking` (`_blocked`), every caption none of whose words is blocked."""
     results = []
 
     def expand(tokens, log_prob, code):
@@ -178,8 +233,10 @@ def _all_sequences(fn, code, max_length, length_penalty):
             results.append((score, tokens, log_prob))
             return
         log_probs, new_code, _ = fn.numpy_step(code, tokens[-1] if tokens else START)
+        banned = _blocked(tokens, **blocking)
         for v in range(fn.vocab_size):
-            expand([*tokens, v], log_prob + float(log_probs[v]), new_code)
+            if v not in banned:
+                expand([*tokens, v], log_prob + float(log_probs[v]), new_code)
 
     expand([], 0.0, code)
     results.sort(key=lambda r: -r[0])
@@ -671,10 +728,6 @@ class GraphModeTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllEqual(tokens, _greedy(fn, tf.constant(codes), 3, max_length=6).tokens)
 
 
-if __name__ == "__main__":
-    tf.test.main()
-
-
 def _constraint(rows):
     """bool (B, VOCAB) from one set of constraint words per image."""
     mask = np.zeros((len(rows), VOCAB), bool)
@@ -706,6 +759,77 @@ class ConstrainedBeamSearchTest(tf.test.TestCase, parameterized.TestCase):
             _, tokens, log_prob = held[0]
             padded_tokens, padded_alphas = _pad(tokens, fn.path(code, tokens)[1], 3)
             self.assertAllEqual(got.tokens[i], padded_tokens)
+            self.assertAllClose(got.log_prob[i], log_prob)
+            self.assertAllClose(got.attention[i], padded_alphas)
+
+    @parameterized.product(
+        seed=[3, 4], length_penalty=[0.0, 1.0], blocking=[{}, BLOCKINGS[0], BLOCKINGS[2]]
+    )
+    def test_beam_three_matches_reference(self, seed, length_penalty, blocking):
+        """At the preset's beam of 3, with and without repeat and ending blocking, the
+        caption of the constrained beam search written in Python."""
+        fn = PathStep(seed, end_logit=-2.0)
+        codes = np.arange(0, 300, 10, dtype=np.int32)
+        words = [({A}, {B}, {A, B}, set(), {END})[i % 5] for i in range(len(codes))]
+        got = _beam(
+            fn,
+            tf.constant(codes),
+            len(codes),
+            8,
+            3,
+            length_penalty=length_penalty,
+            constraint=_constraint(words),
+            **_search_blocking(blocking),
+        )
+        plain = _beam(fn, tf.constant(codes), len(codes), 8, 3, length_penalty=length_penalty)
+        self.assertNotAllEqual(got.tokens, plain.tokens)
+        for i, code in enumerate(codes):
+            tokens, log_prob = _reference_constrained_beam(
+                fn, code, words[i], 8, 3, length_penalty, **blocking
+            )
+            self.assertTrue(not words[i] or set(tokens) & words[i], (i, tokens))
+            padded_tokens, padded_alphas = _pad(tokens, fn.path(code, tokens)[1], 8)
+            self.assertAllEqual(got.tokens[i], padded_tokens, msg=f"image {i}")
+            self.assertAllClose(got.log_prob[i], log_prob)
+            self.assertAllClose(got.attention[i], padded_alphas)
+            if blocking.get("block_repeats"):
+                self.assertFalse(_has_repeat(got.tokens[i].numpy(), got.length[i]))
+        if blocking:
+            unblocked = _beam(
+                fn,
+                tf.constant(codes),
+                len(codes),
+                8,
+                3,
+                length_penalty=length_penalty,
+                constraint=_constraint(words),
+            )
+            self.assertNotAllEqual(got.tokens, unblocked.tokens)
+
+    @parameterized.parameters(0.0, 1.0)
+    def test_exhaustive_beam_with_blocking_finds_best_allowed_caption(self, length_penalty):
+        """With repeat and ending blocking and a beam as wide as every prefix, the best
+        caption holding a constraint word of those no blocked word is in, enumerated."""
+        fn = PathStep(seed=3)
+        codes = np.array([2, 9, 31, 100, 5, 77], np.int32)
+        words = [{B}, {A}, {A, B}, set(), {END}, {A}]
+        blocking = dict(block_repeats=True, bad_endings=(A, B))
+        got = _beam(
+            fn,
+            tf.constant(codes),
+            batch_size=len(codes),
+            max_length=4,
+            beam_size=125,
+            length_penalty=length_penalty,
+            constraint=_constraint(words),
+            **_search_blocking(blocking),
+        )
+        for i, code in enumerate(codes):
+            every = _all_sequences(fn, code, 4, length_penalty, **blocking)
+            held = [s for s in every if not words[i] or set(s[1]) & words[i]]
+            _, tokens, log_prob = held[0]
+            padded_tokens, padded_alphas = _pad(tokens, fn.path(code, tokens)[1], 4)
+            self.assertAllEqual(got.tokens[i], padded_tokens, msg=f"image {i}")
             self.assertAllClose(got.log_prob[i], log_prob)
             self.assertAllClose(got.attention[i], padded_alphas)
 
@@ -757,3 +881,7 @@ class ConstrainedBeamSearchTest(tf.test.TestCase, parameterized.TestCase):
             decode(codes, mask), _beam(fn, codes, 3, 5, 2, constraint=mask), strict=True
         ):
             self.assertAllClose(got, want)
+
+
+if __name__ == "__main__":
+    tf.test.main()

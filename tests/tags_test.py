@@ -10,8 +10,9 @@ import pytest
 import tensorflow as tf
 from fixtures import WORDS as FIXTURE_WORDS
 from fixtures import scenes, tiny_model
+from PIL import Image
 
-from sat_tf import exporting, inference, preset
+from sat_tf import Captioner, exporting, inference, preset
 from sat_tf.backbones import tags
 from sat_tf.cli import build_tag_table
 from sat_tf.data import tag_table
@@ -172,3 +173,16 @@ def test_caption_fn_and_export_say_the_tag():
     np.testing.assert_array_equal(result["tokens"].numpy(), out.tokens.numpy())
     model.tagger = None
     assert exporting.export_spec(model, model.encoder, config).tag_threshold is None
+
+
+def test_a_photo_of_a_cat_is_captioned_as_a_cat(tmp_path):
+    """A real photo (scikit-image's Chelsea, a cat) through the shipped grid preset from
+    a file: the ImageNet head names a cat, so the caption must say "cat"."""
+    data = pytest.importorskip("skimage.data")
+    path = str(tmp_path / "chelsea.png")
+    Image.fromarray(data.chelsea()).save(path)
+    captioner = Captioner.from_preset("flickr8k_lite0_grid14_soft")
+    (caption,) = captioner.caption(path)
+    assert caption.tag == "cat", (caption.tag, caption.tag_prob, caption.text)
+    assert caption.tag_prob >= captioner.config.tag_threshold
+    assert "cat" in caption.words, caption.text
