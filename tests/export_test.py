@@ -17,8 +17,9 @@ import pytest
 import tensorflow as tf
 from fixtures import MAX_LENGTH, encode, scenes, tiny_model
 
-from sat_tf import exporting, files, inference
 from sat_tf.data import image_io
+from sat_tf.serving import exporting, inference
+from sat_tf.utils import files
 
 # The `export` extra (pip install -e ".[export]"): without it these tests are skipped.
 Interpreter = pytest.importorskip("ai_edge_litert.interpreter").Interpreter

@@ -15,9 +15,9 @@ import pytest
 import tensorflow as tf
 from fixtures import TINY, TRAINED, run_main, trained_run
 
-from sat_tf import inference
 from sat_tf.cli import train as train_cli
 from sat_tf.config import Config
+from sat_tf.serving import inference
 from sat_tf.training import optimizers, prepare, scoring, train_lib
 from sat_tf.training import workdir as workdir_lib
 
