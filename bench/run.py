@@ -146,7 +146,7 @@ TRAIN_SHAPES = {
 # (`losses.sampled_argmax_reward`); "fused_moving_average" is "fused" with the
 # paper's moving-average baseline, which needs no second pass. An
 # optional sixth value "keras" takes Keras's own Adam instead of the package's
-# (`model/fast/optimizers.py`: each variable's update one fused kernel).
+# (`training/optimizers.py`: each variable's update one fused kernel).
 TRAIN_CASES = {
     "soft_additive": ("soft", "additive", False, "float32", "fused"),
     "soft_additive_ops": ("soft", "additive", False, "float32", "fused_ops"),
