@@ -18,6 +18,7 @@ import tempfile
 from unittest import mock
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from admission_test import png_bomb
 from api_test import PRESET, flickr8k_photos, made_photo
@@ -140,6 +141,7 @@ class QuietCommandsTest(tf.test.TestCase):
             sys.modules.pop(name, None)
 
 
+@pytest.mark.long(8)
 class CaptionCommandTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -130,6 +130,8 @@ def post(url, name, data, beam_size=None):
     )
 
 
+@pytest.mark.long(1)
+@pytest.mark.scope_group("exports")
 class DemoTest(tf.test.TestCase, parameterized.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -293,6 +295,8 @@ def snapshot(folder):
     return files
 
 
+@pytest.mark.long(1)
+@pytest.mark.scope_group("exports")
 class ScriptTest(tf.test.TestCase):
     @pytest.mark.slow
     def test_workdir_demo_writes_only_temporary_files(self):

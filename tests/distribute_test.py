@@ -276,6 +276,7 @@ def _assert_weights_close(test, actual, expected, atol=1e-5):
         np.testing.assert_allclose(actual[path], expected[path], atol=atol, err_msg=path)
 
 
+@pytest.mark.long(10)
 class MirroredTest(tf.test.TestCase):
     results = None
 

@@ -137,6 +137,7 @@ def session_rest_predict(session, meta_graph, body):
     return json.loads(json.dumps({"predictions": rows}))
 
 
+@pytest.mark.long(6)
 class ExportTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):

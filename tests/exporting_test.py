@@ -5,6 +5,7 @@ import os
 import tempfile
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 from admission_test import png_bomb
@@ -100,6 +101,7 @@ class RequestTest(tf.test.TestCase, parameterized.TestCase):
             exporting.resize_images(tf.zeros([1, 0, 5, 3], tf.uint8), 16, 1.0)
 
 
+@pytest.mark.long(3)
 class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
     @classmethod
     def setUpClass(cls):

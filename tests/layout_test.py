@@ -841,17 +841,32 @@ def _classes_calling(function):
     }
 
 
+def _marks(node, marker):
+    """The arguments of each `@pytest.mark.<marker>(...)` on a class, as literals."""
+    for decorator in node.decorator_list:
+        if isinstance(decorator, ast.Call) and getattr(decorator.func, "attr", None) == marker:
+            yield tuple(ast.literal_eval(a) for a in decorator.args)
+
+
+def _marked(marker):
+    """{class: its `marker`'s first argument} of the test classes that carry it."""
+    return {scope: args[0] for scope, node in _test_classes() for args in _marks(node, marker)}
+
+
 def test_scope_groups_are_the_classes_that_share_their_function():
-    # conftest.SCOPE_GROUPS sends each group to one pytest-xdist worker; a class that
-    # starts calling the shared function, or stops, must be named there or removed.
-    from conftest import SCOPE_GROUPS
+    # conftest.py sends each group to one pytest-xdist worker; a class that starts
+    # calling the shared function, or stops, gains or loses the marker.
+    groups = _marked("scope_group")
+    assert set(groups.values()) == {"trained_run", "exports"}
+    for group in set(groups.values()):
+        assert {s for s, g in groups.items() if g == group} == _classes_calling(group), group
 
-    for group, (function, scopes) in SCOPE_GROUPS.items():
-        assert _classes_calling(function) == set(scopes), group
 
-
-def test_the_classes_run_first_exist():
-    from conftest import LONGEST_FIRST
-
-    missing = set(LONGEST_FIRST) - {scope for scope, _ in _test_classes()}
-    assert not missing, missing
+def test_the_long_classes_have_one_rank_a_scope():
+    # The classes of a scope group share its rank; other ranks are each one class's.
+    ranks, groups = _marked("long"), _marked("scope_group")
+    assert set(groups) <= set(ranks)
+    scopes = {groups.get(scope, scope): rank for scope, rank in ranks.items()}
+    assert len(set(scopes.values())) == len(scopes), scopes
+    for scope, rank in ranks.items():
+        assert scopes[groups.get(scope, scope)] == rank, scope
