@@ -3,7 +3,8 @@
     python bench/demo_latency.py --export=exports/sat/1,exports/sat/2
     python bench/demo_latency.py --workdir=runs/shapes      # exports greedy and beam 3 first
 
-Serves the exports with `sat_tf.demo` on 127.0.0.1 (the server `scripts/demo.py` runs),
+Serves the exports with `sat_tf.serving.demo` on 127.0.0.1 (the server `scripts/demo.py`
+runs),
 then posts the same photo (default: the first Flickr8k test photo, else a generated
 JPEG) `--requests` times per decoding, one at a time after two warm-up requests.
 Reported per decoding, as median / min / max / IQR in milliseconds: the whole HTTP
@@ -29,7 +30,7 @@ sys.path[:0] = [_ROOT, os.path.join(_ROOT, "bench")]
 
 from run import machine_info, stats  # noqa: E402
 
-from sat_tf import demo, inference  # noqa: E402
+from sat_tf.serving import demo, inference  # noqa: E402
 
 FLICKR8K = os.path.join(os.path.dirname(_ROOT), "shared", "data", "flickr8k")
 

@@ -60,7 +60,7 @@ def _child(path, bomb, preset, export):
     with open(bomb, "rb") as f:
         data = f.read()
     if path in ("api_path", "api_bytes"):
-        from sat_tf import api
+        from sat_tf.serving import api
 
         if "max_image_pixels" not in inspect.signature(api.Captioner.__init__).parameters:
             return {"skipped": "this sat_tf's Captioner does not admit images first"}
@@ -88,7 +88,7 @@ def _child(path, bomb, preset, export):
                 raise ValueError(out["error"].numpy()[0].decode())
 
     else:
-        from sat_tf import demo
+        from sat_tf.serving import demo
 
         def warm_up():
             pass
@@ -150,10 +150,10 @@ def main():
     if "serving_default" in paths:
         made = (
             "import sys\n"
-            "try:\n    from sat_tf import exporting as e\n"
-            "    from sat_tf.inference import load_preset\n"
+            "try:\n    from sat_tf.serving import exporting as e\n"
+            "    from sat_tf.serving.inference import load_preset\n"
             "except ImportError:\n    from sat_tf import export_model as e\n"
-            "    from sat_tf.preset import load as load_preset\n"
+            "    from sat_tf.serving.preset import load as load_preset\n"
             "e.export(*load_preset(sys.argv[1]), sys.argv[2])\n"
         )
         *_, status = _run([sys.executable, "-c", made, args.preset, export], env)

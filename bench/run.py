@@ -42,17 +42,18 @@ import numpy as np
 import tensorflow as tf
 
 import sat_tf
-from sat_tf import inference, machine, self_critical
 from sat_tf.config import Config
 from sat_tf.data import input_pipeline
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.datasets import Record
 from sat_tf.evaluation import cider
-from sat_tf.model import losses
+from sat_tf.model import losses, self_critical
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.fast import schedule as schedule_lib
 from sat_tf.model.show_attend_tell import build_model
+from sat_tf.serving import inference
 from sat_tf.training import optimizers, publish
+from sat_tf.utils import machine
 
 SPECIALS = len(vocab_lib.SPECIALS)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -145,7 +146,7 @@ TRAIN_SHAPES = {
 # (`losses.sampled_argmax_reward`); "fused_moving_average" is "fused" with the
 # paper's moving-average baseline, which needs no second pass. An
 # optional sixth value "keras" takes Keras's own Adam instead of the package's
-# (`model/fast/optimizers.py`: each variable's update one fused kernel).
+# (`training/optimizers.py`: each variable's update one fused kernel).
 TRAIN_CASES = {
     "soft_additive": ("soft", "additive", False, "float32", "fused"),
     "soft_additive_ops": ("soft", "additive", False, "float32", "fused_ops"),
@@ -278,7 +279,7 @@ def peak_rss_mb():
 
 
 def machine_info():
-    """`sat_tf.machine.describe()` with the load, TensorFlow's threads and allocator."""
+    """`sat_tf.utils.machine.describe()` with the load, TensorFlow's threads and allocator."""
     return {
         **machine.describe(),
         "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
@@ -1069,9 +1070,9 @@ def _jpeg(size, seed):
 def case_serve(p):
     """The exported SavedModel's serving_default on JPEG bytes, and the TFLite file."""
     try:
-        from sat_tf import exporting
+        from sat_tf.serving import exporting
     except ImportError as e:
-        return {"skipped": f"sat_tf.exporting cannot be imported: {e}"}
+        return {"skipped": f"sat_tf.serving.exporting cannot be imported: {e}"}
     words = [f"w{i}" for i in range(p["vocab_words"])]
     vocab = vocab_lib.Vocab(list(vocab_lib.SPECIALS) + words)
     config = Config(
@@ -1134,7 +1135,7 @@ def _tflite(p, path, info):
 
 def preset_source(requested):
     """(the preset the preset cases run on, None) or (None, why there is none)."""
-    from sat_tf import preset
+    from sat_tf.serving import preset
 
     if requested:
         return requested, None
@@ -1187,9 +1188,9 @@ def case_tflite(p, source, data_dir, limit):
     the SavedModel gets the decoded uint8 photo and resizes it in its graph. Without
     the dataset, random images give the latencies alone.
     """
-    from sat_tf import exporting, preset
     from sat_tf.data import image_io
     from sat_tf.evaluation import metrics
+    from sat_tf.serving import exporting, preset
     from sat_tf.training import scoring
 
     model, vocab, config = inference.load_preset(source)
@@ -1298,8 +1299,8 @@ def case_float16(p, source, data_dir, limit):
     at batch 1 (the three alternating on every image) and at the batch of all images,
     and the share of captions equal to float32's. Features come from the preset's test
     photos (its encoder run once), else random ones."""
-    from sat_tf import preset
-    from sat_tf.inference import feature_encoder
+    from sat_tf.serving import preset
+    from sat_tf.serving.inference import feature_encoder
 
     model, vocab, config = inference.load_preset(source)
     if model.encoder is not None:

@@ -15,8 +15,8 @@ __version__ = "0.1.0"
 # The public names load on first use (PEP 562): `import sat_tf` stays free of TensorFlow,
 # which `cpu_allocator` and the allocator choice above rely on.
 _LAZY = {
-    "Caption": "sat_tf.api",
-    "Captioner": "sat_tf.api",
+    "Caption": "sat_tf.serving.api",
+    "Captioner": "sat_tf.serving.api",
     "ShowAttendTell": "sat_tf.model.show_attend_tell",
 }
 __all__ = [*_LAZY, "cpu_allocator"]

@@ -16,7 +16,7 @@ import os
 from collections.abc import Collection, Iterable
 from typing import Any
 
-from sat_tf import files
+from sat_tf.utils import files
 
 DATASETS = ("shapes", "flickr8k", "flickr30k", "coco", "coco_captions_tfds", "folder")
 ATTENTIONS = ("soft", "hard", "none")

@@ -21,10 +21,10 @@ from fixtures import scenes, tiny_model
 from PIL import Image
 
 import sat_tf
-from sat_tf import inference, preset
 from sat_tf.config import Config
 from sat_tf.data import image_io
-from sat_tf.inference import feature_encoder
+from sat_tf.serving import inference, preset
+from sat_tf.serving.inference import feature_encoder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLICKR8K = os.environ.get("SAT_TF_FLICKR8K", os.path.join(ROOT, "..", "shared", "data", "flickr8k"))

@@ -10,8 +10,8 @@ import numpy as np
 import tensorflow as tf
 from fixtures import TINY
 
-from sat_tf import inference
 from sat_tf.config import Config
+from sat_tf.serving import inference
 from sat_tf.training import callbacks as callbacks_lib
 from sat_tf.training import scoring, train_lib
 from sat_tf.training import workdir as workdir_lib

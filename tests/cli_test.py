@@ -18,6 +18,7 @@ import tempfile
 from unittest import mock
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from admission_test import png_bomb
 from api_test import PRESET, flickr8k_photos, made_photo
@@ -25,11 +26,12 @@ from fixtures import tiny_model
 
 import sat_tf
 import sat_tf.cli
-from sat_tf import config, preset
+from sat_tf import config
 from sat_tf.cli import caption as caption_cli
 from sat_tf.cli import flags_lib
 from sat_tf.cli import table as table_cli
 from sat_tf.cli import train as train_cli
+from sat_tf.serving import preset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = {
@@ -124,7 +126,7 @@ class QuietCommandsTest(tf.test.TestCase):
 
     def test_the_demo_without_flask_says_which_install_brings_it(self):
         with mock.patch.dict(sys.modules, {"flask": None}):
-            for name in ("sat_tf.cli.demo", "sat_tf.demo"):
+            for name in ("sat_tf.cli.demo", "sat_tf.serving.demo"):
                 sys.modules.pop(name, None)
             demo_cli = importlib.import_module("sat_tf.cli.demo")
             self.assertEqual(run_main(demo_cli.main, "sat-demo", "--help")[0], 0)
@@ -135,10 +137,11 @@ class QuietCommandsTest(tf.test.TestCase):
             "error: the demo needs Flask, which sat_tf installs with its demo extra: "
             'pip install "sat_tf[demo]"\n',
         )
-        for name in ("sat_tf.cli.demo", "sat_tf.demo"):
+        for name in ("sat_tf.cli.demo", "sat_tf.serving.demo"):
             sys.modules.pop(name, None)
 
 
+@pytest.mark.long(8)
 class CaptionCommandTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):

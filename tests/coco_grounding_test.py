@@ -11,7 +11,6 @@ import tensorflow as tf
 from fixtures import WORDS, tiny_model
 from PIL import Image
 
-from sat_tf import preset
 from sat_tf.cli import grounding as grounding_cli
 from sat_tf.config import Config
 from sat_tf.data import image_io
@@ -20,6 +19,7 @@ from sat_tf.evaluation import coco_grounding as cg
 from sat_tf.evaluation import coco_photos as cp
 from sat_tf.evaluation.coco_photos import Mention
 from sat_tf.model.show_attend_tell import build_model
+from sat_tf.serving import preset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV_SET = os.environ.get(

@@ -17,10 +17,10 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from sat_tf import inference
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.model.show_attend_tell import build_model
+from sat_tf.serving import inference
 
 V0 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata", "v0_workdirs")
 FEATURE_SHAPE = (16, 6)

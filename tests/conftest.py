@@ -1,5 +1,21 @@
-"""Quiet TensorFlow's C++ logging in tests; tests run on the CPU."""
+"""Quiet TensorFlow's C++ logging in tests; tests run on the CPU; the order in which
+pytest-xdist hands out the test classes, and which go to one worker together.
 
+Two markers on test classes, read here from the collected tests:
+- `@pytest.mark.scope_group(name)`: the classes that share what a test process makes once
+  (the `functools.cache` function `name` that they call). Under `pytest -n N --dist
+  loadscope` each group goes to one worker, so it is made once per session instead of
+  once per worker that meets one of them; layout_test checks that the marked classes are
+  the ones that call it.
+- `@pytest.mark.long(rank)`: the classes that take longest (BUILD_NOTES.md, "Test suite
+  time"), run first in the order of their ranks: pytest-xdist hands out classes in the
+  order they are collected, so with these at the end one worker would still be busy with
+  them long after the other has finished. The classes of a group share its rank. Order
+  within a class is kept; the rest of the suite keeps its order after them. A rank out of
+  date only costs time.
+"""
+
+import math
 import os
 
 import pytest
@@ -14,28 +30,35 @@ from sat_tf.evaluation import java_tools  # noqa: E402  (after the environment a
 # idle, as a training run does between epochs.
 java_tools.METEOR_IDLE_SECONDS = 3600.0
 
-# Classes that share what a test process makes once (a `functools.cache` function of
-# theirs): under `pytest -n N --dist loadscope` each group goes to one worker, so it is
-# made once per session instead of once per worker that meets one of them. Group name:
-# (the function, the classes that call it); layout_test checks the lists.
-SCOPE_GROUPS = {
-    "trained_run": (
-        "trained_run",  # fixtures.trained_run: the shared training run
-        (
-            "tests/scripts_test.py::CaptionEvaluateScriptTest",
-            "tests/train_lib_test.py::TrainAndEvaluateTest",
-        ),
-    ),
-    "demo_exports": (
-        "exports",  # demo_test.exports: a tiny model exported greedy and beam 3
-        (
-            "tests/demo_browser_test.py::BrowserTest",
-            "tests/demo_test.py::DemoTest",
-            "tests/demo_test.py::ScriptTest",
-        ),
-    ),
-}
-_GROUP_OF = {scope: group for group, (_, scopes) in SCOPE_GROUPS.items() for scope in scopes}
+# How a worker tells the scheduler an item's group: after its node id, as pytest-xdist's
+# own `--dist loadgroup` does (the scheduler sees node ids only, never the items).
+GROUP_MARK = "@"
+
+
+def _rank(item):
+    mark = item.get_closest_marker("long")
+    return mark.args[0] if mark else math.inf
+
+
+def _group(nodeid):
+    """The scope group a worker wrote after `nodeid`, or None."""
+    at = nodeid.rfind(GROUP_MARK)
+    return nodeid[at + 1 :] if at > nodeid.rfind("]") else None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    # A worker's own `dist` option is "no": the controller tells it whether it groups.
+    node.workerinput["scope_groups"] = node.config.getvalue("dist") == "loadscope"
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=_rank)
+    if getattr(config, "workerinput", {}).get("scope_groups"):
+        for item in items:
+            mark = item.get_closest_marker("scope_group")
+            if mark is not None:
+                item._nodeid = f"{item.nodeid}{GROUP_MARK}{mark.args[0]}"
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -46,37 +69,9 @@ def pytest_xdist_make_scheduler(config, log):
 
     class Scheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid):
-            scope = super()._split_scope(nodeid)
-            return _GROUP_OF.get(scope, scope)
+            return _group(nodeid) or super()._split_scope(nodeid)
 
     # pytest-xdist (3.x) would hand out the scopes with the most tests first; the order
-    # that counts here is the time they take (LONGEST_FIRST).
+    # that counts here is the time they take (the `long` ranks).
     config.option.loadscopereorder = False
     return Scheduling(config, log)
-
-
-# The classes that take longest (BUILD_NOTES.md, "Test suite time"), run first:
-# pytest-xdist hands out scopes in this order, so with these at the end one worker would
-# still be busy with them long after the other has finished. Order within a class is
-# kept; the rest of the suite keeps its order after them. A stale entry only costs time.
-LONGEST_FIRST = (
-    *SCOPE_GROUPS["demo_exports"][1],  # two exports, Chromium
-    "tests/show_attend_tell_test.py::ShowAttendTellTest",  # many small fits
-    "tests/exporting_test.py::SignaturesTest",  # the signatures traced for one model after another
-    "tests/recurrence_test.py::SoftAttentionRecurrenceTest",  # Jacobians
-    *SCOPE_GROUPS["trained_run"][1],  # the shared training run and its commands
-    "tests/export_test.py::ExportTest",  # two exports, a fresh process loading them
-    "tests/train_lib_test.py::ResumeTest",  # three short runs
-    "tests/cli_test.py::CaptionCommandTest",  # the shipped presets' commands
-    "tests/decoder_test.py::AttentionDecoderTest",  # layer round trips
-    "tests/distribute_test.py::MirroredTest",  # a child process with two CPU devices
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {scope: i for i, scope in enumerate(LONGEST_FIRST)}
-
-    def key(item):
-        return rank.get(item.nodeid.rsplit("::", 1)[0], len(LONGEST_FIRST))
-
-    items.sort(key=key)

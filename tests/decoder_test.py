@@ -3,6 +3,7 @@
 import fixtures
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
@@ -151,6 +152,7 @@ def _gumbel(shape, seed):
     return (-np.log(-np.log(uniform))).astype(np.float32)
 
 
+@pytest.mark.long(9)
 class AttentionDecoderTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.product(attention=ATTENTIONS, score=SCORES)
     def test_output_shapes(self, attention, score):

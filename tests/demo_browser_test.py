@@ -16,12 +16,13 @@ import sys
 import tempfile
 import unittest
 
+import pytest
 from absl.testing import absltest
 from demo_test import bad_uploads, exports, photo, signature_outputs, start_server
 from fixtures import scenes
 from PIL import Image
 
-from sat_tf import demo
+from sat_tf.serving import demo
 
 try:
     from selenium import webdriver
@@ -123,6 +124,8 @@ def save_photo(folder):
 
 
 @unittest.skipIf(browser_problem(), browser_problem() or "")
+@pytest.mark.long(1)
+@pytest.mark.scope_group("exports")
 class BrowserTest(absltest.TestCase):
     @classmethod
     def setUpClass(cls):

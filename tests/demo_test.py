@@ -1,4 +1,4 @@
-"""Tests for sat_tf.demo and scripts/demo.py: captions equal the SavedModel's own
+"""Tests for sat_tf.serving.demo and scripts/demo.py: captions equal the SavedModel's own
 `serving_default` outputs, bad uploads get one-line messages while the server goes on,
 20 concurrent requests, and the script writes nothing outside its temporary folders.
 
@@ -28,15 +28,15 @@ from absl.testing import absltest, parameterized
 from fixtures import encode, run_main, scenes, tiny_model
 from PIL import Image
 
-from sat_tf import inference, off_world
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
+from sat_tf.serving import inference, off_world
 
 # The `demo` extra (pip install -e ".[demo]"): without Flask these tests are skipped.
 pytest.importorskip("flask")
 
-from sat_tf import demo  # noqa: E402
 from sat_tf.cli import demo as demo_cli  # noqa: E402
+from sat_tf.serving import demo  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLICKR8K = os.path.join(os.path.dirname(REPO), "shared", "data", "flickr8k")
@@ -130,6 +130,8 @@ def post(url, name, data, beam_size=None):
     )
 
 
+@pytest.mark.long(1)
+@pytest.mark.scope_group("exports")
 class DemoTest(tf.test.TestCase, parameterized.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -293,6 +295,8 @@ def snapshot(folder):
     return files
 
 
+@pytest.mark.long(1)
+@pytest.mark.scope_group("exports")
 class ScriptTest(tf.test.TestCase):
     @pytest.mark.slow
     def test_workdir_demo_writes_only_temporary_files(self):
@@ -305,7 +309,7 @@ class ScriptTest(tf.test.TestCase):
         for folder in (cwd, home, tmp):
             os.makedirs(folder)
         before = snapshot(workdir)
-        assets = snapshot(os.path.join(REPO, "sat_tf", "demo_assets"))
+        assets = snapshot(os.path.join(REPO, "sat_tf", "serving", "demo_assets"))
         env = dict(
             os.environ,
             HOME=home,
@@ -348,7 +352,7 @@ class ScriptTest(tf.test.TestCase):
         written = [p for p in snapshot(home) if not p.startswith(LIBRARY_CACHES)]
         self.assertEqual(written, [])
         self.assertEqual(snapshot(workdir), before)
-        self.assertEqual(snapshot(os.path.join(REPO, "sat_tf", "demo_assets")), assets)
+        self.assertEqual(snapshot(os.path.join(REPO, "sat_tf", "serving", "demo_assets")), assets)
 
     def test_flag_errors_are_one_line(self):
         workdir, export_dirs = exports()

@@ -31,10 +31,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sat_tf import self_critical
 from sat_tf.config import Config
 from sat_tf.model.decoder import AttentionDecoder
 from sat_tf.model.show_attend_tell import ShowAttendTell, build_model
+from sat_tf.training import self_critical
 
 VOCAB, WIDTH, LOCATIONS, FEATURES = 12, 8, 4, 8
 REPLICAS = 2
@@ -331,6 +331,7 @@ def _assert_weights_close(test, actual, expected, atol=1e-5):
         np.testing.assert_allclose(actual[path], expected[path], atol=atol, err_msg=path)
 
 
+@pytest.mark.long(10)
 class MirroredTest(tf.test.TestCase):
     results = None
 

@@ -14,9 +14,9 @@ import tensorflow as tf
 from fixtures import run_main, scenes, tiny_model
 from PIL import Image
 
-from sat_tf import inference
 from sat_tf.cli import evaluate as evaluate_cli
 from sat_tf.evaluation import java_tools
+from sat_tf.serving import inference
 from sat_tf.training import publish
 from sat_tf.training import workdir as workdir_lib
 

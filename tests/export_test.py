@@ -17,8 +17,9 @@ import pytest
 import tensorflow as tf
 from fixtures import MAX_LENGTH, encode, scenes, tiny_model
 
-from sat_tf import exporting, files, inference
 from sat_tf.data import image_io
+from sat_tf.serving import exporting, inference
+from sat_tf.utils import files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "export", "serving"))
@@ -148,6 +149,7 @@ def session_rest_predict(session, meta_graph, body):
     return json.loads(json.dumps({"predictions": rows}))
 
 
+@pytest.mark.long(6)
 class ExportTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -1,22 +1,24 @@
-"""Tests for sat_tf.exporting in-process: request checks, captions, the three signatures."""
+"""Tests for sat_tf.serving.exporting in-process: request checks, captions, the three
+signatures."""
 
 import os
 import tempfile
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 from admission_test import png_bomb
 from fixtures import MAX_LENGTH, WORDS, encode, scenes, tiny_model
 from PIL import Image
 
-from sat_tf import exporting, off_world
 from sat_tf.config import Config
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.inference import feature_encoder
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.show_attend_tell import build_model
+from sat_tf.serving import exporting, off_world
+from sat_tf.serving.inference import feature_encoder
 
 
 def traced(model, vocab, spec):
@@ -99,6 +101,7 @@ class RequestTest(tf.test.TestCase, parameterized.TestCase):
             exporting.resize_images(tf.zeros([1, 0, 5, 3], tf.uint8), 16, 1.0)
 
 
+@pytest.mark.long(3)
 class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
     @classmethod
     def setUpClass(cls):

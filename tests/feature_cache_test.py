@@ -18,12 +18,12 @@ import tensorflow as tf
 from absl.testing import parameterized
 from PIL import Image
 
-from sat_tf import inference
 from sat_tf.config import Config
 from sat_tf.data import datasets, feature_cache, image_io, input_pipeline
 from sat_tf.data.vocab import UNK, Vocab
 from sat_tf.evaluation import metrics
 from sat_tf.model.encoder import ImageEncoder
+from sat_tf.serving import inference
 from sat_tf.training import extract, scoring, train_lib
 
 IMAGE_SIZE = 32  # shapes_cnn has stride 8: a 4 x 4 grid of 48 + 2 channels.

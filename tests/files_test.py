@@ -1,11 +1,12 @@
-"""Tests for sat_tf.files: the staged folder (complete or absent) and the file checksum."""
+"""Tests for sat_tf.utils.files: the staged folder (complete or absent) and the file
+checksum."""
 
 import os
 import stat
 
 import pytest
 
-from sat_tf import files
+from sat_tf.utils import files
 
 
 def _read(path):

@@ -13,10 +13,10 @@ import tensorflow as tf
 from fixtures import scenes, tiny_model
 from PIL import Image
 
-from sat_tf import inference, npz_weights, preset
 from sat_tf.config import Config
 from sat_tf.data.vocab import SPECIALS, UNK_ID, Vocab
 from sat_tf.model.show_attend_tell import build_model
+from sat_tf.serving import inference, npz_weights, preset
 from sat_tf.training import prepare, train_lib
 from sat_tf.training import workdir as workdir_lib
 

@@ -10,9 +10,9 @@ import tempfile
 
 import tensorflow as tf
 
-from sat_tf import inference
 from sat_tf.config import Config
 from sat_tf.data import datasets
+from sat_tf.serving import inference
 from sat_tf.training import extract, scoring, train_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

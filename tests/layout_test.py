@@ -1,17 +1,23 @@
-"""The direction of imports between the folders of sat_tf/, read from the source with `ast`.
+"""The layout of sat_tf/, read from the source with `ast`.
 
-Data flows one way: `data/` (readers, vocabulary, pixels, tf.data, the feature cache's
-format) imports neither the model nor anything above it; `model/` imports neither
-training, inference nor the export, and what it keeps beside it (self-critical training,
-the decoding rules, the location prior) imports neither the model nor training;
-inference (the Python API, `inference.py`, the export, the preset format) never goes
-through `training/`; the preset format reads files and never imports the model; and no
-two parts of the package (a subpackage, or a module at the top) import each other,
-directly or around a loop. Imports inside functions count as much as those at the top.
+The top level holds `__init__.py`, `config.py` and the layers' subpackages (and the
+shipped presets, which are data). The layers are floors, each importing only the floors
+below it: `utils/` (files, messages, the machine) imports nothing of the package;
+`config.py`; `data/` (readers, vocabulary, pixels, tf.data, the feature cache's format)
+and `backbones/` (weight porting); `model/` (the paper, with what the project adds
+beside it in modules of its own) and `evaluation/` (scores and pictures); `serving/`
+(inference: the API, presets, the export, the demo), which never goes through training;
+`training/`; the console commands of `cli/`. Within a floor, finer rules: the model
+reads of `data/` only the vocabulary's ids, never a reader; the modules the model keeps
+beside the paper (self-critical training, the decoding rules, the location prior, the
+Keras base class that makes training resume) import none of the paper's; the preset
+format never imports the model; and the console commands that caption never load
+training code. Imports inside functions count as much as those at the top.
 
-Sizes, in lines of code (docstrings, comments and blank lines not counted): `model/`
-without its speed folder `fast/` is the paper, read top to bottom, in a few files; no
-module, class or function outside `fast/` grows past what a reader holds at once.
+Sizes, in lines of code (docstrings, comments and blank lines not counted): the paper's
+modules of `model/` (without `fast/` and what sits beside the paper) are read top to
+bottom in a few files; no module, class or function outside `fast/` grows past what a
+reader holds at once. Every module with logic has a test file of its name.
 
 One source for every setting: a class of the package (a dataclass's field, a NamedTuple's,
 an `__init__`'s parameter) that has a default for a `Config` setting has Config's own,
@@ -33,27 +39,83 @@ from sat_tf import config as config_lib
 from sat_tf.config import Config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXPORT = "exporting"
-# part -> the parts it may not import.
-FORBIDDEN = {
-    "data": ("model", "training", "evaluation", "inference", EXPORT),
-    "model": ("training", "inference", "api", EXPORT),
-    "api": ("training",),
-    "inference": ("training",),
-    "preset": ("training", "model"),
-    EXPORT: ("training",),
-    # What the project adds beyond the paper, kept beside model/: the model imports them.
-    "self_critical": ("training", "model"),
-    "decoding_rules": ("training", "model"),
-    "location_prior": ("training", "model"),
+
+# What sat_tf/ holds: its modules, its subpackages, and folders of data.
+TOP_MODULES = ("__init__.py", "config.py")
+PACKAGES = ("backbones", "cli", "data", "evaluation", "model", "serving", "training", "utils")
+DATA_FOLDERS = ("presets",)  # the shipped presets: setup.py's package_data, PRESETS_DIR
+
+# The floors, lowest first: a part imports only parts of the floors below its own.
+# "sat_tf" is the package's `__init__.py` (its version, its folder), "config" config.py.
+FLOORS = (
+    ("sat_tf", "utils"),
+    ("config",),
+    ("data", "backbones"),
+    ("model", "evaluation"),
+    ("serving",),
+    ("training",),
+    ("cli",),
+)
+# The model's modules that are the paper; beside them, what the project adds and keeps
+# apart: the model imports these, they import none of the paper's modules.
+PAPER = ("attention", "decoder", "encoder", "losses", "search", "show_attend_tell", "step")
+BESIDE_THE_PAPER = ("decoding_rules", "location_prior", "resumable", "self_critical")
+# Modules held to more than their floor: module (or package) -> what it may not import.
+MODULE_RULES = {
+    "sat_tf.serving.preset": ("sat_tf.model",),
+    **{
+        f"sat_tf.model.{name}": (*(f"sat_tf.model.{p}" for p in PAPER), "sat_tf.model.fast")
+        for name in BESIDE_THE_PAPER
+    },
+}
+# The model reads no data files: of data/ it imports the vocabulary's ids only.
+MODEL_READS_OF_DATA = ("sat_tf.data.vocab", "sat_tf.data.tokens")
+# The commands and the API that caption: nothing they import, at any depth, is training's.
+CAPTION_PATH = ("sat_tf.cli.caption", "sat_tf.cli.demo", "sat_tf.cli.export", "sat_tf.serving.api")
+# Imports against the floors that the package keeps, each a layer violation with its
+# reason: (file, imported module) -> why.
+KEPT_VIOLATIONS = {
+    ("sat_tf/model/show_attend_tell.py", "sat_tf.serving.preset"): "ShowAttendTell.from_preset "
+    "(keras-hub's): the model builds itself from the preset format's files",
+    ("sat_tf/model/show_attend_tell.py", "sat_tf.serving.tags"): "ShowAttendTell.from_preset "
+    "sets the preset's tagger",
 }
 
 # Size limits in lines of code (`code_lines`).
-MODEL_FILES = 8  # sat_tf/model/*.py, fast/ not counted
+MODEL_FILES = 8  # the paper's modules of sat_tf/model/ and its __init__.py
 MODEL_CODE_LINES = 1000
 MODULE_CODE_LINES = 450
 CLASS_CODE_LINES = 300
 FUNCTION_CODE_LINES = 80  # outside model/fast/
+LOGIC_CODE_LINES = 30  # a module this long has a test file of its name
+
+# Modules with logic and no test file of their name: module -> where they are tested.
+TESTED_ELSEWHERE = {
+    "sat_tf/__init__.py": "allocator_test.py (cpu_allocator), api_test.py (the lazy names)",
+    "sat_tf/backbones/registry.py": "encoder_test.py",
+    "sat_tf/cli/build_tag_table.py": "tags_test.py",
+    "sat_tf/cli/caption.py": "cli_test.py, scripts_test.py",
+    "sat_tf/cli/extract_features.py": "feature_cache_test.py, quiet_test.py",
+    "sat_tf/cli/flags_lib.py": "scripts_test.py, cli_test.py",
+    "sat_tf/cli/make_preset.py": "preset_test.py, publish_test.py",
+    "sat_tf/cli/table.py": "cli_test.py",
+    "sat_tf/data/coco_tfds.py": "datasets_test.py",
+    "sat_tf/data/flickr.py": "datasets_test.py",
+    "sat_tf/data/graph_admission.py": "admission_test.py, image_fuzz_test.py",
+    "sat_tf/data/records.py": "datasets_test.py",
+    "sat_tf/evaluation/coco_photos.py": "coco_grounding_test.py",
+    "sat_tf/evaluation/java_tools.py": "metrics_test.py",
+    "sat_tf/model/decoding_rules.py": "search_test.py",
+    "sat_tf/model/fast/schedule.py": "show_attend_tell_test.py, recurrence_test.py",
+    "sat_tf/model/resumable.py": "train_lib_test.py, distribute_test.py",
+    "sat_tf/model/self_critical.py": "scst_test.py",
+    "sat_tf/model/step.py": "decoder_test.py",
+    "sat_tf/serving/download.py": "preset_test.py",
+    "sat_tf/serving/inference.py": "api_test.py, workdir_test.py, compatibility_test.py",
+    "sat_tf/serving/npz_weights.py": "preset_test.py, finetune_test.py",
+    "sat_tf/training/extract.py": "feature_cache_test.py",
+    "sat_tf/training/prepare.py": "finetune_test.py, train_lib_test.py",
+}
 
 
 def code_lines(source):
@@ -99,10 +161,7 @@ def size_problems(package_root):
     model = {}
     for name, lines in sizes(package_root).items():
         module, _, inner = name.partition("::")
-        in_model = module.startswith("sat_tf/model/") and not module.startswith(
-            "sat_tf/model/fast/"
-        )
-        if in_model and not inner:
+        if _in_the_paper(module) and not inner:
             model[module] = lines
         if not inner:
             limit = MODULE_CODE_LINES
@@ -121,6 +180,12 @@ def size_problems(package_root):
             f"sat_tf/model/ holds {sum(model.values())} lines of code, more than {MODEL_CODE_LINES}"
         )
     return problems
+
+
+def _in_the_paper(module):
+    """Whether `sat_tf/a/b.py` is one of the model's modules that write the paper."""
+    folder, _, name = module.rpartition("/")
+    return folder == "sat_tf/model" and name[: -len(".py")] not in BESIDE_THE_PAPER
 
 
 def _kind(package_root, module, name):
@@ -174,25 +239,50 @@ def _imports(package_root, path):
 
 
 def part_of(dotted):
-    """`sat_tf.data.vocab` -> "data", `sat_tf.preset` -> "preset", `sat_tf` -> "sat_tf"."""
+    """`sat_tf.data.vocab` -> "data", `sat_tf.config` -> "config", `sat_tf` -> "sat_tf"."""
     pieces = dotted.split(".")
     return pieces[1] if len(pieces) > 1 else "sat_tf"
 
 
 def import_graph(package_root):
-    """{(file path relative to the package's parent, line): (importing part, imported
-    module)} for every import of a sat_tf module by a file of `package_root`."""
+    """{(file path relative to the package's parent, line, imported module): importing
+    module} for every import of a sat_tf module by a file of `package_root`."""
     edges = {}
     for folder, _, names in os.walk(package_root):
         for file_name in sorted(names):
             if not file_name.endswith(".py"):
                 continue
             path = os.path.join(folder, file_name)
-            source = part_of(_module_name(package_root, path))
-            where = os.path.relpath(path, os.path.dirname(package_root))
+            importer = _module_name(package_root, path)
+            where = os.path.relpath(path, os.path.dirname(package_root)).replace(os.sep, "/")
             for target, line in _imports(package_root, path).items():
-                edges[(where, line, target)] = source
+                edges[(where, line, target)] = importer
     return edges
+
+
+def _within(dotted, prefix):
+    return dotted == prefix or dotted.startswith(prefix + ".")
+
+
+def _floor(part):
+    return next((i for i, floor in enumerate(FLOORS) if part in floor), None)
+
+
+def broken_rule(importer, target):
+    """Why module `importer` may not import module `target` (dotted names), or None."""
+    source, imported = part_of(importer), part_of(target)
+    if _floor(source) is None or _floor(imported) is None:
+        return f"{source if _floor(source) is None else imported} is on no floor"
+    if imported != source and _floor(imported) >= _floor(source):
+        return f"{source} may not import {imported}"
+    for module, banned in MODULE_RULES.items():
+        if _within(importer, module):
+            for prefix in banned:
+                if _within(target, prefix):
+                    return f"{module} may not import {prefix}"
+    if source == "model" and imported == "data" and target not in MODEL_READS_OF_DATA:
+        return "model may not import data readers"
+    return None
 
 
 def _cycles(parts_graph):
@@ -226,13 +316,17 @@ def _cycles(parts_graph):
     return found
 
 
-def violations(package_root):
-    """Every import against `FORBIDDEN`, and every loop between parts, as lines."""
+def violations(package_root, kept=()):
+    """Every import against the floors and `MODULE_RULES`, and every loop between parts,
+    as lines; `kept` ({(file, imported module): why}) are left out."""
     problems, parts_graph, witness = [], {}, {}
-    for (where, line, target), source in sorted(import_graph(package_root).items()):
-        imported = part_of(target)
-        if imported in FORBIDDEN.get(source, ()):
-            problems.append(f"{where}:{line} imports {target}: {source} may not import {imported}")
+    for (where, line, target), importer in sorted(import_graph(package_root).items()):
+        if (where, target) in kept:
+            continue
+        source, imported = part_of(importer), part_of(target)
+        rule = broken_rule(importer, target)
+        if rule:
+            problems.append(f"{where}:{line} imports {target}: {rule}")
         if imported != source:
             parts_graph.setdefault(source, set()).add(imported)
             witness.setdefault((source, imported), f"{where}:{line} imports {target}")
@@ -242,13 +336,96 @@ def violations(package_root):
     return problems
 
 
+def top_level_problems(package_root):
+    """What sat_tf/ holds beside `TOP_MODULES`, `PACKAGES` and `DATA_FOLDERS`, and what
+    of those it lacks, as lines."""
+    problems = []
+    held = {n for n in os.listdir(package_root) if n != "__pycache__"}
+    for name in sorted(held - {*TOP_MODULES, *PACKAGES, *DATA_FOLDERS}):
+        what = "a module" if name.endswith(".py") else "a folder"
+        problems.append(f"sat_tf/{name} is {what} at the top level")
+    for name in PACKAGES:
+        if not os.path.isfile(os.path.join(package_root, name, "__init__.py")):
+            problems.append(f"sat_tf/{name}/ is not a package")
+    for name in sorted({*TOP_MODULES, *DATA_FOLDERS} - held):
+        problems.append(f"sat_tf/{name} is missing")
+    return problems
+
+
+def untested_modules(package_root, tests_dir):
+    """Every module of `package_root` with `LOGIC_CODE_LINES` lines of code or more and no
+    `<name>_test.py` in `tests_dir` (a package's `__init__.py`: its package's name), as
+    `sat_tf/a/b.py`."""
+    tests = set(os.listdir(tests_dir))
+    untested = []
+    for name, lines in sizes(package_root).items():
+        folder, _, file_name = name.rpartition("/")
+        # A package's __init__.py goes by the package's name.
+        stem = os.path.basename(folder) if file_name == "__init__.py" else file_name[:-3]
+        if "::" not in name and lines >= LOGIC_CODE_LINES and f"{stem}_test.py" not in tests:
+            untested.append(name)
+    return sorted(untested)
+
+
+def _closure(graph, start):
+    """The sat_tf modules `start` imports, directly or through others, with the packages
+    around them (importing `a.b.c` runs `a.b`'s `__init__.py`)."""
+    imports = {}
+    for (_, _, target), importer in graph.items():
+        imports.setdefault(importer, set()).add(target)
+    seen, todo = set(), [start]
+    while todo:
+        module = todo.pop()
+        pieces = module.split(".")
+        for i in range(1, len(pieces) + 1):
+            name = ".".join(pieces[:i])
+            if name not in seen:
+                seen.add(name)
+                todo.extend(imports.get(name, ()))
+    return seen
+
+
+def test_the_top_level_holds_only_init_config_and_packages():
+    assert top_level_problems(os.path.join(ROOT, "sat_tf")) == []
+
+
+def test_every_part_stands_on_a_floor():
+    parts = [part for floor in FLOORS for part in floor]
+    assert sorted(parts) == sorted({"sat_tf", "config", *PACKAGES})
+    model = os.path.join(ROOT, "sat_tf", "model")
+    modules = {n[: -len(".py")] for n in os.listdir(model) if n.endswith(".py")}
+    assert modules == {"__init__", *PAPER, *BESIDE_THE_PAPER}
+
+
 def test_the_package_imports_one_way():
     package = os.path.join(ROOT, "sat_tf")
-    assert violations(package) == []
+    assert violations(package, KEPT_VIOLATIONS) == []
+
+
+def test_the_kept_violations_are_there():
+    # Each is an import the floors forbid; once it goes, its entry goes too.
+    graph = import_graph(os.path.join(ROOT, "sat_tf"))
+    found = {(where, target): importer for (where, _, target), importer in graph.items()}
+    for (where, target), why in KEPT_VIOLATIONS.items():
+        assert (where, target) in found, why
+        assert broken_rule(found[(where, target)], target), why
+
+
+def test_captioning_loads_no_training_code():
+    graph = import_graph(os.path.join(ROOT, "sat_tf"))
+    for start in CAPTION_PATH:
+        loaded = _closure(graph, start)
+        assert start in loaded
+        assert not [m for m in loaded if _within(m, "sat_tf.training")], start
 
 
 def test_sizes_stay_within_their_limits():
     assert size_problems(os.path.join(ROOT, "sat_tf")) == []
+
+
+def test_every_module_with_logic_has_a_test_file_of_its_name():
+    untested = untested_modules(os.path.join(ROOT, "sat_tf"), os.path.join(ROOT, "tests"))
+    assert untested == sorted(TESTED_ELSEWHERE)
 
 
 def test_code_lines_leave_out_docstrings_comments_and_blank_lines():
@@ -279,20 +456,60 @@ def test_a_planted_long_function_is_found(tmp_path):
     ]
 
 
+def test_the_helpers_beside_the_paper_are_not_counted_as_the_paper(tmp_path):
+    lines = MODEL_CODE_LINES // 3 + 1
+    body = "".join(f"x{i} = {i}\n" for i in range(lines))
+    files = {f"model/{name}.py": body for name in ("decoder", "search", "self_critical")}
+    files["model/decoding_rules.py"] = body
+    assert size_problems(_tree(tmp_path, files)) == []
+    files["model/step.py"] = body
+    assert size_problems(_tree(tmp_path, files)) == [
+        f"sat_tf/model/ holds {3 * lines} lines of code, more than {MODEL_CODE_LINES}"
+    ]
+
+
+def test_planted_top_level_modules_and_folders_are_found(tmp_path):
+    root = _tree(tmp_path, {"config.py": "", "files.py": "", "serving/api.py": ""})
+    (tmp_path / "sat_tf" / "assets").mkdir()
+    for name in set(PACKAGES) - {"data", "model", "training", "evaluation", "serving", "utils"}:
+        (tmp_path / "sat_tf" / name).mkdir()
+        (tmp_path / "sat_tf" / name / "__init__.py").write_text("")
+    assert top_level_problems(root) == [
+        "sat_tf/assets is a folder at the top level",
+        "sat_tf/files.py is a module at the top level",
+        "sat_tf/presets is missing",
+    ]
+
+
+def test_a_module_with_logic_and_no_test_file_is_found(tmp_path):
+    lines = [f"x{i} = {i}\n" for i in range(LOGIC_CODE_LINES)]
+    root = _tree(tmp_path, {"data/reader.py": "".join(lines), "data/small.py": "".join(lines[1:])})
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    assert untested_modules(root, str(tests)) == ["sat_tf/data/reader.py"]
+    (tests / "reader_test.py").write_text("")
+    assert untested_modules(root, str(tests)) == []
+
+
 def test_the_graph_sees_the_imports_that_exist():
     graph = import_graph(os.path.join(ROOT, "sat_tf"))
-    parts = {(source, part_of(target)) for (_, _, target), source in graph.items()}
+    modules = {(importer, target) for (_, _, target), importer in graph.items()}
+    parts = {(part_of(a), part_of(b)) for a, b in modules}
     # training/ is where data and model meet; the model reads the vocabulary's ids.
     assert {("training", "model"), ("training", "data"), ("model", "data")} <= parts
-    assert ("training", EXPORT) not in parts
-    assert {("api", "inference"), ("inference", "model"), ("training", "inference")} <= parts
-    assert {("model", beside) for beside in ("self_critical", "decoding_rules")} <= parts
-    assert ("model", "location_prior") in parts
+    assert {("serving", "model"), ("serving", "data"), ("training", "serving")} <= parts
+    assert {("data", "utils"), ("config", "utils"), ("model", "backbones")} <= parts
+    assert not [b for a, b in modules if _within(a, "sat_tf.training") and "exporting" in b]
+    serving = {("api", "inference"), ("inference", "tags"), ("preset", "npz_weights")}
+    assert {(f"sat_tf.serving.{a}", f"sat_tf.serving.{b}") for a, b in serving} <= modules
+    beside = {("search", "decoding_rules"), ("attention", "location_prior")}
+    beside |= {("show_attend_tell", "self_critical"), ("show_attend_tell", "resumable")}
+    assert {(f"sat_tf.model.{a}", f"sat_tf.model.{b}") for a, b in beside} <= modules
 
 
 def _tree(tmp_path, files):
     root = tmp_path / "sat_tf"
-    for name in ("", "data", "model", "training", "evaluation"):
+    for name in ("", "data", "model", "training", "evaluation", "serving", "utils"):
         (root / name).mkdir(parents=True, exist_ok=True)
         (root / name / "__init__.py").write_text("")
     for name, text in files.items():
@@ -323,16 +540,40 @@ def test_a_planted_data_to_model_import_is_found(tmp_path):
 @pytest.mark.parametrize(
     "importer, imported, message",
     [
-        ("api.py", "training/loop.py", "api may not import training"),
-        ("inference.py", "training/loop.py", "inference may not import training"),
-        ("preset.py", "model/step.py", "preset may not import model"),
-        ("preset.py", "training/loop.py", "preset may not import training"),
+        ("serving/api.py", "training/loop.py", "serving may not import training"),
+        ("serving/inference.py", "training/loop.py", "serving may not import training"),
+        ("serving/preset.py", "model/step.py", "sat_tf.serving.preset may not import sat_tf.model"),
+        ("serving/preset.py", "training/loop.py", "serving may not import training"),
+        ("model/step.py", "serving/api.py", "model may not import serving"),
+        ("model/step.py", "data/coco.py", "model may not import data readers"),
+        (
+            "model/self_critical.py",
+            "model/step.py",
+            "sat_tf.model.self_critical may not import sat_tf.model.step",
+        ),
+        ("utils/files.py", "config.py", "utils may not import config"),
+        ("data/vocab.py", "serving/preset.py", "data may not import serving"),
     ],
 )
-def test_inference_never_goes_through_training(tmp_path, importer, imported, message):
+def test_planted_imports_against_the_floors_are_found(tmp_path, importer, imported, message):
     target = "sat_tf." + imported[: -len(".py")].replace("/", ".")
     root = _tree(tmp_path, {imported: "", importer: f"import {target}\n"})
     assert violations(root) == [f"sat_tf/{importer}:1 imports {target}: {message}"]
+
+
+def test_the_model_reads_the_vocabulary_and_helpers_import_each_other(tmp_path):
+    files = {"data/vocab.py": "", "data/tokens.py": "", "model/decoding_rules.py": ""}
+    files["model/self_critical.py"] = "from sat_tf.model import decoding_rules\n"
+    files["model/step.py"] = "from sat_tf.data import tokens, vocab\n"
+    assert violations(_tree(tmp_path, files)) == []
+
+
+def test_a_kept_violation_is_left_out(tmp_path):
+    files = {"serving/preset.py": "", "model/step.py": "from sat_tf.serving import preset\n"}
+    root = _tree(tmp_path, files)
+    kept = {("sat_tf/model/step.py", "sat_tf.serving.preset"): "why"}
+    assert len(violations(root)) == 1
+    assert violations(root, kept) == []
 
 
 @pytest.mark.parametrize(
@@ -356,26 +597,27 @@ def test_a_planted_loop_is_found(tmp_path):
     root = _tree(
         tmp_path,
         {
-            "training/loop.py": f"from sat_tf import {EXPORT}\n",
-            f"{EXPORT}.py": "from sat_tf.training import loop\n",
+            "training/loop.py": "from sat_tf.serving import exporting\n",
+            "serving/exporting.py": "from sat_tf.training import loop\n",
             "evaluation/score.py": "from sat_tf.data import vocab\n",
             "data/vocab.py": "from sat_tf.evaluation import score\n",
         },
     )
     assert violations(root) == [
         "sat_tf/data/vocab.py:1 imports sat_tf.evaluation.score: data may not import evaluation",
-        f"sat_tf/{EXPORT}.py:1 imports sat_tf.training.loop: {EXPORT} may not import training",
+        "sat_tf/serving/exporting.py:1 imports sat_tf.training.loop: serving may not import "
+        "training",
         "parts data, evaluation import each other: sat_tf/data/vocab.py:1 imports "
         "sat_tf.evaluation.score; sat_tf/evaluation/score.py:1 imports sat_tf.data.vocab",
-        f"parts {EXPORT}, training import each other: sat_tf/{EXPORT}.py:1 imports "
-        f"sat_tf.training.loop; sat_tf/training/loop.py:1 imports sat_tf.{EXPORT}",
+        "parts serving, training import each other: sat_tf/serving/exporting.py:1 imports "
+        "sat_tf.training.loop; sat_tf/training/loop.py:1 imports sat_tf.serving.exporting",
     ]
 
 
 # Parameters named like a `Config` setting that hold another quantity, so that their
 # defaults are not the setting's: (file, class, name) -> what they hold.
 OTHER_MEANINGS = {
-    ("sat_tf/api.py", "Captioner", "batch_size"): "images captioned at once",
+    ("sat_tf/serving/api.py", "Captioner", "batch_size"): "images captioned at once",
     ("sat_tf/backbones/registry.py", "EncoderSpec", "image_size"): "the backbone's own input",
     ("sat_tf/data/folder.py", "_Row", "captions"): "a row's captions, not the captions file",
     ("sat_tf/model/show_attend_tell.py", "ShowAttendTell", "encoder"): "the layer, not a name",
@@ -496,8 +738,8 @@ def test_no_class_holds_a_default_of_its_own_for_a_setting():
 def test_the_parts_settings_have_configs_defaults_or_none():
     # What the classes hold when imported, beside what their source says (above); the
     # decoder's vocab_size is the vocabulary's size, not --vocab_size.
-    from sat_tf import exporting, self_critical
-    from sat_tf.model import decoder, losses
+    from sat_tf.model import decoder, losses, self_critical
+    from sat_tf.serving import exporting
 
     defaults = _config_defaults()
     scst = {"samples": "scst_samples", "baseline": "scst_baseline"}
@@ -599,17 +841,32 @@ def _classes_calling(function):
     }
 
 
+def _marks(node, marker):
+    """The arguments of each `@pytest.mark.<marker>(...)` on a class, as literals."""
+    for decorator in node.decorator_list:
+        if isinstance(decorator, ast.Call) and getattr(decorator.func, "attr", None) == marker:
+            yield tuple(ast.literal_eval(a) for a in decorator.args)
+
+
+def _marked(marker):
+    """{class: its `marker`'s first argument} of the test classes that carry it."""
+    return {scope: args[0] for scope, node in _test_classes() for args in _marks(node, marker)}
+
+
 def test_scope_groups_are_the_classes_that_share_their_function():
-    # conftest.SCOPE_GROUPS sends each group to one pytest-xdist worker; a class that
-    # starts calling the shared function, or stops, must be named there or removed.
-    from conftest import SCOPE_GROUPS
+    # conftest.py sends each group to one pytest-xdist worker; a class that starts
+    # calling the shared function, or stops, gains or loses the marker.
+    groups = _marked("scope_group")
+    assert set(groups.values()) == {"trained_run", "exports"}
+    for group in set(groups.values()):
+        assert {s for s, g in groups.items() if g == group} == _classes_calling(group), group
 
-    for group, (function, scopes) in SCOPE_GROUPS.items():
-        assert _classes_calling(function) == set(scopes), group
 
-
-def test_the_classes_run_first_exist():
-    from conftest import LONGEST_FIRST
-
-    missing = set(LONGEST_FIRST) - {scope for scope, _ in _test_classes()}
-    assert not missing, missing
+def test_the_long_classes_have_one_rank_a_scope():
+    # The classes of a scope group share its rank; other ranks are each one class's.
+    ranks, groups = _marked("long"), _marked("scope_group")
+    assert set(groups) <= set(ranks)
+    scopes = {groups.get(scope, scope): rank for scope, rank in ranks.items()}
+    assert len(set(scopes.values())) == len(scopes), scopes
+    for scope, rank in ranks.items():
+        assert scopes[groups.get(scope, scope)] == rank, scope

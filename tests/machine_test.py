@@ -1,6 +1,6 @@
-"""Tests for sat_tf.machine: what a measurement records about the CPU."""
+"""Tests for sat_tf.utils.machine: what a measurement records about the CPU."""
 
-from sat_tf import machine
+from sat_tf.utils import machine
 
 # Two CPUs as Linux lists them; the second must not override the first.
 CPUINFO = """processor\t: 0

@@ -1,4 +1,4 @@
-"""Tests for sat_tf.off_world on small random features."""
+"""Tests for sat_tf.serving.off_world on small random features."""
 
 import json
 import os
@@ -10,12 +10,12 @@ import tensorflow as tf
 from PIL import Image
 
 import sat_tf
-from sat_tf import inference, off_world, preset
 from sat_tf.cli import caption as caption_cli
 from sat_tf.cli import off_world as off_world_cli
 from sat_tf.config import Config
 from sat_tf.data import datasets, feature_cache, shapes
 from sat_tf.model.encoder import ImageEncoder
+from sat_tf.serving import inference, off_world, preset
 from sat_tf.training import extract
 from tests import fixtures
 

@@ -31,15 +31,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from fixtures import MAX_LENGTH, WORDS, run_main, scenes, tiny_model
 
-from sat_tf import download, files, inference, preset
 from sat_tf.cli import caption as caption_cli
 from sat_tf.cli import flags_lib
 from sat_tf.config import ADDED_FIELDS, CHOICES, HARD_ONLY, Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import java_tools
 from sat_tf.model.show_attend_tell import build_model
+from sat_tf.serving import download, inference, preset
 from sat_tf.training import publish, scoring
 from sat_tf.training import workdir as workdir_lib
+from sat_tf.utils import files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -930,9 +931,9 @@ import sys
 
 import numpy as np
 
-from sat_tf import inference
+from sat_tf.serving import inference
 from sat_tf.data import image_io
-from sat_tf.inference import feature_encoder
+from sat_tf.serving.inference import feature_encoder
 
 photo, names = sys.argv[1], sys.argv[2:]
 captions = {}

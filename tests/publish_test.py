@@ -9,8 +9,8 @@ from unittest import mock
 import tensorflow as tf
 from preset_test import tiny_workdir
 
-from sat_tf import preset
 from sat_tf.evaluation import java_tools
+from sat_tf.serving import preset
 from sat_tf.training import publish
 
 COMMANDS = dict(train_command="t", make_command="m")

@@ -4,6 +4,7 @@ against finite differences."""
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
@@ -84,6 +85,7 @@ def _gradients(decoder, features, captions, autodiff, use_alpha=True, function=F
     return run(features, captions)
 
 
+@pytest.mark.long(4)
 class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.product(score=SCORES, function=(False, True))
     def test_forward_is_the_autodiff_loop(self, score, function):

@@ -6,11 +6,11 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from sat_tf import inference
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.tokens import BAD_ENDINGS
 from sat_tf.model.show_attend_tell import build_model
+from sat_tf.serving import inference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

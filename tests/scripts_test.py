@@ -11,6 +11,7 @@ import tempfile
 import types
 
 import numpy as np
+import pytest
 from absl import flags
 from absl.testing import absltest, parameterized
 from fixtures import run_main, trained_run
@@ -339,6 +340,8 @@ def _panel_cells(picture, panels):
     ]
 
 
+@pytest.mark.long(5)
+@pytest.mark.scope_group("trained_run")
 class CaptionEvaluateScriptTest(parameterized.TestCase):
     """Runs caption.py and evaluate.py on a copy of the tiny workdir trained by train.py
     (fixtures.trained_run).

@@ -12,11 +12,11 @@ import tensorflow as tf
 from fixtures import TINY, WORDS, tiny_model
 from train_lib_test import Interrupted, _final_state, _interrupt, stopping_callbacks
 
-from sat_tf import inference, preset, self_critical
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.model import search
+from sat_tf.model import search, self_critical
 from sat_tf.model.show_attend_tell import build_model
+from sat_tf.serving import inference, preset
 from sat_tf.training import train_lib
 from sat_tf.training import workdir as workdir_lib
 

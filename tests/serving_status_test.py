@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(ROOT, "export", "serving"))
 import grpc_client  # noqa: E402
 import rest_client  # noqa: E402
 
-from sat_tf import exporting  # noqa: E402
+from sat_tf.serving import exporting  # noqa: E402
 
 
 class ServingStatusTest(tf.test.TestCase):

@@ -7,6 +7,7 @@ from unittest import mock
 import fixtures
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
@@ -79,6 +80,7 @@ def _numpy_log_likelihood(logits, captions):
     return _numpy_word_log_likelihood(logits, captions).sum(-1)
 
 
+@pytest.mark.long(2)
 class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
     def setUp(self):
         super().setUp()

@@ -1,4 +1,4 @@
-"""Tests for sat_tf.backbones.tags, sat_tf.data.tag_table and the tag table's builder: a hand
+"""Tests for sat_tf.serving.tags, sat_tf.data.tag_table and the tag table's builder: a hand
 -made ImageNet head whose tag is worked out by hand, the shipped preset's table, and the
 WordNet walk on made-up synsets."""
 
@@ -12,12 +12,12 @@ from fixtures import WORDS as FIXTURE_WORDS
 from fixtures import scenes, tiny_model
 from PIL import Image
 
-from sat_tf import Captioner, exporting, inference, preset
-from sat_tf.backbones import tags
+from sat_tf import Captioner
 from sat_tf.cli import build_tag_table
 from sat_tf.data import tag_table
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.tag_table import TagRow
+from sat_tf.serving import exporting, inference, preset, tags
 
 WORDS = [*vocab_lib.SPECIALS, "a", "dog", "cat", "bus"]  # dog 5, cat 6, bus 7; no "dogs"
 

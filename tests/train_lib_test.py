@@ -15,15 +15,17 @@ import pytest
 import tensorflow as tf
 from fixtures import TINY, TRAINED, run_main, trained_run
 
-from sat_tf import inference
 from sat_tf.cli import train as train_cli
 from sat_tf.config import Config
+from sat_tf.serving import inference
 from sat_tf.training import optimizers, prepare, scoring, train_lib
 from sat_tf.training import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.long(5)
+@pytest.mark.scope_group("trained_run")
 class TrainAndEvaluateTest(tf.test.TestCase):
     """The shared run of `sat-train` (fixtures.trained_run): its scores, files and model."""
 
@@ -283,6 +285,7 @@ def _final_state(workdir):
     return [(v.path, v.numpy()) for v in model.weights + model.optimizer.variables]
 
 
+@pytest.mark.long(7)
 class ResumeTest(tf.test.TestCase):
     """A hard-attention run of sat-train stopped at chosen steps; the same command resumes
     it and ends with the weights of an uninterrupted run.

@@ -9,11 +9,11 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
-from sat_tf import inference
 from sat_tf.config import Config
 from sat_tf.data.vocab import SPECIALS, Vocab
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.show_attend_tell import build_model
+from sat_tf.serving import inference
 from sat_tf.training import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -249,7 +249,7 @@ class RunConfigTest(tf.test.TestCase):
     """`run_config`: the settings of a run on a user's folder, from scratch or a source."""
 
     def test_a_folder_from_scratch_takes_the_grid_presets_recipe(self):
-        from sat_tf import preset
+        from sat_tf.serving import preset
 
         recipe = preset.read(workdir_lib.FOLDER_RECIPE).config
         config = workdir_lib.run_config(
@@ -307,7 +307,7 @@ class CopyTagTableTest(tf.test.TestCase):
     def test_a_shipped_presets_table(self):
         workdir = tempfile.mkdtemp()
         self.assertTrue(workdir_lib.copy_tag_table("flickr8k_lite0_grid14_soft", workdir))
-        from sat_tf import preset
+        from sat_tf.serving import preset
 
         shipped = os.path.join(preset.resolve("flickr8k_lite0_grid14_soft"), "tags.tsv")
         with open(shipped, "rb") as a, open(os.path.join(workdir, "tags.tsv"), "rb") as b:

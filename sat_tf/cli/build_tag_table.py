@@ -29,10 +29,10 @@ import tempfile
 
 from absl import flags
 
-from sat_tf import preset
 from sat_tf.cli.flags_lib import run
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.tag_table import TAGS_FILE, TagRow, write_table
+from sat_tf.serving import preset
 from sat_tf.training import publish
 
 FLAGS = flags.FlagValues()

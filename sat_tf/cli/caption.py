@@ -32,7 +32,6 @@ import sys
 
 from absl import flags
 
-from sat_tf import api
 from sat_tf.cli.flags_lib import (
     define_model_source,
     define_override,
@@ -42,6 +41,7 @@ from sat_tf.cli.flags_lib import (
     run,
 )
 from sat_tf.data import image_io
+from sat_tf.serving import api
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
 # The preset that captions when neither --workdir nor --preset is given.

@@ -41,7 +41,7 @@ flags.DEFINE_string(
 def export_dirs(folder):
     """The export folders to serve: --export's, or the model of --preset or --workdir
     exported into `folder`."""
-    from sat_tf import demo
+    from sat_tf.serving import demo
 
     exports = [p for value in FLAGS.export for p in value.split(",") if p]
     trained = FLAGS.workdir or FLAGS.preset
@@ -65,7 +65,7 @@ def _main(argv):
         import flask  # noqa: F401
     except ImportError:
         raise ValueError(NO_FLASK) from None
-    from sat_tf import demo
+    from sat_tf.serving import demo
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     samples = demo.find_samples(FLAGS.samples) if FLAGS.samples else []

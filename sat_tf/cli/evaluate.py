@@ -22,7 +22,6 @@ import os
 
 from absl import flags
 
-from sat_tf import files, inference, preset
 from sat_tf.cli.flags_lib import (
     decoding_overrides,
     define_model_source,
@@ -33,7 +32,9 @@ from sat_tf.cli.flags_lib import (
 )
 from sat_tf.config import DATASETS
 from sat_tf.evaluation import metrics
+from sat_tf.serving import inference, preset
 from sat_tf.training import prepare, publish, scoring
+from sat_tf.utils import files
 
 FLAGS = flags.FlagValues()
 define_model_source(FLAGS)

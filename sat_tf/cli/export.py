@@ -17,7 +17,6 @@ import os
 
 from absl import flags
 
-from sat_tf import exporting
 from sat_tf.cli.flags_lib import (
     define_model_source,
     define_override,
@@ -26,6 +25,7 @@ from sat_tf.cli.flags_lib import (
     override,
     run,
 )
+from sat_tf.serving import exporting
 
 FLAGS = flags.FlagValues()
 define_model_source(FLAGS)

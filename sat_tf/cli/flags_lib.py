@@ -251,9 +251,9 @@ def decoding_overrides(flag_values, model, config):
 
 
 def load_off_world(flag_values):
-    """The off-world statistics (`sat_tf.off_world`) of the workdir or preset the flags
-    name, None where it has none."""
-    from sat_tf import off_world, preset
+    """The off-world statistics (`sat_tf.serving.off_world`) of the workdir or preset
+    the flags name, None where it has none."""
+    from sat_tf.serving import off_world, preset
 
     kind, source = model_source(flag_values)
     return off_world.load_from(source if kind == "workdir" else preset.resolve(source))
@@ -262,7 +262,7 @@ def load_off_world(flag_values):
 def load_model(flag_values):
     """(model, vocab, config) of the workdir or preset the flags name (`model_source`),
     with --hard_decoding and --length_penalty applied (`decoding_overrides`)."""
-    from sat_tf import inference  # TensorFlow: not for --help
+    from sat_tf.serving import inference  # TensorFlow: not for --help
 
     kind, source = model_source(flag_values)
     if kind == "workdir":

@@ -31,11 +31,12 @@ import time
 import tensorflow as tf
 from absl import flags
 
-from sat_tf import api, exporting, files, preset
 from sat_tf.cli.flags_lib import define_model_source, define_override, load_model, override, run
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import coco_grounding, coco_photos, naming
+from sat_tf.serving import api, exporting, preset
 from sat_tf.training import publish
+from sat_tf.utils import files
 
 FLAGS = flags.FlagValues()
 define_model_source(FLAGS)

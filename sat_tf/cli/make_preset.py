@@ -5,8 +5,8 @@
       --train_command="sat-train --flagfile=flickr8k_lite.flags ..."
 
 The weights are stored in float16 with the vocabulary, the config and metadata.json
-(see sat_tf/preset.py). The preset is written to a temporary folder beside its place,
-loaded back from there as users load it, evaluated on the test split greedily and with
+(see sat_tf/serving/preset.py). The preset is written to a temporary folder beside its
+place, loaded back from there as users load it, evaluated on the test split greedily and with
 beam 3 from the image files (the encoder runs on every photo, as caption.py and the
 exports run it), and renamed into place when complete: the scores stored in its
 metadata are those of the shipped float16 weights. `evaluate.py --preset=<name>`
@@ -32,8 +32,8 @@ import sys
 
 from absl import flags
 
-from sat_tf import preset
 from sat_tf.cli.flags_lib import run
+from sat_tf.serving import preset
 from sat_tf.training import publish
 
 PROGRAM = "sat-make-preset"

@@ -4,7 +4,7 @@
       --data_dir=../shared/data/flickr8k
   sat-off-world --workdir=runs/flickr8k_grid
 
-Fits the statistics of `sat_tf/off_world.py` to the cached encoder features of the
+Fits the statistics of `sat_tf/serving/off_world.py` to the cached encoder features of the
 training photos (`sat-extract-features` made them), sets the threshold at --quantile of
 the validation photos' distances, and writes off_world.npz into the preset (listed in its
 metadata.json with the share of each split's photos flagged) or the workdir. Captioning
@@ -20,10 +20,11 @@ import sys
 
 from absl import flags
 
-from sat_tf import files, off_world, preset
 from sat_tf.cli.flags_lib import run
 from sat_tf.config import Config
 from sat_tf.data import datasets, feature_cache
+from sat_tf.serving import off_world, preset
+from sat_tf.utils import files
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string(

@@ -23,11 +23,11 @@ import os
 
 from absl import flags
 
-from sat_tf import files
 from sat_tf.cli.flags_lib import run
 from sat_tf.config import Config
 from sat_tf.evaluation import coco_grounding, metrics
-from sat_tf.inference import CONFIG_FILE
+from sat_tf.serving.inference import CONFIG_FILE
+from sat_tf.utils import files
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string(

@@ -42,7 +42,7 @@ from sat_tf.data.records import (
     require,
     split_counts,
 )
-from sat_tf.messages import preview
+from sat_tf.utils.messages import preview
 
 RELEASES = ("2014", "2017")
 KARPATHY_FILE = "dataset_coco.json"

@@ -11,7 +11,6 @@ import os
 
 from absl import logging
 
-from sat_tf import files
 from sat_tf.data.records import (
     KARPATHY_SPLITS,
     Collector,
@@ -20,6 +19,7 @@ from sat_tf.data.records import (
     check_options,
     read_json,
 )
+from sat_tf.utils import files
 
 TFDS_SPLITS = ("train", "val", "test", "restval")
 TFDS_IMAGE_DIR = "coco_captions_images"

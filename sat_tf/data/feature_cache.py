@@ -28,9 +28,9 @@ import tensorflow as tf
 from absl import logging
 
 from sat_tf import config as config_lib
-from sat_tf import files
 from sat_tf.data import datasets
-from sat_tf.messages import preview
+from sat_tf.utils import files
+from sat_tf.utils.messages import preview
 
 INDEX_FILE = "index.json"
 FORMAT_VERSION = 1

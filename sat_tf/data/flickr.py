@@ -26,7 +26,7 @@ from sat_tf.data.records import (
     check_options,
     text_lines,
 )
-from sat_tf.messages import preview
+from sat_tf.utils.messages import preview
 
 FLICKR8K_TOKEN_FILE = "Flickr8k.token.txt"
 FLICKR8K_SPLIT_FILES = {

@@ -80,7 +80,7 @@ from sat_tf.data.records import (
     split_counts,
     text_lines,
 )
-from sat_tf.messages import preview
+from sat_tf.utils.messages import preview
 
 # Percent of images that `split_of` gives each split.
 SPLIT_PERCENT = {"train": 80, "val": 10, "test": 10}

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from absl import logging
 
-from sat_tf.messages import preview
+from sat_tf.utils.messages import preview
 
 SPLITS = ("train", "val", "test")
 KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "test"}

@@ -19,7 +19,7 @@ import numpy as np
 from absl import logging
 from PIL import Image
 
-from sat_tf import files
+from sat_tf.utils import files
 
 SHAPES = ("circle", "square", "triangle", "diamond")
 COLORS = ("red", "green", "blue", "yellow", "white")

@@ -14,7 +14,6 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from sat_tf import files
 from sat_tf.data.tokens import (  # noqa: F401 (the vocabulary's names for them)
     END,
     END_ID,
@@ -27,6 +26,7 @@ from sat_tf.data.tokens import (  # noqa: F401 (the vocabulary's names for them)
     UNK,
     UNK_ID,
 )
+from sat_tf.utils import files
 
 _TOKENIZER = tf_text.WhitespaceTokenizer()
 

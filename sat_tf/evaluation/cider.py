@@ -21,7 +21,7 @@ from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
-from sat_tf import files
+from sat_tf.utils import files
 
 NGRAM_ORDER = 4
 SIGMA = 6.0

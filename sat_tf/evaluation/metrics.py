@@ -23,9 +23,9 @@ from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.rouge.rouge import Rouge
 
-from sat_tf import files
 from sat_tf.data.tokens import BAD_ENDINGS
 from sat_tf.evaluation import java_tools
+from sat_tf.utils import files
 
 BLEU_KEYS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4")
 PAPER_BLEU_KEYS = tuple(f"paper {k} (no BP)" for k in BLEU_KEYS)

@@ -18,8 +18,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from PIL import Image
 
-from sat_tf import files
 from sat_tf.data.tokens import END
+from sat_tf.utils import files
 
 _ROWS = ("top", "", "bottom")
 _COLS = ("left", "", "right")

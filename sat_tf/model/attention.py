@@ -7,13 +7,13 @@ fused projection of h_{t-1} (`fast.layout.HiddenLayout`): each layer names its s
 `score(projected, h)` and `call(a, h)` run the same step from the layer's own weights.
 
 With `location=True` (not in the paper) a layer also learns one vector per cell, p_i,
-added to the projection (`W_a a_i + p_i`): `sat_tf.location_prior`.
+added to the projection (`W_a a_i + p_i`): `sat_tf.model.location_prior`.
 """
 
 import keras
 import tensorflow as tf
 
-from sat_tf import location_prior
+from sat_tf.model import location_prior
 
 
 @keras.saving.register_keras_serializable(package="sat_tf")
@@ -22,7 +22,7 @@ class AdditiveScore(keras.layers.Layer):
 
     Args:
       units: width of the hidden layer of the score MLP.
-      location: also learn a vector p_i per cell (`sat_tf.location_prior`).
+      location: also learn a vector p_i per cell (`sat_tf.model.location_prior`).
     """
 
     def __init__(self, units, location=False, **kwargs):
@@ -80,7 +80,7 @@ class DotScore(keras.layers.Layer):
 
     Args:
       units: size of the decoder state h that the score is taken against.
-      location: also learn a vector p_i per cell (`sat_tf.location_prior`).
+      location: also learn a vector p_i per cell (`sat_tf.model.location_prior`).
     """
 
     def __init__(self, units, location=False, **kwargs):

@@ -16,7 +16,7 @@ step beside the attended one. Both are constant over a caption, so they join the
 half of the gates and the output's input once per caption, outside the recurrence. With
 `start_state="learned"` (not in the paper) h_0, c_0 do not read abar either. With
 `location_prior` (not in the paper) the score also learns one vector per cell
-(`sat_tf.location_prior`), so it can prefer places as well as content.
+(`sat_tf.model.location_prior`), so it can prefer places as well as content.
 
 The step itself is `step.attention_step`; this layer owns the weights and runs that
 step one word at a time when decoding (`step`) and, under teacher forcing, in a

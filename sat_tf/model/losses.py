@@ -10,7 +10,7 @@ caption the expected context replaces the sample (and that caption has no score-
 term). The model keeps the state (the moving averages and the random generator); the
 functions here read and update it.
 
-Self-critical sequence training (not in the paper) is `sat_tf.self_critical`.
+Self-critical sequence training (not in the paper) is `sat_tf.model.self_critical`.
 """
 
 import dataclasses

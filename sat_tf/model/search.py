@@ -10,7 +10,7 @@ float32 (B, L) the attention weights that produced them (paper §3.1.2, §4). Th
 run it inside one `tf.while_loop` over time, eagerly or under `tf.function`, with buffers
 of a fixed length `max_length` (no `TensorArray`), so that the greedy loop converts to
 TFLite with builtin ops only. The rules captioning adds (blocked repeats and endings, a
-constraint on the words) are `sat_tf.decoding_rules`, called at one place a step.
+constraint on the words) are `sat_tf.model.decoding_rules`, called at one place a step.
 """
 
 from collections.abc import Callable, Sequence
@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from sat_tf import decoding_rules
 from sat_tf.data.tokens import PAD_ID
+from sat_tf.model import decoding_rules
 
 StepFn = Callable[[tf.Tensor, Any], tuple[tf.Tensor, Any, tf.Tensor]]
 

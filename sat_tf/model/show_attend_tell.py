@@ -11,16 +11,14 @@ import keras
 import tensorflow as tf
 
 from sat_tf import config as config_lib
-from sat_tf import decoding_rules
-from sat_tf import self_critical as scst
-from sat_tf.backbones import tags as tags_lib
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
+from sat_tf.model import decoding_rules, search
 from sat_tf.model import losses as losses_lib
-from sat_tf.model import search
+from sat_tf.model import self_critical as scst
 from sat_tf.model.decoder import AttentionDecoder
 from sat_tf.model.encoder import ImageEncoder
-from sat_tf.resumable import ResumableModel
+from sat_tf.model.resumable import ResumableModel
 
 
 @keras.saving.register_keras_serializable(package="sat_tf")
@@ -242,8 +240,9 @@ class ShowAttendTell(ResumableModel):
         vocabulary and settings.
 
         Args:
-          source: a shipped preset's name (`sat_tf.preset.names()`), a preset folder, or
-            the https:// URL of a preset archive, optionally ending in `#sha256=<hex>`.
+          source: a shipped preset's name (`sat_tf.serving.preset.names()`), a preset
+            folder, or the https:// URL of a preset archive, optionally ending in
+            `#sha256=<hex>`.
           cache_dir: where downloads are kept; None for the preset module's default.
 
         Returns:
@@ -256,7 +255,9 @@ class ShowAttendTell(ResumableModel):
         Raises:
           ValueError: one line naming the preset and what is wrong with it.
         """
-        from sat_tf import preset  # the format's files; it never imports the model
+        # The preset format and the tagger are the serving layer's; the model builds itself
+        # from what they return (keras-hub's `from_preset`), here only.
+        from sat_tf.serving import preset, tags
 
         stored = preset.read(source, cache_dir)
         model = build_model(
@@ -268,7 +269,7 @@ class ShowAttendTell(ResumableModel):
         )
         preset.load_weights(model, stored)
         model.vocab, model.config = stored.vocab, stored.config
-        model.tagger = tags_lib.load_tagger(stored.directory, stored.vocab, stored.config.encoder)
+        model.tagger = tags.load_tagger(stored.directory, stored.vocab, stored.config.encoder)
         return model
 
     def generate(self, batch, **decoding):

@@ -1,3 +1,3 @@
 """Training: where data and model meet. The workdir, the data of a run, feature
-extraction into the cache, captioning and scoring a split, the callbacks, the training
-loop `train_and_evaluate`, and publishing a trained model as a preset."""
+extraction into the cache, the optimizers, captioning and scoring a split, the callbacks,
+the training loop `train_and_evaluate`, and publishing a trained model as a preset."""

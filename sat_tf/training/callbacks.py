@@ -11,10 +11,10 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from sat_tf import inference
 from sat_tf.config import SELECTION_METRICS
 from sat_tf.data import image_io
 from sat_tf.evaluation import metrics, visualize
+from sat_tf.serving import inference
 from sat_tf.training import workdir as workdir_lib
 from sat_tf.training.scoring import caption_records, score_captions
 

@@ -21,7 +21,7 @@ from collections.abc import Collection
 from absl import logging
 
 from sat_tf.config import Config
-from sat_tf.inference import CONFIG_FILE
+from sat_tf.serving.inference import CONFIG_FILE
 from sat_tf.training.scoring import caption_records, score_captions
 from sat_tf.training.workdir import write_json
 

@@ -19,10 +19,10 @@ import tensorflow as tf
 from absl import logging
 
 from sat_tf import config as config_lib
-from sat_tf import files
 from sat_tf.data import datasets, feature_cache, graph_admission, image_io
-from sat_tf.messages import preview
 from sat_tf.model.encoder import ImageEncoder
+from sat_tf.utils import files
+from sat_tf.utils.messages import preview
 
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
 

@@ -8,7 +8,7 @@ from absl import logging
 from sat_tf.config import Config, derived_dir
 from sat_tf.data import datasets, feature_cache, shapes
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.inference import VOCAB_FILE
+from sat_tf.serving.inference import VOCAB_FILE
 from sat_tf.training import workdir as workdir_lib
 
 

@@ -1,5 +1,6 @@
 """Publishing a trained model as a preset: made from a workdir, evaluated as users will
-load it, and packed into an archive for download (the format is `sat_tf/preset.py`)."""
+load it, and packed into an archive for download (the format is
+`sat_tf/serving/preset.py`)."""
 
 import dataclasses
 import gzip
@@ -11,10 +12,11 @@ import tempfile
 
 from absl import logging
 
-from sat_tf import files, inference, machine, off_world, preset
 from sat_tf.data import tag_table
 from sat_tf.evaluation import coco_grounding
+from sat_tf.serving import inference, off_world, preset
 from sat_tf.training import scoring
+from sat_tf.utils import files, machine
 
 
 def make(

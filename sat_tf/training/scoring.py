@@ -7,7 +7,7 @@ from sat_tf.config import Config
 from sat_tf.data import input_pipeline
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import grounding, metrics
-from sat_tf.inference import feature_encoder, make_caption_fn
+from sat_tf.serving.inference import feature_encoder, make_caption_fn
 from sat_tf.training.prepare import Data, cached_features, prepare_data
 from sat_tf.training.workdir import write_json
 

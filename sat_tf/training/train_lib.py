@@ -14,18 +14,18 @@ import tensorflow as tf
 from absl import logging
 
 import sat_tf
-from sat_tf import files, inference
-from sat_tf.backbones import tags
 from sat_tf.config import Config, absolute_paths, derived_dir
 from sat_tf.data import feature_cache, image_io, input_pipeline
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import cider
 from sat_tf.model.show_attend_tell import build_model
+from sat_tf.serving import inference, tags
 from sat_tf.training import callbacks as callbacks_lib
 from sat_tf.training import decoding_choice, extract, optimizers
 from sat_tf.training import workdir as workdir_lib
 from sat_tf.training.prepare import cached_features, prepare_data
 from sat_tf.training.scoring import evaluate
+from sat_tf.utils import files
 
 
 def _strategy(config: Config):

@@ -1,6 +1,6 @@
 """The workdir of a run: its files, the check that it holds the same model, and starting
-from another run's weights (`sat_tf.inference.load_workdir` loads a trained workdir),
-also on data of other words: the settings come from the source (`config_from_source`),
+from another run's weights (`sat_tf.serving.inference.load_workdir` loads a trained
+workdir), also on data of other words: the settings come from the source (`config_from_source`),
 the vocabulary is the source's grown (`Vocab.grow`), and so are its word weights
 (`grow_word_weights`).
 
@@ -20,7 +20,6 @@ from collections.abc import Collection
 
 import numpy as np
 
-from sat_tf import files, npz_weights
 from sat_tf.config import (
     DECODING_FIELDS,
     MODEL_FIELDS,
@@ -32,7 +31,9 @@ from sat_tf.config import (
 from sat_tf.data import tag_table
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.tokens import UNK_ID
-from sat_tf.inference import (
+from sat_tf.model.show_attend_tell import build_model
+from sat_tf.serving import npz_weights
+from sat_tf.serving.inference import (
     BEST_INFO,
     BEST_WEIGHTS,
     CONFIG_FILE,
@@ -40,7 +41,7 @@ from sat_tf.inference import (
     VOCAB_FILE,
     check_weights_vocab,
 )
-from sat_tf.model.show_attend_tell import build_model
+from sat_tf.utils import files
 
 HISTORY_FILE = "val_history.json"
 # The weights with a row (the embedding E) or a column (the output layer L_o, paper
@@ -130,7 +131,7 @@ def _weight_layout(config: Config) -> tuple[bool, bool]:
 
 def load_initial_weights(model, config: Config, vocab, source: str) -> None:
     """Starts `model` from the best weights of the finished workdir `source`, or from a
-    preset (a name or folder: `sat_tf.preset`) (`--init_from`).
+    preset (a name or folder: `sat_tf.serving.preset`) (`--init_from`).
 
     The run's vocabulary may extend the source's (`Vocab.grow`: the source's words
     first, with their ids); then the word weights grow too (`grow_word_weights`).
@@ -169,7 +170,9 @@ def _from_preset(source: str) -> bool:
 
 
 def _is_preset(source: str) -> bool:
-    from sat_tf import preset  # presets are read by inference; training only starts from one
+    from sat_tf.serving import (
+        preset,  # presets are read by inference; training only starts from one
+    )
 
     try:
         preset.read_metadata(preset.resolve(source))
@@ -215,7 +218,7 @@ def _new_words_of_workdir(source: str, info_path: str, vocab) -> int:
 
 def _load_preset_weights(model, config: Config, vocab, source: str) -> None:
     """`load_initial_weights` from a preset (name or folder) with this run's settings."""
-    from sat_tf import inference
+    from sat_tf.serving import inference
 
     trained, trained_vocab, saved = inference.load_preset(source)
     onto_images, diff = _differences(saved, config, source)
@@ -341,7 +344,7 @@ def source_vocab(source: str):
       ValueError: naming the source and what it lacks.
     """
     if _from_preset(source):
-        from sat_tf import preset
+        from sat_tf.serving import preset
 
         return preset.read(source).vocab
     path = os.path.join(source, VOCAB_FILE)
@@ -353,7 +356,7 @@ def source_vocab(source: str):
 def _source_config(source: str) -> Config:
     """The settings the model `--init_from=source` names was trained with."""
     if _from_preset(source):
-        from sat_tf import preset
+        from sat_tf.serving import preset
 
         return preset.read(source).config
     path = os.path.join(source, CONFIG_FILE)
@@ -480,7 +483,7 @@ def copy_tag_table(source: str, workdir: str) -> bool:
 
 
 def _preset_folder(source: str) -> str:
-    from sat_tf import preset
+    from sat_tf.serving import preset
 
     return preset.resolve(source)
 

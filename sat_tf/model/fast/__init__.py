@@ -1,2 +1,2 @@
 """Speed: a second schedule of the decoder's step, taken at one seam (`schedule.py`) and
-checked against the reference loop by the tests; the fused optimizer update."""
+checked against the reference loop by the tests."""

@@ -1,7 +1,7 @@
 """A local web page to try a captioner: upload or drop a photo, read its caption and see
 where the model looked for every word (paper Fig. 3).
 
-The page is driven by exported SavedModels (`sat_tf.exporting`), each loaded once with
+The page is driven by exported SavedModels (`exporting`), each loaded once with
 `tf.saved_model.load`: a caption comes from the `serving_default` signature — the
 outputs TF Serving would return — and never from a second path through the Python
 model. Beam size is fixed in a SavedModel when it is exported, so the page offers one
@@ -34,9 +34,9 @@ import tensorflow as tf
 from PIL import Image
 from werkzeug import exceptions, serving
 
-from sat_tf import exporting
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
+from sat_tf.serving import exporting
 
 HOST = "127.0.0.1"
 ASSETS = {"index.html": "text/html", "demo.js": "text/javascript", "demo.css": "text/css"}
@@ -380,7 +380,7 @@ def _upload_name(filename: str | None) -> str:
 
 
 def _asset(name: str) -> bytes:
-    return (resources.files("sat_tf") / "demo_assets" / name).read_bytes()
+    return (resources.files("sat_tf.serving") / "demo_assets" / name).read_bytes()
 
 
 def _error(message, status):

@@ -11,8 +11,8 @@ log_prob float32 (N,) and attention float32 (N, T, H, W) on the encoder's grid: 
 fields of `search.DecodeResult`, T the export's max_length; and tag string (N,), the
 ImageNet tag the caption was made to say ("" for none), with tag_prob float32 (N,), the
 photo's most probable tag's probability (0 for a model without a tag table;
-`sat_tf.backbones.tags`, exported with the model's --tags and --tag_threshold); for a model
-with off-world statistics (`sat_tf.off_world`) also off_world_score float32 (N,) and
+`sat_tf.serving.tags`, exported with the model's --tags and --tag_threshold); for a model
+with off-world statistics (`sat_tf.serving.off_world`) also off_world_score float32 (N,) and
 off_world bool (N,), how unlike its training photos each photo is. `serving_default` also
 returns status int32 (N,) and error string (N,) per image: 0 and '' for a caption, else
 1 empty, 2 not an image, 3 truncated or corrupt, 4 more pixels than the export's
@@ -34,12 +34,12 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.lite.tools import flatbuffer_utils
 
-from sat_tf import files, inference
-from sat_tf import off_world as off_world_lib
-from sat_tf.backbones import tags
 from sat_tf.data import graph_admission, image_io
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.inference import feature_encoder
+from sat_tf.serving import inference, tags
+from sat_tf.serving import off_world as off_world_lib
+from sat_tf.serving.inference import feature_encoder
+from sat_tf.utils import files
 
 EXPORT_INFO = "sat_tf_export.json"
 VOCAB_FILE = "vocab.txt"

@@ -36,8 +36,8 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from sat_tf import files
 from sat_tf.data import datasets, feature_cache
+from sat_tf.utils import files
 
 FILE = "off_world.npz"
 NUM_COMPONENTS = 64

@@ -1,15 +1,15 @@
 """Inference without `training/`: a trained captioner from a preset or a workdir, and the
 caption function that decodes batches with it.
 
-- `load_preset(source)`: (model, vocab, config) from a preset (`sat_tf.preset`'s format).
+- `load_preset(source)`: (model, vocab, config) from a preset (`preset`'s format).
 - `load_workdir(workdir)`: the same from a trained workdir, the read side of
   `sat_tf.training.workdir` (whose files are named here).
 - `feature_encoder(model, config)`: the backbone whose features a model reads, rebuilt
   for a model trained on cached features, to caption images with it.
 - `make_caption_fn(model, config)`: a `tf.function` that captions a batch.
 
-The Python API (`sat_tf.api`), the export (`sat_tf.exporting`) and the demo read trained
-models through this module.
+The Python API (`api`), the export (`exporting`) and the demo of this package read
+trained models through this module.
 """
 
 import json
@@ -17,12 +17,12 @@ import os
 
 import tensorflow as tf
 
-from sat_tf.backbones import tags
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.tokens import BAD_ENDINGS
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.show_attend_tell import ShowAttendTell, build_model
+from sat_tf.serving import tags
 
 # A workdir's files (`sat_tf.training.workdir` writes them).
 CONFIG_FILE, VOCAB_FILE, BEST_WEIGHTS = "config.json", "vocab.txt", "best.weights.h5"
@@ -35,10 +35,11 @@ def load_preset(source: str, cache_dir: str | None = None):
     """Loads a preset: the float16 weights into a float32 model.
 
     Args:
-      source: a shipped preset's name (`sat_tf.preset.names()`), a preset folder, or the
-        https:// URL of a preset archive, optionally ending in `#sha256=<hex>`.
+      source: a shipped preset's name (`sat_tf.serving.preset.names()`), a preset
+        folder, or the https:// URL of a preset archive, optionally ending in
+        `#sha256=<hex>`.
       cache_dir: where downloads are kept (in `presets/`); None for
-        `sat_tf.download.default_cache_dir()`.
+        `sat_tf.serving.download.default_cache_dir()`.
 
     Returns:
       (model, vocab, config), as `load_workdir` returns them. A model trained on cached

@@ -9,10 +9,10 @@
 model's geometry with the package's own image code (`sat_tf.data.image_io`: shorter side
 to `image_size / crop_fraction`, centre crop), captions them in batches with the model's
 own decoding (`ShowAttendTell.generate`, greedy or beam search; made to name the
-photo's confident ImageNet tag where the preset has a tag table, `sat_tf.backbones.tags`) and
+photo's confident ImageNet tag where the preset has a tag table, `sat_tf.serving.tags`) and
 returns one `Caption` per image: the words, their ids, the caption's log-probability, the
 tag, where the model looked for every word and, for a model with off-world statistics
-(`sat_tf.off_world`), how unlike its training photos the photo is.
+(`sat_tf.serving.off_world`), how unlike its training photos the photo is.
 """
 
 import dataclasses
@@ -24,13 +24,13 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image, ImageOps
 
-from sat_tf import inference, preset
-from sat_tf import off_world as off_world_lib
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import visualize
-from sat_tf.inference import feature_encoder
 from sat_tf.model.show_attend_tell import ShowAttendTell
+from sat_tf.serving import inference, preset
+from sat_tf.serving import off_world as off_world_lib
+from sat_tf.serving.inference import feature_encoder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,13 +50,13 @@ class Caption:
         (M = len(words) + 1), one cut at the length limit has M = len(words).
       image: uint8 (S, S, 3) the pixels the model saw (after resize and centre crop).
       off_world_score: how unlike the model's training photos the photo is
-        (`sat_tf.off_world`: a Mahalanobis distance of its pooled features); None for a
+        (`off_world`: a Mahalanobis distance of its pooled features); None for a
         model without off-world statistics.
       off_world: whether the score exceeds the statistics' threshold: the caption is
         likely wrong, the photo being unlike any the model learnt from (it is still
         captioned); None without statistics.
       tag: the word the caption was made to say: the photo's tag from the encoder's
-        ImageNet head (`sat_tf.backbones.tags`), confident enough (`Config.tag_threshold`);
+        ImageNet head (`sat_tf.serving.tags`), confident enough (`Config.tag_threshold`);
         None where no tag was used (none confident, tags off, or a model without a tag
         table).
       tag_prob: the probability of the photo's most probable tag, used or not; None for
@@ -134,7 +134,7 @@ class Captioner:
       max_image_pixels: the most pixels (width x height) of a file or bytes that are
         decoded; larger ones are refused from their header (`image_io.admit`), before
         a pixel is allocated.
-      off_world: its `sat_tf.off_world.Stats`, for `Caption.off_world_score`; None for none.
+      off_world: its `off_world.Stats`, for `Caption.off_world_score`; None for none.
     """
 
     def __init__(
@@ -166,7 +166,7 @@ class Captioner:
 
     @classmethod
     def from_preset(cls, source: str, cache_dir: str | None = None, **kwargs) -> "Captioner":
-        """A captioner of a preset: a shipped name (`sat_tf.preset.names()`), a preset
+        """A captioner of a preset: a shipped name (`preset.names()`), a preset
         folder, or an https:// URL of a preset archive (`#sha256=<hex>` checks it); with
         the preset's off-world statistics where it has them."""
         model = ShowAttendTell.from_preset(source, cache_dir)

@@ -25,9 +25,9 @@ import keras
 import tensorflow as tf
 
 from sat_tf import config as config_lib
-from sat_tf import decoding_rules
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
+from sat_tf.model import decoding_rules
 
 
 @dataclasses.dataclass(frozen=True)

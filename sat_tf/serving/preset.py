@@ -8,7 +8,7 @@ machine, the commands, and the sha256 and size of every other file): docs/design
 folder, or the https:// URL of an archive (`download.py`, `#sha256=<hex>` on the URL),
 every file checked against metadata.json first (a bad one is refused with a one-line
 ValueError); `load_weights(model, stored)` fills a model built from them. This module
-never builds a model: `sat_tf.inference.load_preset` (and `ShowAttendTell.from_preset`)
+never builds a model: `inference.load_preset` (and `ShowAttendTell.from_preset`)
 do. `sat_tf/training/publish.py` makes, packs and scores presets.
 """
 
@@ -19,12 +19,14 @@ import re
 from typing import NamedTuple
 
 import sat_tf
-from sat_tf import download, files, npz_weights
 from sat_tf.config import MODEL_FIELDS, Config, with_added_fields
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.files import sha256_of
+from sat_tf.serving import download, npz_weights
+from sat_tf.utils import files
+from sat_tf.utils.files import sha256_of
 
-PRESETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
+# The shipped presets: data of the package, beside its subpackages.
+PRESETS_DIR = os.path.join(os.path.dirname(os.path.abspath(sat_tf.__file__)), "presets")
 WEIGHTS_FILE = "weights.npz"
 METADATA_FILE = "metadata.json"
 CONFIG_FILE, VOCAB_FILE, FEATURES_FILE = "config.json", "vocab.txt", "features.json"

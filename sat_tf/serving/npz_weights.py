@@ -11,8 +11,8 @@ import zlib
 
 import numpy as np
 
-from sat_tf import files
-from sat_tf.messages import preview
+from sat_tf.utils import files
+from sat_tf.utils.messages import preview
 
 
 def variables(model, with_encoder: bool) -> dict:

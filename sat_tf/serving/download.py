@@ -29,7 +29,7 @@ import zlib
 
 from absl import logging
 
-from sat_tf import files
+from sat_tf.utils import files
 
 CACHE_ENV = "SAT_TF_CACHE"
 RECORD_FILE = "download.json"
