@@ -32,9 +32,9 @@ import pytest
 import tensorflow as tf
 
 from sat_tf.config import Config
+from sat_tf.model import self_critical
 from sat_tf.model.decoder import AttentionDecoder
 from sat_tf.model.show_attend_tell import ShowAttendTell, build_model
-from sat_tf.training import self_critical
 
 VOCAB, WIDTH, LOCATIONS, FEATURES = 12, 8, 4, 8
 REPLICAS = 2
