@@ -1,7 +1,6 @@
 """sat-evaluate with a preset: on its own data its scores are compared with the stored
 ones; on a folder of other photos they are that folder's alone."""
 
-import dataclasses
 import json
 import os
 import re
@@ -11,30 +10,23 @@ from unittest import mock
 
 import numpy as np
 import tensorflow as tf
-from fixtures import run_main, scenes, tiny_model
+from fixtures import run_main, scenes
 from PIL import Image
+from preset_test import tiny_workdir
 
 from sat_tf.cli import evaluate as evaluate_cli
 from sat_tf.evaluation import java_tools
-from sat_tf.serving import inference
 from sat_tf.training import publish
-from sat_tf.training import workdir as workdir_lib
 
 
 def _tiny_preset(root):
-    """A preset of `tiny_model` made on a tiny shapes set in `root`."""
-    model, vocab, config = tiny_model()
-    config = dataclasses.replace(
-        config, data_dir=os.path.join(root, "shapes"), num_train=12, num_val=2, num_test=4
-    )
-    workdir = os.path.join(root, "run")
-    os.makedirs(workdir)
-    config.save(os.path.join(workdir, inference.CONFIG_FILE))
-    vocab.save(os.path.join(workdir, inference.VOCAB_FILE))
-    model.save_weights(os.path.join(workdir, inference.BEST_WEIGHTS))
-    workdir_lib.write_best_info(workdir, vocab, epoch=1)
+    """A preset of `preset_test.tiny_workdir`, made in `root`."""
     publish.make(
-        workdir, os.path.join(root, "presets"), "tiny", train_command="t", make_command="m"
+        tiny_workdir(root),
+        os.path.join(root, "presets"),
+        "tiny",
+        train_command="t",
+        make_command="m",
     )
     return os.path.join(root, "presets", "tiny")
 
