@@ -236,7 +236,10 @@ def read_header_tf(data):
     width, height, frames, frame_pixels = tf.switch_case(
         tf.cast(index, tf.int32), readers, default=lambda: (_zero(),) * 4
     )
-    capped = tf.minimum(width, 2**31) * tf.minimum(height, 2**31)
+    # width * height, capped at 2**62 as `image_io` caps it, without int64 overflow (a
+    # PNG side may reach 2**32 - 1).
+    limit = tf.constant(2**62, tf.int64)
+    capped = tf.where(height > limit // tf.maximum(width, 1), limit, width * height)
     return {
         "status": tf.cast(_status(data, index, width, height), tf.int64),
         "format": index,
