@@ -18,6 +18,7 @@ _LAZY = {
     "Caption": "sat_tf.serving.api",
     "Captioner": "sat_tf.serving.api",
     "ShowAttendTell": "sat_tf.model.show_attend_tell",
+    "load": "sat_tf.serving.inference",
 }
 __all__ = [*_LAZY, "cpu_allocator"]
 

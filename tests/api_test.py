@@ -1,4 +1,4 @@
-"""Tests for the Python API (`sat_tf.Captioner`, `ShowAttendTell.from_preset`): on the
+"""Tests for the Python API (`sat_tf.Captioner`, `sat_tf.load`): on the
 shipped preset README's three lines and the captions against the package's own pipeline
 of `scripts/caption.py` before the API (inference.load_preset, image_io,
 make_caption_fn); on a tiny model every input kind against the file path, batches against
@@ -121,14 +121,19 @@ class CaptionerTest(tf.test.TestCase):
         self.assertNotEmpty(want)
         self.assertEqual(printed.getvalue(), " ".join(want) + "\n")
 
-    def test_from_preset_attaches_vocab_and_config(self):
-        model = sat_tf.ShowAttendTell.from_preset(PRESET)
-        folder = os.path.join(preset.PRESETS_DIR, PRESET)
-        self.assertIsInstance(model, sat_tf.ShowAttendTell)
-        self.assertEqual(model.config, Config.load(os.path.join(folder, "config.json")))
+    def test_load_reads_all_a_captioner_needs(self):
+        shipped = "flickr8k_lite0_grid14_soft"  # with a tag table and off-world statistics
+        trained = sat_tf.load(shipped)
+        folder = os.path.join(preset.PRESETS_DIR, shipped)
+        self.assertIsInstance(trained.model, sat_tf.ShowAttendTell)
+        self.assertEqual(trained.directory, folder)
+        self.assertEqual(trained.config, Config.load(os.path.join(folder, "config.json")))
         with open(os.path.join(folder, "vocab.txt"), encoding="utf-8") as f:
-            self.assertEqual(list(model.vocab.words), f.read().splitlines())
-        self.assertEqual(model.vocab_size, len(model.vocab))
+            self.assertEqual(list(trained.vocab.words), f.read().splitlines())
+        self.assertEqual(trained.model.vocab_size, len(trained.vocab))
+        # The preset's tag table and off-world statistics come with it.
+        self.assertIsNotNone(trained.model.tagger)
+        self.assertIsNotNone(trained.off_world)
 
     def test_caption_fields(self):
         (caption,) = self.captioner.caption(self.pngs[0])

@@ -16,7 +16,7 @@ from PIL import Image
 from sat_tf.config import Config
 from sat_tf.data.vocab import SPECIALS, UNK_ID, Vocab
 from sat_tf.model.show_attend_tell import build_model
-from sat_tf.serving import inference, npz_weights, preset
+from sat_tf.serving import inference, preset
 from sat_tf.training import prepare, train_lib
 from sat_tf.training import workdir as workdir_lib
 
@@ -104,7 +104,7 @@ class GrownVocabularyTest(tf.test.TestCase):
         model = _random_weights(build_model(SMALL, len(GROWN), (4, 6), (2, 2)), seed=2)
         workdir_lib.load_initial_weights(model, SMALL, GROWN, source)
         self.check_word_weights(model, trained, 3)
-        mine, theirs = (npz_weights.variables(m, with_encoder=True) for m in (model, trained))
+        mine, theirs = (preset.weight_variables(m, with_encoder=True) for m in (model, trained))
         self.assertEqual(mine.keys(), theirs.keys())
         for key in sorted(theirs.keys() - set(workdir_lib.WORD_WEIGHTS)):
             self.assertAllEqual(mine[key], theirs[key], key)

@@ -72,15 +72,6 @@ MODULE_RULES = {
 MODEL_READS_OF_DATA = ("sat_tf.data.vocab", "sat_tf.data.tokens")
 # The commands and the API that caption: nothing they import, at any depth, is training's.
 CAPTION_PATH = ("sat_tf.cli.caption", "sat_tf.cli.demo", "sat_tf.cli.export", "sat_tf.serving.api")
-# Imports against the floors that the package keeps, each a layer violation with its
-# reason: (file, imported module) -> why.
-KEPT_VIOLATIONS = {
-    ("sat_tf/model/show_attend_tell.py", "sat_tf.serving.preset"): "ShowAttendTell.from_preset "
-    "(keras-hub's): the model builds itself from the preset format's files",
-    ("sat_tf/model/show_attend_tell.py", "sat_tf.serving.tags"): "ShowAttendTell.from_preset "
-    "sets the preset's tagger",
-}
-
 # Size limits in lines of code (`code_lines`).
 MODEL_FILES = 8  # the paper's modules of sat_tf/model/ and its __init__.py
 MODEL_CODE_LINES = 1000
@@ -112,7 +103,6 @@ TESTED_ELSEWHERE = {
     "sat_tf/model/step.py": "decoder_test.py",
     "sat_tf/serving/download.py": "preset_test.py",
     "sat_tf/serving/inference.py": "api_test.py, workdir_test.py, compatibility_test.py",
-    "sat_tf/serving/npz_weights.py": "preset_test.py, finetune_test.py",
     "sat_tf/training/extract.py": "feature_cache_test.py",
     "sat_tf/training/prepare.py": "finetune_test.py, train_lib_test.py",
 }
@@ -316,13 +306,11 @@ def _cycles(parts_graph):
     return found
 
 
-def violations(package_root, kept=()):
+def violations(package_root):
     """Every import against the floors and `MODULE_RULES`, and every loop between parts,
-    as lines; `kept` ({(file, imported module): why}) are left out."""
+    as lines."""
     problems, parts_graph, witness = [], {}, {}
     for (where, line, target), importer in sorted(import_graph(package_root).items()):
-        if (where, target) in kept:
-            continue
         source, imported = part_of(importer), part_of(target)
         rule = broken_rule(importer, target)
         if rule:
@@ -399,16 +387,7 @@ def test_every_part_stands_on_a_floor():
 
 def test_the_package_imports_one_way():
     package = os.path.join(ROOT, "sat_tf")
-    assert violations(package, KEPT_VIOLATIONS) == []
-
-
-def test_the_kept_violations_are_there():
-    # Each is an import the floors forbid; once it goes, its entry goes too.
-    graph = import_graph(os.path.join(ROOT, "sat_tf"))
-    found = {(where, target): importer for (where, _, target), importer in graph.items()}
-    for (where, target), why in KEPT_VIOLATIONS.items():
-        assert (where, target) in found, why
-        assert broken_rule(found[(where, target)], target), why
+    assert violations(package) == []
 
 
 def test_captioning_loads_no_training_code():
@@ -500,7 +479,7 @@ def test_the_graph_sees_the_imports_that_exist():
     assert {("serving", "model"), ("serving", "data"), ("training", "serving")} <= parts
     assert {("data", "utils"), ("config", "utils"), ("model", "backbones")} <= parts
     assert not [b for a, b in modules if _within(a, "sat_tf.training") and "exporting" in b]
-    serving = {("api", "inference"), ("inference", "tags"), ("preset", "npz_weights")}
+    serving = {("api", "inference"), ("inference", "tags"), ("inference", "preset")}
     assert {(f"sat_tf.serving.{a}", f"sat_tf.serving.{b}") for a, b in serving} <= modules
     beside = {("search", "decoding_rules"), ("attention", "location_prior")}
     beside |= {("show_attend_tell", "self_critical"), ("show_attend_tell", "resumable")}
@@ -568,12 +547,10 @@ def test_the_model_reads_the_vocabulary_and_helpers_import_each_other(tmp_path):
     assert violations(_tree(tmp_path, files)) == []
 
 
-def test_a_kept_violation_is_left_out(tmp_path):
+def test_the_model_may_not_import_the_serving_layer(tmp_path):
     files = {"serving/preset.py": "", "model/step.py": "from sat_tf.serving import preset\n"}
-    root = _tree(tmp_path, files)
-    kept = {("sat_tf/model/step.py", "sat_tf.serving.preset"): "why"}
-    assert len(violations(root)) == 1
-    assert violations(root, kept) == []
+    (problem,) = violations(_tree(tmp_path, files))
+    assert problem.startswith("sat_tf/model/step.py:1 imports sat_tf.serving.preset")
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
-"""Tests for sat_tf.serving.tags, sat_tf.data.tag_table and the tag table's builder: a hand
--made ImageNet head whose tag is worked out by hand, the shipped preset's table, and the
-WordNet walk on made-up synsets."""
+"""Tests for sat_tf.serving.tags (the tagger and the tag table's format) and the tag
+table's builder: a hand-made ImageNet head whose tag is worked out by hand, the shipped
+preset's table, and the WordNet walk on made-up synsets."""
 
 import dataclasses
 import os
@@ -14,10 +14,9 @@ from PIL import Image
 
 from sat_tf import Captioner
 from sat_tf.cli import build_tag_table
-from sat_tf.data import tag_table
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.data.tag_table import TagRow
 from sat_tf.serving import exporting, inference, preset, tags
+from sat_tf.serving.tags import TagRow
 
 WORDS = [*vocab_lib.SPECIALS, "a", "dog", "cat", "bus"]  # dog 5, cat 6, bus 7; no "dogs"
 
@@ -49,17 +48,17 @@ def test_tag_is_the_sum_of_its_classes_by_hand():
 def test_table_round_trip_and_damage(tmp_path):
     rows = [TagRow(0, "n01", "dog", "pug", "by hand"), TagRow(1, "n02", "", "altar", "")]
     path = str(tmp_path / "tags.tsv")
-    tag_table.write_table(path, rows)
-    assert tag_table.read_table(path) == rows
+    tags.write_table(path, rows)
+    assert tags.read_table(path) == rows
     with open(path, "a", encoding="utf-8") as f:
         f.write("5\tn03\tcat\tcat\t\n")
     with pytest.raises(ValueError, match="line 4: expected class 2"):
-        tag_table.read_table(path)
+        tags.read_table(path)
 
 
 def test_shipped_preset_tags():
     folder = preset.resolve("flickr8k_lite0_grid14_soft")
-    rows = tag_table.read_table(os.path.join(folder, tag_table.TAGS_FILE))
+    rows = tags.read_table(os.path.join(folder, tags.TAGS_FILE))
     assert [r.index for r in rows] == list(range(1000))
     by_name = {r.name: r.word for r in rows}
     assert by_name["tabby"] == "cat|cats" and by_name["espresso"] == "coffee"

@@ -20,6 +20,7 @@ Layers are named as in `keras.applications.EfficientNetB0` (`stem_conv`, `block5
 `top_activation`, ...), so `feature_layer_name(variant)` names the stride-16 map.
 """
 
+import functools
 import importlib.util
 import math
 import os
@@ -29,6 +30,7 @@ import keras
 import numpy as np
 
 from sat_tf.backbones import torch_weights
+from sat_tf.utils import files
 
 _VARIANTS = {
     "lite0": {"width": 1.0, "depth": 1.0, "resolution": 224, "dropout": 0.2},
@@ -261,8 +263,37 @@ def _keras_weights(layer, tensor):
     return [tensor("weight").T, tensor("bias")]
 
 
+@functools.lru_cache(maxsize=4)
+def state_dict(path) -> dict:
+    """{name: float32 array} of a torch state dict file, read once per process.
+
+    The first read ports the torch file (`torch_weights`) and keeps the arrays as an
+    .npz in `<cache>/backbones/` (`files.cache_dir()`), named for the file, its size and
+    its modification time; later processes read that instead: numpy's reader without
+    pickles, not the torch file's unpickler. Where the cache cannot be written the torch
+    file is read each time.
+    """
+    stat = os.stat(path)
+    name = f"{os.path.basename(path)}.{stat.st_size}.{stat.st_mtime_ns}.npz"
+    cached = os.path.join(files.cache_dir(), "backbones", name)
+    if os.path.isfile(cached):
+        with np.load(cached, allow_pickle=False) as stored:
+            return {key: stored[key] for key in stored.files}
+    tensors = {
+        key: np.asarray(value, np.float32)
+        for key, value in torch_weights.load_state_dict(path).items()
+    }
+    try:
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        with files.atomic_path(cached) as tmp:
+            np.savez(tmp, **tensors)
+    except OSError:
+        pass  # a read-only cache: the torch file is read again next time
+    return tensors
+
+
 def _load_torch_weights(model, names, path):
-    tensors = torch_weights.load_state_dict(path)
+    tensors = state_dict(path)
     used = set()
     for layer_name, torch_name in names.items():
 

@@ -31,8 +31,8 @@ from absl import flags
 
 from sat_tf.cli.flags_lib import run
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.data.tag_table import TAGS_FILE, TagRow, write_table
 from sat_tf.serving import preset
+from sat_tf.serving.tags import TAGS_FILE, TagRow, write_table
 from sat_tf.training import publish
 
 FLAGS = flags.FlagValues()

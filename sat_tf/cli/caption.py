@@ -35,8 +35,7 @@ from absl import flags
 from sat_tf.cli.flags_lib import (
     define_model_source,
     define_override,
-    load_model,
-    load_off_world,
+    load_trained,
     override,
     run,
 )
@@ -228,11 +227,8 @@ def _main(argv):
     paths, problems = expand(argv[1:])
     if not FLAGS.workdir and not FLAGS.preset:
         FLAGS.preset = DEFAULT_PRESET
-    captioner = api.Captioner(
-        *load_model(FLAGS),
-        batch_size=FLAGS.batch_size,
-        max_image_pixels=FLAGS.max_image_pixels,
-        off_world=load_off_world(FLAGS),
+    captioner = api.Captioner.from_trained(
+        load_trained(FLAGS), batch_size=FLAGS.batch_size, max_image_pixels=FLAGS.max_image_pixels
     )
     pictures = picture_names(paths)
     if FLAGS.visualize:

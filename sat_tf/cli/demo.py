@@ -17,7 +17,7 @@ import tempfile
 
 from absl import flags
 
-from sat_tf.cli.flags_lib import define_model_source, load_model, load_off_world, run
+from sat_tf.cli.flags_lib import define_model_source, load_trained, run
 
 # The one line a user without the demo's extra gets.
 NO_FLASK = (
@@ -54,7 +54,8 @@ def export_dirs(folder):
         )
     if trained:
         print(f"exporting {trained} (greedy and beam 3) to {folder} ...", flush=True)
-        return demo.export_decodings(load_model(FLAGS), folder, off_world=load_off_world(FLAGS))
+        loaded = load_trained(FLAGS)
+        return demo.export_decodings(loaded[:3], folder, off_world=loaded.off_world)
     return exports
 
 

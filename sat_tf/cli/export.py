@@ -20,8 +20,7 @@ from absl import flags
 from sat_tf.cli.flags_lib import (
     define_model_source,
     define_override,
-    load_model,
-    load_off_world,
+    load_trained,
     override,
     run,
 )
@@ -64,7 +63,7 @@ flags.mark_flag_as_required("output", flag_values=FLAGS)
 def _main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
-    model, vocab, config = load_model(FLAGS)
+    model, vocab, config, off_world, _ = load_trained(FLAGS)
     info = exporting.export(
         model,
         vocab,
@@ -76,7 +75,7 @@ def _main(argv):
         quantize=FLAGS.quantize,
         overwrite=FLAGS.overwrite,
         max_image_pixels=FLAGS.max_image_pixels,
-        off_world=load_off_world(FLAGS),
+        off_world=off_world,
     )
     summary = {k: v for k, v in info.items() if k != "config"}
     print(json.dumps({"output": os.path.abspath(FLAGS.output), **summary}, indent=2))

@@ -175,7 +175,7 @@ DECODING_OVERRIDES = (
 
 def define_model_source(flag_values=flags.FLAGS):
     """The flags --workdir and --preset, of which a script that loads a trained model
-    takes exactly one (`load_model`), and the decoding settings it may override
+    takes exactly one (`load_trained`), and the decoding settings it may override
     (`decoding_overrides`): a flag per name of `DECODING_OVERRIDES` with the type and
     help of its `Config` field, None when left out."""
     for name, _, kind, help_text in config_lib.fields_with_help():
@@ -250,27 +250,16 @@ def decoding_overrides(flag_values, model, config):
     return dataclasses.replace(config, **changed), changed
 
 
-def load_off_world(flag_values):
-    """The off-world statistics (`sat_tf.serving.off_world`) of the workdir or preset
-    the flags name, None where it has none."""
-    from sat_tf.serving import off_world, preset
-
-    kind, source = model_source(flag_values)
-    return off_world.load_from(source if kind == "workdir" else preset.resolve(source))
-
-
-def load_model(flag_values):
-    """(model, vocab, config) of the workdir or preset the flags name (`model_source`),
-    with --hard_decoding and --length_penalty applied (`decoding_overrides`)."""
+def load_trained(flag_values):
+    """`inference.Trained` of the workdir or preset the flags name (`model_source`):
+    model, vocabulary, config, off-world statistics, read once; the config with the
+    decoding flags applied (`decoding_overrides`)."""
     from sat_tf.serving import inference  # TensorFlow: not for --help
 
     kind, source = model_source(flag_values)
-    if kind == "workdir":
-        model, vocab, config = inference.load_workdir(source)
-    else:
-        model, vocab, config = inference.load_preset(source)
-    config, _ = decoding_overrides(flag_values, model, config)
-    return model, vocab, config
+    trained = inference.load(source, kind=kind)
+    config, _ = decoding_overrides(flag_values, trained.model, trained.config)
+    return trained._replace(config=config)
 
 
 def _error(e):

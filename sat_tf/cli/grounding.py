@@ -31,7 +31,7 @@ import time
 import tensorflow as tf
 from absl import flags
 
-from sat_tf.cli.flags_lib import define_model_source, define_override, load_model, override, run
+from sat_tf.cli.flags_lib import define_model_source, define_override, load_trained, override, run
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import coco_grounding, coco_photos, naming
 from sat_tf.serving import api, exporting, preset
@@ -265,7 +265,7 @@ def _main(argv):
     if FLAGS.export:
         caption_batch, geometry, about = _export_captioner(FLAGS.export, beam_size)
     else:
-        captioner = api.Captioner(*load_model(FLAGS), batch_size=FLAGS.batch_size)
+        captioner = api.Captioner(*load_trained(FLAGS)[:3], batch_size=FLAGS.batch_size)
         caption_batch, geometry, about = _model_captioner(captioner, beam_size)
     about = {"captions": FLAGS.captions, **about}
     start = time.time()

@@ -165,18 +165,6 @@ class Settings:
         return self.reinforce_reward == "to_go"
 
 
-def add_baselines(model):
-    """Creates the moving averages b (and whether each was set) on `model`."""
-    for name in ("reinforce_baseline", "reinforce_baseline_seen"):
-        yield model.add_weight(
-            shape=(BASELINE_SLOTS,),
-            initializer="zeros",
-            trainable=False,
-            aggregation="only_first_replica",
-            name=name,
-        )
-
-
 def sample_noise(seed_generator, features, steps, mix_prob):
     """Gumbel noise fixing s_t for every step, and the per-caption mixing choice.
 

@@ -58,7 +58,11 @@ class ShowAttendTell(ResumableModel):
         if isinstance(decoder, dict):
             decoder = keras.saving.deserialize_keras_object(decoder)
         self.alpha_c = alpha_c
-        self.settings = losses_lib.Settings(**(reinforce or {}))
+        self.reinforce = dict(reinforce or {})
+        # Hard attention's training settings (checked here); a soft model never reads them.
+        self.settings = None
+        if decoder.attention == "hard":
+            self.settings = losses_lib.Settings(**self.reinforce)
         self.seed = seed
         self.self_critical = None
         if self_critical is not None:
@@ -76,9 +80,20 @@ class ShowAttendTell(ResumableModel):
             self.feature_dim = feature_dim
             self.grid = tuple(grid) if grid else None
         self.decoder = decoder
-        # A preset's `tags.Tagger` (set by the loader; not a weight of the model).
+        # A preset's `tags.Tagger` (`sat_tf.serving.inference.load` sets it; not a weight).
         self.tagger = None
-        self.baseline, self.baseline_seen = losses_lib.add_baselines(self)
+        # Hard attention's moving-average baselines b (and whether each was set): state
+        # of the model, saved with its weights (every model has them: one weights layout).
+        self.baseline, self.baseline_seen = (
+            self.add_weight(
+                shape=(losses_lib.BASELINE_SLOTS,),
+                initializer="zeros",
+                trainable=False,
+                aggregation="only_first_replica",
+                name=name,
+            )
+            for name in ("reinforce_baseline", "reinforce_baseline_seen")
+        )
         self.seed_generator = keras.random.SeedGenerator(seed, name="hard_attention_seed")
         self.loss_tracker = keras.metrics.Mean(name="loss")
         self.nll_tracker = keras.metrics.Mean(name="nll_per_word")
@@ -234,44 +249,6 @@ class ShowAttendTell(ResumableModel):
         self._update_trackers(self.loss_terms(batch, training=False))
         return self._logs([self.loss_tracker, self.nll_tracker])
 
-    @classmethod
-    def from_preset(cls, source, cache_dir=None):
-        """Loads a preset (keras-hub's `from_preset`): a trained captioner with its
-        vocabulary and settings.
-
-        Args:
-          source: a shipped preset's name (`sat_tf.serving.preset.names()`), a preset
-            folder, or the https:// URL of a preset archive, optionally ending in
-            `#sha256=<hex>`.
-          cache_dir: where downloads are kept; None for the preset module's default.
-
-        Returns:
-          the `ShowAttendTell`, float32, with two attributes set: `vocab`, its
-          `sat_tf.data.vocab.Vocab` (ids <-> words), and `config`, the
-          `sat_tf.config.Config` it was trained with (image size and crop, decoding
-          length, beam size). `sat_tf.Captioner(model, model.vocab, model.config)`
-          captions images with it.
-
-        Raises:
-          ValueError: one line naming the preset and what is wrong with it.
-        """
-        # The preset format and the tagger are the serving layer's; the model builds itself
-        # from what they return (keras-hub's `from_preset`), here only.
-        from sat_tf.serving import preset, tags
-
-        stored = preset.read(source, cache_dir)
-        model = build_model(
-            stored.config,
-            len(stored.vocab),
-            stored.feature_shape,
-            stored.grid,
-            load_encoder_weights=not stored.encoder_in_weights,
-        )
-        preset.load_weights(model, stored)
-        model.vocab, model.config = stored.vocab, stored.config
-        model.tagger = tags.load_tagger(stored.directory, stored.vocab, stored.config.encoder)
-        return model
-
     def generate(self, batch, **decoding):
         """Captions a batch in the graph: `decode` from the initial state of its images.
 
@@ -348,7 +325,7 @@ class ShowAttendTell(ResumableModel):
             "feature_dim": self.feature_dim if self.encoder is None else None,
             "grid": self.grid if self.encoder is None else None,
             "alpha_c": self.alpha_c,
-            "reinforce": dataclasses.asdict(self.settings),
+            "reinforce": self.reinforce,
             "seed": self.seed,
             "self_critical": dataclasses.asdict(self.self_critical)
             if self.self_critical is not None
@@ -370,7 +347,7 @@ def build_model(config, vocab_size, feature_shape=None, grid=None, load_encoder_
     Returns:
       a built, uncompiled model.
     """
-    self_critical = scst.SelfCriticalSettings.from_config(config)
+    self_critical = scst.SelfCriticalSettings.from_config(config) if config.scst else None
     kwargs = dict(
         alpha_c=config.alpha_c,
         reinforce=config_lib.arguments(losses_lib.Settings, config),

@@ -27,8 +27,7 @@ from PIL import Image, ImageOps
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import visualize
-from sat_tf.model.show_attend_tell import ShowAttendTell
-from sat_tf.serving import inference, preset
+from sat_tf.serving import inference
 from sat_tf.serving import off_world as off_world_lib
 from sat_tf.serving.inference import feature_encoder
 
@@ -127,7 +126,7 @@ class Captioner:
     """Captions images with a trained `ShowAttendTell`.
 
     Args:
-      model: a `ShowAttendTell` (e.g. `ShowAttendTell.from_preset(...)`).
+      model: a `ShowAttendTell` (e.g. `sat_tf.load(...).model`).
       vocab: its `Vocab`.
       config: its `Config` (image size and crop, decoding length, default beam size).
       batch_size: images per call of the model.
@@ -165,20 +164,24 @@ class Captioner:
         self._caption_fns = {}
 
     @classmethod
+    def from_trained(cls, trained: inference.Trained, **kwargs) -> "Captioner":
+        """A captioner of what `inference.load` read, with its off-world statistics."""
+        return cls(
+            trained.model, trained.vocab, trained.config, off_world=trained.off_world, **kwargs
+        )
+
+    @classmethod
     def from_preset(cls, source: str, cache_dir: str | None = None, **kwargs) -> "Captioner":
         """A captioner of a preset: a shipped name (`preset.names()`), a preset
         folder, or an https:// URL of a preset archive (`#sha256=<hex>` checks it); with
         the preset's off-world statistics where it has them."""
-        model = ShowAttendTell.from_preset(source, cache_dir)
-        stats = off_world_lib.load_from(preset.resolve(source, cache_dir))
-        return cls(model, model.vocab, model.config, off_world=stats, **kwargs)
+        return cls.from_trained(inference.load(source, cache_dir, kind="preset"), **kwargs)
 
     @classmethod
     def from_workdir(cls, workdir: str, **kwargs) -> "Captioner":
         """A captioner of a training workdir (`sat-train`): its best weights, and its
         off-world statistics where `sat-off-world` wrote them."""
-        stats = off_world_lib.load_from(workdir)
-        return cls(*inference.load_workdir(workdir), off_world=stats, **kwargs)
+        return cls.from_trained(inference.load(workdir, kind="workdir"), **kwargs)
 
     @property
     def image_size(self) -> int:

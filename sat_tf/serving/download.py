@@ -31,7 +31,7 @@ from absl import logging
 
 from sat_tf.utils import files
 
-CACHE_ENV = "SAT_TF_CACHE"
+CACHE_ENV = files.CACHE_ENV
 RECORD_FILE = "download.json"
 # Seconds a connection or a single read may wait for the server before the download is
 # given up (not the whole transfer's limit).
@@ -45,9 +45,8 @@ MAX_MARKER_BYTES = 1 << 20
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
-def default_cache_dir() -> str:
-    """Where downloads are kept: `$SAT_TF_CACHE`, else `~/.cache/sat_tf`."""
-    return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "sat_tf")
+# Where downloads are kept (in `presets/`): `$SAT_TF_CACHE`, else `~/.cache/sat_tf`.
+default_cache_dir = files.cache_dir
 
 
 def _expected_sha256(url, fragment):

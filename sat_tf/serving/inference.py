@@ -1,19 +1,21 @@
 """Inference without `training/`: a trained captioner from a preset or a workdir, and the
 caption function that decodes batches with it.
 
-- `load_preset(source)`: (model, vocab, config) from a preset (`preset`'s format).
-- `load_workdir(workdir)`: the same from a trained workdir, the read side of
-  `sat_tf.training.workdir` (whose files are named here).
+- `load(source)`: in one read, all a captioner needs (`Trained`: the model with its
+  tagger, the vocabulary, the config, the off-world statistics) of a shipped preset's
+  name, a preset folder, the https:// URL of a preset archive, or a trained workdir.
+- `load_preset(source)`, `load_workdir(workdir)`: (model, vocab, config) of one kind.
 - `feature_encoder(model, config)`: the backbone whose features a model reads, rebuilt
   for a model trained on cached features, to caption images with it.
 - `make_caption_fn(model, config)`: a `tf.function` that captions a batch.
 
-The Python API (`api`), the export (`exporting`) and the demo of this package read
-trained models through this module.
+The Python API (`api`), the console commands, the export (`exporting`) and the demo of
+this package read trained models through this module.
 """
 
 import json
 import os
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -22,35 +24,103 @@ from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.tokens import BAD_ENDINGS
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.show_attend_tell import ShowAttendTell, build_model
-from sat_tf.serving import tags
+from sat_tf.serving import off_world as off_world_lib
+from sat_tf.serving import preset, tags
+from sat_tf.serving.preset import CONFIG_FILE, VOCAB_FILE
 
-# A workdir's files (`sat_tf.training.workdir` writes them).
-CONFIG_FILE, VOCAB_FILE, BEST_WEIGHTS = "config.json", "vocab.txt", "best.weights.h5"
-BEST_INFO = "best.json"
-FEATURES_FILE = "features.json"
+# A workdir's files beside its config and vocabulary (`sat_tf.training.workdir` writes
+# them).
+BEST_WEIGHTS, BEST_INFO = "best.weights.h5", "best.json"
 BACKUP_WEIGHTS = os.path.join("backup", "latest.weights.h5")
+KINDS = ("preset", "workdir")
 
 
-def load_preset(source: str, cache_dir: str | None = None):
-    """Loads a preset: the float16 weights into a float32 model.
+class Trained(NamedTuple):
+    """A trained captioner as `load` reads it.
+
+    Attributes:
+      model: the `ShowAttendTell`, float32, with its `tagger` set (None for none).
+      vocab: its `Vocab`.
+      config: the `Config` it was trained with (its decoding included).
+      off_world: its `off_world.Stats` (`sat-off-world`), None where it has none.
+      directory: the preset folder or the workdir it was read from.
+    """
+
+    model: ShowAttendTell
+    vocab: vocab_lib.Vocab
+    config: Config
+    off_world: off_world_lib.Stats | None
+    directory: str
+
+
+def kind_of(source: str) -> str:
+    """ "workdir" for a folder with a config.json and no preset metadata.json, else
+    "preset" (a shipped name, a preset folder, a URL)."""
+    if isinstance(source, str) and os.path.isdir(source):
+        has = lambda name: os.path.isfile(os.path.join(source, name))  # noqa: E731
+        if has(CONFIG_FILE) and not has(preset.METADATA_FILE):
+            return "workdir"
+    return "preset"
+
+
+def load(source: str, cache_dir: str | None = None, kind: str | None = None) -> Trained:
+    """Reads a trained captioner: config, vocabulary, weights, feature geometry, tagger
+    and off-world statistics, each file once.
 
     Args:
       source: a shipped preset's name (`sat_tf.serving.preset.names()`), a preset
-        folder, or the https:// URL of a preset archive, optionally ending in
-        `#sha256=<hex>`.
+        folder, the https:// URL of a preset archive (optionally ending in
+        `#sha256=<hex>`), or a trained workdir (`sat-train`).
       cache_dir: where downloads are kept (in `presets/`); None for
         `sat_tf.serving.download.default_cache_dir()`.
+      kind: "preset" or "workdir"; None tells them apart (`kind_of`).
 
     Returns:
-      (model, vocab, config), as `load_workdir` returns them. A model trained on cached
-      features has no encoder: `feature_encoder(model, config)` rebuilds
-      the backbone that made them, for captioning images.
+      `Trained`. A model trained on cached features has no encoder:
+      `feature_encoder(model, config)` rebuilds the backbone that made them.
+
+    Raises:
+      ValueError: one line naming the preset or workdir and what is wrong with it.
+    """
+    kind = kind or kind_of(source)
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r}: one of {', '.join(KINDS)}")
+    if kind == "workdir":
+        model, vocab, config = _read_workdir(source)
+        directory = source
+    else:
+        stored = preset.read(source, cache_dir)
+        model = build_model(
+            stored.config,
+            len(stored.vocab),
+            stored.feature_shape,
+            stored.grid,
+            load_encoder_weights=not stored.encoder_in_weights,
+        )
+        preset.load_weights(model, stored)
+        vocab, config, directory = stored.vocab, stored.config, stored.directory
+    # A preset's tag table, or the one a run fine-tuned from a preset keeps (--init_from).
+    model.tagger = tags.load_tagger(directory, vocab, config.encoder)
+    return Trained(model, vocab, config, off_world_lib.load_from(directory), directory)
+
+
+def load_preset(source: str, cache_dir: str | None = None):
+    """(model, vocab, config) of a preset (`load`): its float16 weights in a float32 model.
 
     Raises:
       ValueError: one line naming the preset and what is wrong with it.
     """
-    model = ShowAttendTell.from_preset(source, cache_dir)
-    return model, model.vocab, model.config
+    return load(source, cache_dir, kind="preset")[:3]
+
+
+def load_workdir(workdir: str):
+    """(model, vocab, config) of a trained workdir (`load`): its best weights, else its
+    latest backup.
+
+    Raises:
+      ValueError: when the workdir lacks its files or the weights do not fit.
+    """
+    return load(workdir, kind="workdir")[:3]
 
 
 def check_weights_vocab(info_path, vocab, what, whose):
@@ -66,15 +136,8 @@ def check_weights_vocab(info_path, vocab, what, whose):
         )
 
 
-def load_workdir(workdir: str):
-    """Rebuilds the model of a trained workdir with its best (else latest backup) weights.
-
-    Returns:
-      (model, vocab, config).
-
-    Raises:
-      ValueError: when the workdir lacks its files or the weights do not fit.
-    """
+def _read_workdir(workdir: str):
+    """(model, vocab, config) of a workdir, its weights loaded."""
     config_path = os.path.join(workdir, CONFIG_FILE)
     if not os.path.exists(config_path):
         raise ValueError(f"{workdir} is not a sat_tf workdir: {CONFIG_FILE} is missing")
@@ -82,13 +145,7 @@ def load_workdir(workdir: str):
     vocab = vocab_lib.Vocab.load(os.path.join(workdir, VOCAB_FILE))
     feature_shape = grid = None
     if config.use_feature_cache:
-        features_path = os.path.join(workdir, FEATURES_FILE)
-        if not os.path.exists(features_path):
-            raise ValueError(f"{workdir} trained on cached features lacks {FEATURES_FILE}")
-        with open(features_path, encoding="utf-8") as f:
-            stored = json.load(f)
-        feature_shape = tuple(stored["feature_shape"])
-        grid = tuple(stored["grid"]) if "grid" in stored else None
+        feature_shape, grid = preset.read_features(workdir, f"{workdir} trained on cached features")
     info_path = os.path.join(workdir, BEST_INFO)
     if os.path.exists(info_path):
         check_weights_vocab(
@@ -98,8 +155,6 @@ def load_workdir(workdir: str):
             VOCAB_FILE,
         )
     model = build_model(config, len(vocab), feature_shape, grid, load_encoder_weights=False)
-    # A run fine-tuned from a preset keeps the preset's tag table (`--init_from`).
-    model.tagger = tags.load_tagger(workdir, vocab, config.encoder)
     for path in (
         os.path.join(workdir, BEST_WEIGHTS),
         os.path.join(workdir, BACKUP_WEIGHTS),

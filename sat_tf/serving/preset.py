@@ -8,22 +8,27 @@ machine, the commands, and the sha256 and size of every other file): docs/design
 folder, or the https:// URL of an archive (`download.py`, `#sha256=<hex>` on the URL),
 every file checked against metadata.json first (a bad one is refused with a one-line
 ValueError); `load_weights(model, stored)` fills a model built from them. This module
-never builds a model: `inference.load_preset` (and `ShowAttendTell.from_preset`)
-do. `sat_tf/training/publish.py` makes, packs and scores presets.
+never builds a model: `inference.load` does. `sat_tf/training/publish.py` makes, packs
+and scores presets.
 """
 
 import datetime
 import json
 import os
 import re
+import zipfile
+import zlib
 from typing import NamedTuple
+
+import numpy as np
 
 import sat_tf
 from sat_tf.config import MODEL_FIELDS, Config, with_added_fields
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.serving import download, npz_weights
+from sat_tf.serving import download
 from sat_tf.utils import files
 from sat_tf.utils.files import sha256_of
+from sat_tf.utils.messages import preview
 
 # The shipped presets: data of the package, beside its subpackages.
 PRESETS_DIR = os.path.join(os.path.dirname(os.path.abspath(sat_tf.__file__)), "presets")
@@ -249,7 +254,7 @@ def save(model, vocab, config: Config, directory: str, *, name: str, **info) -> 
         raise ValueError(f"the vocabulary has {len(vocab)} words but the model {model.vocab_size}")
     os.makedirs(directory, exist_ok=True)
     with_encoder = _encoder_in_weights(config)
-    parameters = npz_weights.save(model, os.path.join(directory, WEIGHTS_FILE), with_encoder)
+    parameters = save_weights(model, os.path.join(directory, WEIGHTS_FILE), with_encoder)
     vocab.save(os.path.join(directory, VOCAB_FILE))
     config.save(os.path.join(directory, CONFIG_FILE))
     written = [WEIGHTS_FILE, VOCAB_FILE, CONFIG_FILE]
@@ -336,13 +341,29 @@ def read(source: str, cache_dir: str | None = None) -> Stored:
         raise
     feature_shape = grid = None
     if config.use_feature_cache:
-        try:
-            with open(os.path.join(directory, FEATURES_FILE), encoding="utf-8") as f:
-                stored = json.load(f)
-            feature_shape, grid = tuple(stored["feature_shape"]), tuple(stored["grid"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"preset {directory}: cannot read {FEATURES_FILE}: {e}") from e
+        feature_shape, grid = read_features(directory, f"preset {directory}")
     return Stored(directory, config, vocab, feature_shape, grid, _encoder_in_weights(config))
+
+
+def read_features(directory: str, where: str):
+    """((L, D), (H, W) or None) of the cached features a model of `directory` (a preset
+    or a workdir) was trained on, from its features.json; a file written before the grid
+    was stored has none (the model then takes a square grid).
+
+    Raises:
+      ValueError: beginning with `where`, when the file is missing or unreadable.
+    """
+    path = os.path.join(directory, FEATURES_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            stored = json.load(f)
+        feature_shape = tuple(int(n) for n in stored["feature_shape"])
+        grid = tuple(int(n) for n in stored["grid"]) if stored.get("grid") else None
+    except FileNotFoundError as e:
+        raise ValueError(f"{where} lacks {FEATURES_FILE}") from e
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{where}: cannot read {FEATURES_FILE}: {e}") from e
+    return feature_shape, grid
 
 
 def load_weights(model, stored: Stored) -> None:
@@ -353,6 +374,90 @@ def load_weights(model, stored: Stored) -> None:
     """
     path = os.path.join(stored.directory, WEIGHTS_FILE)
     try:
-        npz_weights.load(model, path, stored.encoder_in_weights, CONFIG_FILE)
+        read_weights(model, path, stored.encoder_in_weights, CONFIG_FILE)
     except ValueError as e:
         raise ValueError(f"preset {stored.directory}: {e}") from e
+
+
+# weights.npz: each weight keyed by its variable path without the model's name
+# (`decoder/init_h/kernel`), the encoder's under `encoder/`, so the file does not depend
+# on how Keras numbers layers in a process; float16 arrays, read without pickle and cast
+# back to each variable's dtype (float32).
+
+
+def weight_variables(model, with_encoder: bool) -> dict:
+    """{key: variable} of the weights stored; the encoder's only `with_encoder`."""
+    encoder = {id(v) for v in model.encoder.weights} if model.encoder is not None else set()
+    out = {}
+    for variable in model.weights:
+        if id(variable) in encoder:
+            if not with_encoder:
+                continue
+            key = f"encoder/{variable.path}"
+        else:
+            key = variable.path.split("/", 1)[-1]
+        if key in out:
+            raise ValueError(f"two weights of the model have the path {key}")
+        out[key] = variable
+    return out
+
+
+def _float16(key, value):
+    if not np.issubdtype(value.dtype, np.floating):
+        return value
+    largest = float(np.max(np.abs(value))) if value.size else 0.0
+    if largest > float(np.finfo(np.float16).max):
+        raise ValueError(f"weight {key} holds {largest:g}, beyond the range of float16")
+    return value.astype(np.float16)
+
+
+def save_weights(model, path: str, with_encoder: bool) -> int:
+    """Writes the model's weights in float16 to `path` atomically.
+
+    Returns:
+      the number of values written.
+
+    Raises:
+      ValueError: for a weight beyond float16's range, naming it.
+    """
+    arrays = {k: _float16(k, v.numpy()) for k, v in weight_variables(model, with_encoder).items()}
+    with files.atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    return int(sum(a.size for a in arrays.values()))
+
+
+def read_weights(model, path: str, with_encoder: bool, model_source: str) -> None:
+    """Assigns the weights of `path` to the model's variables.
+
+    Args:
+      model: a built model of the same architecture.
+      path: an .npz file written by `save_weights`.
+      with_encoder: whether the file holds the encoder's weights.
+      model_source: how errors name what the model was built from (`config.json`).
+
+    Raises:
+      ValueError: for a file that cannot be read (or holds pickled objects), or whose
+        keys or shapes are not the model's, naming up to five differences.
+    """
+    name = path.rsplit("/", 1)[-1]
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise ValueError(f"cannot read {name}: {e}") from e
+    wanted = weight_variables(model, with_encoder)
+    problems = []
+    if missing := sorted(set(wanted) - set(arrays)):
+        problems.append(f"it lacks {preview(missing)}")
+    if extra := sorted(set(arrays) - set(wanted)):
+        problems.append(f"the model has no {preview(extra)}")
+    for key in sorted(set(wanted) & set(arrays)):
+        want, got = tuple(wanted[key].shape), tuple(arrays[key].shape)
+        if want != got:
+            problems.append(f"{key} is {got} in {name}, {want} in the model")
+    if problems:
+        raise ValueError(
+            f"{name} does not fit the model of {model_source}: " + "; ".join(problems[:5])
+        )
+    for key, variable in wanted.items():
+        variable.assign(arrays[key].astype(variable.dtype))

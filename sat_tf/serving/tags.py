@@ -6,20 +6,64 @@ vectors a_i of a `*_head` encoder are that map (paper §3.1.1), so the mean of t
 the vector the classifier reads; with the dilated head (output stride 16) the same
 weights see each cell's neighbourhood at twice the resolution, and the classifier keeps
 its top class on nearly every photo (BUILD_NOTES.md). A preset's tag table
-(`data.tag_table`) names a caption word for some classes; a word's probability is the sum
+(`TAGS_FILE`) names a caption word for some classes; a word's probability is the sum
 of its classes' (the 118 dog breeds all say "dog"). The most probable word is the photo's
 tag. Where its probability reaches a threshold, constrained beam search
 (`search.beam_search(constraint=...)`, Anderson et al., 2017) makes the caption say it.
+
+The tag table is `tags.tsv`, one line per output of the encoder's ImageNet head, in
+output order, five tab-separated fields: the class index, its WordNet id, the caption
+word (empty when the class names nothing the captions say; "dog|dogs|puppy": the tag,
+then other words that say it), the class's ImageNet name, and how the word was found
+(`sat-build-tag-table` writes it; its docstring says how).
 """
 
+import csv
 import os
 from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
-from sat_tf.backbones import efficientnet_lite, torch_weights
-from sat_tf.data import tag_table
+from sat_tf.backbones import efficientnet_lite
+
+TAGS_FILE = "tags.tsv"
+_HEADER = ("class", "wnid", "word", "imagenet_name", "how")
+
+
+class TagRow(NamedTuple):
+    index: int
+    wnid: str
+    word: str
+    name: str
+    how: str
+
+
+def write_table(path: str, rows: list[TagRow]) -> None:
+    """Writes the rows as a tag table (a header line, then one line per class)."""
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
+        writer.writerow(_HEADER)
+        writer.writerows(rows)
+
+
+def read_table(path: str) -> list[TagRow]:
+    """The rows of a tag table, checked to number its classes 0, 1, ... in order.
+
+    Raises:
+      ValueError: naming the file and line that is not a row of a tag table.
+    """
+    with open(path, encoding="utf-8", newline="") as f:
+        lines = list(csv.reader(f, delimiter="\t"))
+    if not lines or tuple(lines[0]) != _HEADER:
+        raise ValueError(f"{path} is not a tag table: its first line must be {_HEADER}")
+    rows = []
+    for number, fields in enumerate(lines[1:], start=2):
+        if len(fields) != len(_HEADER) or fields[0] != str(len(rows)):
+            raise ValueError(f"{path}, line {number}: expected class {len(rows)} and 5 fields")
+        rows.append(TagRow(int(fields[0]), *fields[1:]))
+    return rows
+
 
 # Encoders whose annotation vectors are the input of an ImageNet head: name -> variant.
 HEAD_ENCODERS = {
@@ -98,15 +142,15 @@ def load_tagger(directory, vocab, encoder):
     """The tagger of a preset folder: its tag table and its encoder's ImageNet head (read
     from the installed weights, as the encoder's are). None where the folder has no tag
     table or the encoder has no ImageNet head."""
-    path = os.path.join(directory, tag_table.TAGS_FILE)
+    path = os.path.join(directory, TAGS_FILE)
     if encoder not in HEAD_ENCODERS or not os.path.isfile(path):
         return None
-    rows = tag_table.read_table(path)
-    state = torch_weights.load_state_dict(
+    rows = read_table(path)
+    state = efficientnet_lite.state_dict(
         efficientnet_lite.imagenet_weights_path(HEAD_ENCODERS[encoder])
     )
-    kernel = np.asarray(state["_fc.weight"], np.float32).T  # (D, C)
-    bias = np.asarray(state["_fc.bias"], np.float32)
+    kernel = state["_fc.weight"].T  # (D, C)
+    bias = state["_fc.bias"]
     if kernel.shape[1] != len(rows):
         raise ValueError(
             f"{path} has {len(rows)} classes; the head of {encoder} has {kernel.shape[1]}"

@@ -12,9 +12,8 @@ import tempfile
 
 from absl import logging
 
-from sat_tf.data import tag_table
 from sat_tf.evaluation import coco_grounding
-from sat_tf.serving import inference, off_world, preset
+from sat_tf.serving import inference, off_world, preset, tags
 from sat_tf.training import scoring
 from sat_tf.utils import files, machine
 
@@ -98,9 +97,9 @@ def make(
 # Files of a workdir that its preset carries when present: the tag table (a run
 # `--init_from` a preset keeps the preset's, which names words of the grown vocabulary
 # too) and the off-world statistics (`sat-off-world --workdir`, from its training photos).
-CARRIED = (tag_table.TAGS_FILE, off_world.FILE)
+CARRIED = (tags.TAGS_FILE, off_world.FILE)
 _WITHOUT = {
-    tag_table.TAGS_FILE: "captions without tags (a run from scratch has no tag table; "
+    tags.TAGS_FILE: "captions without tags (a run from scratch has no tag table; "
     "scripts/build_tag_table.py makes one)",
     off_world.FILE: "gives no off-world score (run `sat-off-world --workdir=<the workdir>` "
     "first to fit it to the run's training photos)",

@@ -28,24 +28,17 @@ from sat_tf.config import (
     check_given_settings,
     encoder_crop_fraction,
 )
-from sat_tf.data import tag_table
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.data.tokens import UNK_ID
 from sat_tf.model.show_attend_tell import build_model
-from sat_tf.serving import npz_weights
-from sat_tf.serving.inference import (
-    BEST_INFO,
-    BEST_WEIGHTS,
-    CONFIG_FILE,
-    FEATURES_FILE,
-    VOCAB_FILE,
-    check_weights_vocab,
-)
+from sat_tf.serving import preset, tags
+from sat_tf.serving.inference import BEST_INFO, BEST_WEIGHTS, check_weights_vocab
+from sat_tf.serving.preset import CONFIG_FILE, FEATURES_FILE, VOCAB_FILE
 from sat_tf.utils import files
 
 HISTORY_FILE = "val_history.json"
 # The weights with a row (the embedding E) or a column (the output layer L_o, paper
-# eq. 7) per word, keyed as `npz_weights` keys them: a grown vocabulary grows them.
+# eq. 7) per word, keyed as `preset.weight_variables` keys them: a grown vocabulary grows them.
 WORD_WEIGHTS = (
     "decoder/embedding/embeddings",
     "decoder/deep_output/kernel",
@@ -289,8 +282,8 @@ def _copy_weights(model, trained, with_encoder: bool, new_words: int, where: str
     weights, which made the features `trained` read), the word weights grown by
     `new_words` words (`grow_word_weights`)."""
     # Keyed by their paths below the model's own (numbered) name, as the presets store them.
-    mine = npz_weights.variables(model, with_encoder)
-    theirs = {k: v.numpy() for k, v in npz_weights.variables(trained, with_encoder).items()}
+    mine = preset.weight_variables(model, with_encoder)
+    theirs = {k: v.numpy() for k, v in preset.weight_variables(trained, with_encoder).items()}
     if mine.keys() != theirs.keys():
         only_there = sorted(theirs.keys() - mine.keys())
         only_here = sorted(mine.keys() - theirs.keys())
@@ -474,11 +467,11 @@ def copy_tag_table(source: str, workdir: str) -> bool:
     vocabulary keeps the old words' ids, and the table names tags by their words, so
     new words it holds become tags too. Returns whether the source had one."""
     folder = _preset_folder(source) if _from_preset(source) else source
-    path = os.path.join(folder, tag_table.TAGS_FILE)
+    path = os.path.join(folder, tags.TAGS_FILE)
     if not os.path.isfile(path):
         return False
     with open(path, encoding="utf-8") as f:
-        files.write_text(os.path.join(workdir, tag_table.TAGS_FILE), f.read())
+        files.write_text(os.path.join(workdir, tags.TAGS_FILE), f.read())
     return True
 
 

@@ -9,6 +9,14 @@ import os
 import shutil
 import tempfile
 
+# The environment variable naming the folder of downloads and ported weights.
+CACHE_ENV = "SAT_TF_CACHE"
+
+
+def cache_dir() -> str:
+    """Where downloads and ported weights are kept: `$SAT_TF_CACHE`, else `~/.cache/sat_tf`."""
+    return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "sat_tf")
+
 
 @contextlib.contextmanager
 def atomic_path(path):

@@ -1,0 +1,178 @@
+"""What of the package runs to caption one photo: its files and functions, traced.
+
+    python bench/caption_path.py [--image=photo.jpg] [--preset=NAME]
+
+Traces two ways of captioning one image with a preset (the shipped
+flickr8k_lite0_grid14_soft by default), each in a fresh process with `tf.function`s run
+eagerly (so their Python bodies are traced as they run):
+- `command`: `sat-caption IMAGE --preset=NAME` (`sat_tf.cli.caption.main`);
+- `api`: `Captioner.from_preset(NAME).caption(IMAGE)`.
+
+For each it prints, as one JSON object: the package files that ran any code (module
+bodies included: the files imported), the functions that ran (their number and the code
+lines of their bodies, as `tests/layout_test.code_lines` counts them: no docstrings,
+comments or blank lines) and whether a training module ran. Without --image it
+captions a 320 x 240 picture it draws. The machine is stated in the output.
+"""
+
+import argparse
+import ast
+import collections
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import tokenize
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, "sat_tf") + os.sep
+# Modules that belong to training, which captioning never runs.
+TRAINING = (
+    os.path.join("sat_tf", "training") + os.sep,
+    os.path.join("sat_tf", "model", "self_critical.py"),
+    os.path.join("sat_tf", "model", "losses.py"),
+    os.path.join("sat_tf", "model", "resumable.py"),
+)
+
+
+def code_lines(source):
+    """The line numbers of `source` that hold code (not blank, comment or docstring)."""
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                if isinstance(first.value.value, str):
+                    docstrings.update(range(first.lineno, first.end_lineno + 1))
+    lines = set()
+    skipped = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in (*skipped, tokenize.ENDMARKER):
+            lines.update(range(token.start[0], token.end[0] + 1))
+    return lines - docstrings
+
+
+def function_spans(path):
+    """{first line of a def (`co_firstlineno`: its first decorator's line): the code lines
+    of its body, without those of the functions and classes defined inside it}."""
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    lines = code_lines(source)
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+    def span(node):
+        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+        return first, {n for n in lines if first <= n <= node.end_lineno}
+
+    spans = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, defs):
+            first, body = span(node)
+            for inner in ast.walk(node):
+                if inner is not node and isinstance(inner, (*defs, ast.ClassDef)):
+                    body -= span(inner)[1]
+            spans[first] = body
+    return spans
+
+
+def trace(way, image, preset):
+    """Runs one way of captioning under `sys.setprofile`; returns its report."""
+    import tensorflow as tf
+
+    tf.config.run_functions_eagerly(True)
+    files, functions = set(), set()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            path = frame.f_code.co_filename
+            if path.startswith(PACKAGE):
+                files.add(path)
+                functions.add((path, frame.f_code.co_firstlineno, frame.f_code.co_name))
+
+    # Module bodies run under the import system's frames, which `setprofile` sees.
+    sys.setprofile(profile)
+    try:
+        if way == "command":
+            from sat_tf.cli import caption
+
+            status = caption.main(["sat-caption", image, f"--preset={preset}"])
+            if status:
+                raise SystemExit(f"sat-caption exited with {status}")
+        else:
+            from sat_tf import Captioner
+
+            print(Captioner.from_preset(preset).caption(image)[0].text)
+    finally:
+        sys.setprofile(None)
+    spans = {path: function_spans(path) for path in files}
+    # Module and class bodies (no def starts at their first line) are imports, not runs.
+    ran = [(path, first, name) for path, first, name in functions if first in spans[path]]
+    lines, per_file = 0, collections.Counter()
+    for path, first, _ in ran:
+        per_file[os.path.relpath(path, ROOT)] += len(spans[path][first])
+        lines += len(spans[path][first])
+    relative = sorted(os.path.relpath(p, ROOT) for p in files)
+    return {
+        "way": way,
+        "files_imported": len(relative),
+        "files_run": len(per_file),
+        "functions": len(ran),
+        "function_code_lines": lines,
+        "training_code_ran": sorted(p for p in per_file if p.startswith(TRAINING)),
+        "training_code_imported": sorted(p for p in relative if p.startswith(TRAINING)),
+        "lines_per_file": dict(per_file.most_common()),
+        "files_imported_only": sorted(set(relative) - set(per_file)),
+        "functions_run": sorted(
+            f"{os.path.relpath(path, ROOT)}:{first} {name} ({len(spans[path][first])})"
+            for path, first, name in ran
+        ),
+    }
+
+
+def machine():
+    from sat_tf.utils import machine as machine_lib
+
+    return machine_lib.describe()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--image", default="")
+    parser.add_argument("--preset", default="flickr8k_lite0_grid14_soft")
+    parser.add_argument("--way", choices=("command", "api"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.way:  # the child: one way, traced from a fresh interpreter
+        print("REPORT " + json.dumps(trace(args.way, args.image, args.preset)))
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        image = args.image
+        if not image:
+            from PIL import Image, ImageDraw
+
+            image = os.path.join(folder, "photo.png")
+            picture = Image.new("RGB", (320, 240), (90, 140, 200))
+            ImageDraw.Draw(picture).ellipse((100, 60, 220, 180), fill=(200, 60, 40))
+            picture.save(image)
+        reports = []
+        for way in ("command", "api"):
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    f"--way={way}",
+                    f"--image={image}",
+                    f"--preset={args.preset}",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=ROOT,
+            ).stdout
+            reports.append(json.loads(out.split("REPORT ", 1)[1]))
+    print(json.dumps({"machine": machine(), "preset": args.preset, "ways": reports}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
