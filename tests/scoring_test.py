@@ -74,13 +74,31 @@ class BlockingTest(tf.test.TestCase):
 
     def test_bad_ending_ids_are_those_of_the_vocabulary(self):
         config = dataclasses.replace(self.config, block_bad_endings=True)
-        options = inference.decoding_options(config, self.vocab)
-        self.assertEqual(options, {"block_repeats": True, "bad_ending_ids": (4, 5, 8, 10)})
+        options = inference.decoding_arguments(config, self.vocab)
+        self.assertEqual(options["bad_ending_ids"], (4, 5, 8, 10))
         self.assertEqual({WORDS[i] for i in options["bad_ending_ids"]}, {"a", "the", "on", "of"})
         self.assertContainsSubset({"a", "the", "on", "of"}, BAD_ENDINGS)
-        self.assertEqual(inference.decoding_options(self.config)["bad_ending_ids"], ())
+        self.assertEqual(inference.decoding_arguments(self.config)["bad_ending_ids"], ())
         with self.assertRaisesRegex(ValueError, "needs the vocabulary"):
-            inference.decoding_options(config)
+            inference.decoding_arguments(config)
+
+    def test_decoding_arguments_are_the_configs(self):
+        config = dataclasses.replace(
+            self.config, beam_size=5, length_penalty=1.0, tags=True, tag_threshold=0.4
+        )
+        want = {
+            "max_length": config.max_decode_length,
+            "beam_size": 5,
+            "length_penalty": 1.0,
+            "block_repeats": config.block_repeats,
+            "bad_ending_ids": (),
+            "tag_threshold": 0.4,
+        }
+        self.assertEqual(inference.decoding_arguments(config, self.vocab), want)
+        # An explicit beam wins; tags off leave no threshold.
+        untagged = dataclasses.replace(config, tags=False)
+        got = inference.decoding_arguments(untagged, self.vocab, beam_size=2)
+        self.assertEqual(got, {**want, "beam_size": 2, "tag_threshold": None})
 
 
 if __name__ == "__main__":

@@ -11,12 +11,12 @@ import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
-from sat_tf.model import losses, search
+from sat_tf.model import losses
 from sat_tf.model.decoder import AttentionDecoder
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.fast import schedule
 from sat_tf.model.losses import BASELINE_SLOTS
-from sat_tf.model.show_attend_tell import ShowAttendTell
+from sat_tf.model.show_attend_tell import Generated, ShowAttendTell
 
 VOCAB, WIDTH, LOCATIONS, FEATURES = 12, 8, 4, 8
 START, END = 1, 2
@@ -429,7 +429,10 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         model.decoder.deep_output.bias.assign(np.eye(VOCAB, dtype=np.float32)[END] * 2.5)
         max_length = 6
         result = model.generate(batch, max_length=max_length)
-        self.assertIsInstance(result, search.DecodeResult)
+        self.assertIsInstance(result, Generated)
+        # No tagger: no tag, and the probability 0.
+        self.assertAllEqual(result.tag, [-1, -1])
+        self.assertAllEqual(result.tag_prob, [0.0, 0.0])
         self.assertEqual(result.tokens.shape, (2, max_length))
         self.assertEqual(result.length.shape, (2,))
         self.assertEqual(result.log_prob.shape, (2,))

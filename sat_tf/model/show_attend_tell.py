@@ -6,6 +6,7 @@ ids `<start> w1 .. wn <end>` padded with 0.
 """
 
 import dataclasses
+from typing import NamedTuple
 
 import keras
 import tensorflow as tf
@@ -19,6 +20,25 @@ from sat_tf.model import self_critical as scst
 from sat_tf.model.decoder import AttentionDecoder
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.model.resumable import ResumableModel
+
+
+class Generated(NamedTuple):
+    """Captions of a batch (`ShowAttendTell.generate`).
+
+    Attributes:
+      tokens, length, log_prob, attention: as `search.DecodeResult`.
+      tag: int32 (B,), the vocabulary id of the tag the caption was made to say, -1
+        where none was (no tagger, tags off, or a tag below the threshold).
+      tag_prob: float32 (B,), the photo's most probable tag's probability (0 without a
+        tagger or with tags off).
+    """
+
+    tokens: tf.Tensor
+    length: tf.Tensor
+    log_prob: tf.Tensor
+    attention: tf.Tensor
+    tag: tf.Tensor
+    tag_prob: tf.Tensor
 
 
 @keras.saving.register_keras_serializable(package="sat_tf")
@@ -249,17 +269,29 @@ class ShowAttendTell(ResumableModel):
         self._update_trackers(self.loss_terms(batch, training=False))
         return self._logs([self.loss_tracker, self.nll_tracker])
 
-    def generate(self, batch, **decoding):
-        """Captions a batch in the graph: `decode` from the initial state of its images.
+    def generate(self, batch, tag_threshold=None, **decoding) -> "Generated":
+        """Captions a batch in the graph: the one decoding of captioning (the API,
+        evaluation, the export): `decode` from the initial state of its images, made to
+        say each photo's tag where the model has a `tagger` (a preset's, set by
+        `sat_tf.serving.inference.load`) and the tag's probability reaches
+        `tag_threshold` (constrained beam search; `sat_tf.serving.tags`).
 
         Args:
           batch: dict with "image" or "features" (`encode`).
-          **decoding: `decode`'s arguments after the state.
+          tag_threshold: the probability a tag needs; None turns tags off.
+          **decoding: `decode`'s arguments after the state (max_length, beam_size,
+            length_penalty, block_repeats, bad_ending_ids).
 
         Returns:
-          `search.DecodeResult`, as `decode`.
+          `Generated`: `decode`'s `search.DecodeResult` with each photo's tag.
         """
-        return self.decode(self.decoder.initial_state(self.encode(batch)), **decoding)
+        features = self.encode(batch)
+        batch_size = tf.shape(features)[0]
+        tag, prob, constraint = tf.fill([batch_size], -1), tf.zeros([batch_size]), None
+        if self.tagger is not None and tag_threshold is not None:
+            constraint, tag, prob = self.tagger.constraint(features, tag_threshold)
+        state = self.decoder.initial_state(features)
+        return Generated(*self.decode(state, constraint=constraint, **decoding), tag, prob)
 
     def decode(
         self,

@@ -36,7 +36,7 @@ from tensorflow.lite.tools import flatbuffer_utils
 
 from sat_tf.data import graph_admission, image_io
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.serving import inference, tags
+from sat_tf.serving import inference
 from sat_tf.serving import off_world as off_world_lib
 from sat_tf.serving.inference import feature_encoder
 from sat_tf.utils import files
@@ -66,7 +66,7 @@ class ExportSpec:
       beam_size: 1 for greedy decoding, else beam search.
       length_penalty: GNMT length penalty exponent of beam search.
       tag_threshold: the probability a photo's ImageNet tag needs before its caption
-        must say it (`tags.tagged_generate`); None: no tags (--notags, or a model
+        must say it (`ShowAttendTell.generate`); None: no tags (--notags, or a model
         without a tag table).
       block_repeats: no word a third time in a row, no trigram twice.
       bad_ending_ids: words a caption may not end on.
@@ -157,9 +157,8 @@ def join_words(words, tokens, length):
 
 
 def _decode(model, features, spec):
-    return tags.tagged_generate(
-        model,
-        features,
+    return model.generate(
+        {"features": features},
         spec.tag_threshold,
         max_length=spec.max_length,
         beam_size=spec.beam_size,
@@ -358,17 +357,16 @@ def export_spec(
             f"off-world statistics of {off_world.feature_dim}-wide features; the encoder "
             f"gives {depth}"
         )
+    decoding = inference.decoding_arguments(config, vocab, beam_size)
+    if model.tagger is None:
+        decoding["tag_threshold"] = None
     spec = ExportSpec(
         image_size=config.image_size,
         crop_fraction=config.effective_crop_fraction,
         grid=(int(height), int(width)),
         feature_dim=int(depth),
-        max_length=max_length or config.max_decode_length,
-        beam_size=beam_size or config.beam_size,
-        length_penalty=config.length_penalty,
+        **{**decoding, "max_length": max_length or decoding["max_length"]},
         max_image_pixels=max_image_pixels,
-        tag_threshold=config.tag_threshold if config.tags and model.tagger else None,
-        **inference.decoding_options(config, vocab),
         off_world=off_world,
     )
     for name in ("max_length", "beam_size", "max_image_pixels"):

@@ -7,6 +7,8 @@ caption function that decodes batches with it.
 - `load_preset(source)`, `load_workdir(workdir)`: (model, vocab, config) of one kind.
 - `feature_encoder(model, config)`: the backbone whose features a model reads, rebuilt
   for a model trained on cached features, to caption images with it.
+- `decoding_arguments(config, vocab)`: the decoding a config sets, as
+  `ShowAttendTell.generate` (the one decoding function) takes it.
 - `make_caption_fn(model, config)`: a `tf.function` that captions a batch.
 
 The Python API (`api`), the console commands, the export (`exporting`) and the demo of
@@ -171,19 +173,29 @@ def _read_workdir(workdir: str):
     raise ValueError(f"{workdir} holds no trained weights ({BEST_WEIGHTS} or backup/)")
 
 
-def decoding_options(config: Config, vocab=None) -> dict:
-    """`ShowAttendTell.generate`'s blocking arguments from `config.block_repeats` and
-    `config.block_bad_endings` (which needs the `vocab` to find `tokens.BAD_ENDINGS`)."""
+def decoding_arguments(config: Config, vocab=None, beam_size=None) -> dict:
+    """`ShowAttendTell.generate`'s arguments from a config's decoding settings, read here
+    once for the API, evaluation, the demo and the export: max_length, beam_size (None:
+    `config.beam_size`), length_penalty, block_repeats, bad_ending_ids (the vocabulary's
+    `tokens.BAD_ENDINGS` with `config.block_bad_endings`, which needs the `vocab`) and
+    tag_threshold (None with `config.tags` off)."""
     if config.block_bad_endings and vocab is None:
         raise ValueError("--block_bad_endings needs the vocabulary to find the bad endings")
-    bad = vocab.ids_present(BAD_ENDINGS) if config.block_bad_endings else ()
-    return {"block_repeats": config.block_repeats, "bad_ending_ids": bad}
+    return {
+        "max_length": config.max_decode_length,
+        "beam_size": beam_size or config.beam_size,
+        "length_penalty": config.length_penalty,
+        "block_repeats": config.block_repeats,
+        "bad_ending_ids": vocab.ids_present(BAD_ENDINGS) if config.block_bad_endings else (),
+        "tag_threshold": config.tag_threshold if config.tags else None,
+    }
 
 
 def make_caption_fn(model, config: Config, beam_size=None, encoder=None, vocab=None):
-    """A `tf.function` that captions a batch dict; see `ShowAttendTell.generate`. With
-    `config.tags` and a model that has a tagger (a preset's tag table), each caption is
-    made to say its photo's tag where the tag is confident (`tags.tagged_generate`).
+    """A `tf.function` that captions a batch dict with the config's decoding
+    (`decoding_arguments`): `ShowAttendTell.generate`, which with `config.tags` and a
+    model that has a tagger (a preset's tag table) makes each caption say its photo's
+    tag where the tag is confident.
 
     With `--jit_compile` XLA compiles it too, once per batch shape: it fuses the decoding
     step's small ops (BUILD_NOTES.md has the measured effect).
@@ -197,25 +209,15 @@ def make_caption_fn(model, config: Config, beam_size=None, encoder=None, vocab=N
       vocab: the model's `Vocab`; needed with `config.block_bad_endings`.
 
     Returns:
-      the function, batch -> `tags.TaggedResult` (a `DecodeResult` with the tags).
+      the function, batch -> `show_attend_tell.Generated`.
     """
-    beam = beam_size or config.beam_size
-    blocking = decoding_options(config, vocab)
-    threshold = config.tag_threshold if config.tags else None
+    decoding = decoding_arguments(config, vocab, beam_size)
 
     @tf.function(reduce_retracing=True, jit_compile=config.jit_compile)
     def caption(batch):
         if encoder is not None:
             batch = {"features": encoder(batch["image"], training=False)}
-        return tags.tagged_generate(
-            model,
-            model.encode(batch),
-            threshold,
-            max_length=config.max_decode_length,
-            beam_size=beam,
-            length_penalty=config.length_penalty,
-            **blocking,
-        )
+        return model.generate(batch, **decoding)
 
     return caption
 
