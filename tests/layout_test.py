@@ -29,7 +29,10 @@ import ast
 import dataclasses
 import inspect
 import io
+import json
 import os
+import subprocess
+import sys
 import textwrap
 import tokenize
 
@@ -72,6 +75,11 @@ MODULE_RULES = {
 MODEL_READS_OF_DATA = ("sat_tf.data.vocab", "sat_tf.data.tokens")
 # The commands and the API that caption: nothing they import, at any depth, is training's.
 CAPTION_PATH = ("sat_tf.cli.caption", "sat_tf.cli.demo", "sat_tf.cli.export", "sat_tf.serving.api")
+# What captioning one photo with the shipped preset runs (bench/caption_path.py, traced
+# with tf.functions run eagerly): at most this many package files with a function run,
+# and code lines of the functions run; never a line of training code.
+CAPTION_RUNS = {"command": (24, 1900), "api": (20, 1600)}
+
 # Size limits in lines of code (`code_lines`).
 MODEL_FILES = 8  # the paper's modules of sat_tf/model/ and its __init__.py
 MODEL_CODE_LINES = 1000
@@ -396,6 +404,35 @@ def test_captioning_loads_no_training_code():
         loaded = _closure(graph, start)
         assert start in loaded
         assert not [m for m in loaded if _within(m, "sat_tf.training")], start
+
+
+@pytest.mark.parametrize("way", sorted(CAPTION_RUNS))
+def test_captioning_a_photo_runs_no_training_code(way, tmp_path):
+    from PIL import Image
+
+    from sat_tf.backbones import efficientnet_lite
+
+    image = str(tmp_path / "photo.png")
+    Image.new("RGB", (64, 48), (200, 60, 40)).save(image)
+    cache = {"SAT_TF_CACHE": str(tmp_path / "cache")}
+    # As from the second caption on: the ImageNet weights were ported at the first.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SAT_TF_CACHE", cache["SAT_TF_CACHE"])
+        efficientnet_lite.state_dict.__wrapped__(efficientnet_lite.imagenet_weights_path())
+    bench = os.path.join(ROOT, "bench", "caption_path.py")
+    done = subprocess.run(
+        [sys.executable, bench, f"--way={way}", f"--image={image}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **cache},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.split("REPORT ", 1)[1])
+    assert report["training_code_ran"] == []
+    files, lines = CAPTION_RUNS[way]
+    assert report["files_run"] <= files, report["lines_per_file"]
+    assert report["function_code_lines"] <= lines, report["lines_per_file"]
 
 
 def test_sizes_stay_within_their_limits():

@@ -230,8 +230,9 @@ def _main(argv):
     captioner = api.Captioner.from_trained(
         load_trained(FLAGS), batch_size=FLAGS.batch_size, max_image_pixels=FLAGS.max_image_pixels
     )
-    pictures = picture_names(paths)
+    pictures = {}
     if FLAGS.visualize:
+        pictures = picture_names(paths)
         os.makedirs(FLAGS.visualize, exist_ok=True)
     output = temporary = None
     if FLAGS.output:
@@ -250,7 +251,7 @@ def _main(argv):
             failed += len(batch) - len(chunk)
             captions = captioner.caption_pixels(pixels, beam_size) if chunk else []
             for path, caption in zip(chunk, captions, strict=True):
-                _show(captioner, path, caption, pictures[path])
+                _show(captioner, path, caption, pictures.get(path))
                 if output:
                     output.write(json.dumps(_record(path, caption)) + "\n")
                 captioned += 1
