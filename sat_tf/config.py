@@ -166,7 +166,13 @@ class Config:
     )
     max_caption_length: int = _field(40, "Longer training captions are cut to this many words.")
 
-    encoder: str = _field("shapes_cnn", "Backbone from the registry in sat_tf/model/encoder.py.")
+    encoder: str = _field(
+        "shapes_cnn",
+        "Backbone (sat_tf/backbones/registry.py): shapes_cnn, vgg19, resnet50, resnet101, "
+        "inception_v3, efficientnet_b0, efficientnet_lite0, efficientnet_lite2, "
+        "efficientnet_lite0_head, efficientnet_lite2_head, efficientnet_lite0_head_dilated, "
+        "efficientnet_lite2_head_dilated.",
+    )
     encoder_weights: str = _field("", "'' (random), 'imagenet', or a weights file path.")
     image_size: int = _field(112, "Square input size of the encoder.")
     crop_fraction: float = _field(

@@ -507,3 +507,24 @@ class SeedTableTest(tf.test.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+def test_sat_demo_serves_the_default_preset_without_a_model_flag(tmp_path):
+    from sat_tf.cli import demo as demo_cli
+
+    loaded = mock.Mock(off_world="stats")
+    loaded.__getitem__ = lambda self, key: ("model", "vocab", "config")[key]
+    demo_cli.FLAGS(["sat-demo"])
+    try:
+        with (
+            mock.patch.object(demo_cli, "load_trained", return_value=loaded) as load,
+            mock.patch("sat_tf.serving.demo.export_decodings", return_value=["a", "b"]) as export,
+        ):
+            assert demo_cli.export_dirs(str(tmp_path)) == ["a", "b"]
+        assert demo_cli.FLAGS.preset == flags_lib.DEFAULT_PRESET
+        load.assert_called_once_with(demo_cli.FLAGS)
+        export.assert_called_once_with(
+            ("model", "vocab", "config"), str(tmp_path), off_world="stats"
+        )
+    finally:
+        demo_cli.FLAGS.unparse_flags()

@@ -351,3 +351,11 @@ class HelpTest(parameterized.TestCase):
 
 if __name__ == "__main__":
     parameterized.absltest.main()
+
+
+def test_the_encoder_help_names_every_backbone_of_the_registry():
+    from sat_tf.backbones import registry
+
+    help_text = next(h for name, _, _, h in config_lib.fields_with_help() if name == "encoder")
+    listed = help_text.split(":", 1)[1].rstrip(".").split(", ")
+    assert [name.strip() for name in listed] == list(registry.REGISTRY)

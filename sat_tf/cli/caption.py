@@ -33,6 +33,7 @@ import sys
 from absl import flags
 
 from sat_tf.cli.flags_lib import (
+    DEFAULT_PRESET,
     define_model_source,
     define_override,
     load_trained,
@@ -43,8 +44,6 @@ from sat_tf.data import image_io
 from sat_tf.serving import api
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
-# The preset that captions when neither --workdir nor --preset is given.
-DEFAULT_PRESET = "flickr8k_lite0_grid14_soft"
 # The exit status when some images were skipped.
 SKIPPED = 2
 

@@ -1,14 +1,16 @@
 """Serves a web page on 127.0.0.1 to try a captioner: upload or drop a photo, read its
 caption and see where the model looked for every word.
 
+  sat-demo
   sat-demo --preset=flickr8k_lite0_soft
   sat-demo --workdir=runs/shapes
   sat-demo --export=exports/sat/1,exports/sat/2 --port=8000 --samples=photos/
 
-With --preset or --workdir the trained model is exported twice (greedy and beam 3) into a
-temporary folder, removed when the demo stops; with --export (one or two SavedModel folders of
-export/export.py, repeated or comma-separated) the page offers the decodings they were
-exported with. Captions come from each SavedModel's serving_default signature.
+Without --preset, --workdir or --export the shipped preset flickr8k_lite0_grid14_soft
+serves (`sat-caption`'s default too). With --preset or --workdir the trained model is
+exported twice (greedy and beam 3) into a temporary folder, removed when the demo stops;
+with --export (one or two SavedModel folders of export/export.py, repeated or
+comma-separated) the page offers the decodings they were exported with. Captions come from each SavedModel's serving_default signature.
 """
 
 import signal
@@ -17,7 +19,7 @@ import tempfile
 
 from absl import flags
 
-from sat_tf.cli.flags_lib import define_model_source, load_trained, run
+from sat_tf.cli.flags_lib import DEFAULT_PRESET, define_model_source, load_trained, run
 
 # The one line a user without the demo's extra gets.
 NO_FLASK = (
@@ -48,10 +50,7 @@ def export_dirs(folder):
     if exports and trained:
         raise ValueError("give --export, or one of --preset and --workdir, not both")
     if not exports and not trained:
-        raise ValueError(
-            "give --preset=NAME, --workdir=DIR (a trained model) or --export=DIR[,DIR] "
-            "(SavedModels)"
-        )
+        FLAGS.preset = trained = DEFAULT_PRESET
     if trained:
         print(f"exporting {trained} (greedy and beam 3) to {folder} ...", flush=True)
         loaded = load_trained(FLAGS)

@@ -35,7 +35,12 @@ flags.DEFINE_string(
     flag_values=FLAGS,
 )
 define_override("beam_size", "Beam size fixed in the graph (1 = greedy)", FLAGS)
-define_override("max_length", "Most tokens per caption", FLAGS)
+flags.DEFINE_integer(
+    "max_length",
+    None,
+    "Most tokens per exported caption; left out: the trained model's own --max_decode_length.",
+    flag_values=FLAGS,
+)
 flags.DEFINE_bool(
     "tflite",
     False,

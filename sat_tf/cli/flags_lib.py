@@ -173,6 +173,11 @@ DECODING_OVERRIDES = (
 )
 
 
+# The preset that captions when neither --workdir nor --preset is given (sat-caption,
+# sat-demo).
+DEFAULT_PRESET = "flickr8k_lite0_grid14_soft"
+
+
 def define_model_source(flag_values=flags.FLAGS):
     """The flags --workdir and --preset, of which a script that loads a trained model
     takes exactly one (`load_trained`), and the decoding settings it may override

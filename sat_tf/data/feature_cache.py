@@ -70,7 +70,7 @@ def read_index(feature_dir: str) -> dict:
     if not os.path.exists(path):
         raise ValueError(
             f"no feature cache in {feature_dir} ({INDEX_FILE} is missing); run "
-            "scripts/extract_features.py with the same --dataset, --data_dir, --encoder, "
+            "sat-extract-features with the same --dataset, --data_dir, --encoder, "
             "--encoder_weights, --image_size and --feature_dir first"
         )
     try:
@@ -211,7 +211,7 @@ def feature_dataset(feature_dir: str, records: Sequence[datasets.Record], **sett
         if done < index["num_shards"]:
             hints.append(
                 f"extraction is unfinished ({done} of {index['num_shards']} shards): run "
-                "scripts/extract_features.py again to resume"
+                "sat-extract-features again to resume"
             )
         if any(m in skipped for m in missing):
             hints.append("some were skipped at extraction as undecodable")
