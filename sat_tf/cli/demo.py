@@ -10,7 +10,8 @@ Without --preset, --workdir or --export the shipped preset flickr8k_lite0_grid14
 serves (`sat-caption`'s default too). With --preset or --workdir the trained model is
 exported twice (greedy and beam 3) into a temporary folder, removed when the demo stops;
 with --export (one or two SavedModel folders of export/export.py, repeated or
-comma-separated) the page offers the decodings they were exported with. Captions come from each SavedModel's serving_default signature.
+comma-separated) the page offers the decodings they were exported with. Captions come
+from each SavedModel's serving_default signature.
 """
 
 import signal
