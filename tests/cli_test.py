@@ -528,3 +528,18 @@ def test_sat_demo_serves_the_default_preset_without_a_model_flag(tmp_path):
         )
     finally:
         demo_cli.FLAGS.unparse_flags()
+
+
+def test_sat_train_help_lists_the_essential_settings_and_helpfull_every_section():
+    code, out, _ = run_main(train_cli.main, "sat-train", "--help")
+    assert code == 0
+    listed = re.findall(r"^  --(?:\[no\])?(\w+)", out, flags=re.MULTILINE)
+    assert sorted(listed) == sorted([*config.ESSENTIAL, "workdir", "verbose"])
+    code, out, _ = run_main(train_cli.main, "sat-train", "--helpfull")
+    assert code == 0
+    headings = re.findall(r"^\S+ settings, \d+\. (.+):$", out, flags=re.MULTILINE)
+    assert headings == list(config.SECTIONS)
+    for section, names in config.SECTIONS.items():
+        block = out.split(f". {section}:\n", 1)[1].split("\n\n", 1)[0]
+        shown = re.findall(r"^  --(?:\[no\])?(\w+)", block, flags=re.MULTILINE)
+        assert sorted(shown) == sorted(n for n in names if n not in config.ESSENTIAL), section

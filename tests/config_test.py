@@ -359,3 +359,11 @@ def test_the_encoder_help_names_every_backbone_of_the_registry():
     help_text = next(h for name, _, _, h in config_lib.fields_with_help() if name == "encoder")
     listed = help_text.split(":", 1)[1].rstrip(".").split(", ")
     assert [name.strip() for name in listed] == list(registry.REGISTRY)
+
+
+def test_every_setting_is_in_one_section():
+    names = [f.name for f in dataclasses.fields(Config)]
+    listed = [name for names in config_lib.SECTIONS.values() for name in names]
+    assert sorted(listed) == sorted(names)
+    assert set(config_lib.ESSENTIAL) <= set(names)
+    assert config_lib.section_of("tag_threshold") == "decoding"

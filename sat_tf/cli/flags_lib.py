@@ -369,9 +369,18 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc=""):
         for name in flag_values:
             flag_values[name].unparse()  # its default, not given
         flags.FLAGS.append_flag_values(flag_values)
+        settings = {f.name for f in dataclasses.fields(config_lib.Config)}
+        sections = list(config_lib.SECTIONS)
         for name in flag_values:
-            # --help lists the flags of the main module (absl keys it by sys.argv[0]).
-            flags.FLAGS.register_flag_by_module(sys.argv[0], flag_values[name])
+            # --help lists the flags of the main module (absl keys it by sys.argv[0]): a
+            # command's own and the essential settings; --helpfull adds the other
+            # settings, a heading per section (absl sorts the headings).
+            module = sys.argv[0]
+            if name in settings and name not in config_lib.ESSENTIAL:
+                section = config_lib.section_of(name)
+                number = sections.index(section) + 1
+                module = f"{os.path.basename(sys.argv[0])} settings, {number}. {section}"
+            flags.FLAGS.register_flag_by_module(module, flag_values[name])
     if flags.FLAGS["verbose"] not in flags.FLAGS.get_flags_for_module(sys.argv[0]):
         flags.FLAGS.register_flag_by_module(sys.argv[0], flags.FLAGS["verbose"])
     try:
