@@ -18,15 +18,17 @@ captions a 320 x 240 picture it draws. The machine is stated in the output.
 import argparse
 import ast
 import collections
-import io
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import tokenize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The layout test's count of code lines (no docstrings, comments or blank lines).
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from layout_test import code_lines  # noqa: E402
+
 PACKAGE = os.path.join(ROOT, "sat_tf") + os.sep
 # Modules that belong to training, which captioning never runs.
 TRAINING = (
@@ -35,23 +37,6 @@ TRAINING = (
     os.path.join("sat_tf", "model", "losses.py"),
     os.path.join("sat_tf", "model", "resumable.py"),
 )
-
-
-def code_lines(source):
-    """The line numbers of `source` that hold code (not blank, comment or docstring)."""
-    docstrings = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            first = node.body[0] if node.body else None
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                if isinstance(first.value.value, str):
-                    docstrings.update(range(first.lineno, first.end_lineno + 1))
-    lines = set()
-    skipped = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type not in (*skipped, tokenize.ENDMARKER):
-            lines.update(range(token.start[0], token.end[0] + 1))
-    return lines - docstrings
 
 
 def function_spans(path):
