@@ -90,7 +90,6 @@ LOGIC_CODE_LINES = 30  # a module this long has a test file of its name
 
 # Modules with logic and no test file of their name: module -> where they are tested.
 TESTED_ELSEWHERE = {
-    "sat_tf/cli/build_tag_table.py": "tags_test.py",
     "sat_tf/cli/caption.py": "cli_test.py, scripts_test.py",
     "sat_tf/cli/extract_features.py": "feature_cache_test.py, quiet_test.py",
     "sat_tf/cli/flags_lib.py": "scripts_test.py, cli_test.py",
