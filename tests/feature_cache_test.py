@@ -376,8 +376,9 @@ def _bleu4_only(references, hypotheses, **_):
 class _EndToEnd:
     """Each dataset layout read, its vocabulary built, its features extracted, a model
     trained on them and its captions decoded. Flickr8k's Karpathy layout runs by default
-    (EndToEndTest); the other four share every step after reading, which datasets_test
-    checks for them, and run with the slow tests (EndToEndOtherLayoutsTest)."""
+    (EndToEndTest); the other four share every step after reading, which the readers'
+    tests (datasets_test, flickr_test, coco_tfds_test) check for them, and run
+    with the slow tests (EndToEndOtherLayoutsTest)."""
 
     def _layout(self, dataset, layout, counts):
         root = self.get_temp_dir()

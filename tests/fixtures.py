@@ -1,6 +1,7 @@
 """What several test modules share: tiny images and models, the tiny training settings,
 one tiny training run per test process, the layer round-trip check, official COCO
-caption files and TFDS `coco_captions` served through `tfds.testing.mock_data`."""
+caption files and TFDS `coco_captions` served through `tfds.testing.mock_data`, dataset
+files for the readers (JPEGs, Karpathy's JSON)."""
 
 import atexit
 import contextlib
@@ -327,3 +328,41 @@ def offline(keras_home):
         mock.patch.object(file_utils, "urlretrieve", no_network),
     ):
         yield
+
+
+# Dataset files on disk, for the readers' tests (records, flickr, coco_tfds, datasets).
+def jpeg_bytes(color) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), color).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+def write_file(path: str, data) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode("utf-8"))
+    return path
+
+
+def write_jpegs(root: str, *names: str) -> None:
+    for i, name in enumerate(names):
+        write_file(os.path.join(root, name), jpeg_bytes((40 * i, 100, 200)))
+
+
+def karpathy_entry(filename, imgid, split, captions, **extra):
+    sentences = [
+        {"raw": c, "tokens": c.split(), "imgid": imgid, "sentid": 10 * imgid + k}
+        for k, c in enumerate(captions)
+    ]
+    return {
+        "filename": filename,
+        "imgid": imgid,
+        "split": split,
+        "sentids": [s["sentid"] for s in sentences],
+        "sentences": sentences,
+        **extra,
+    }
+
+
+def write_karpathy(path: str, entries, name="flickr8k") -> str:
+    return write_file(path, json.dumps({"dataset": name, "images": entries}, indent=1))
