@@ -100,7 +100,6 @@ TESTED_ELSEWHERE = {
     "sat_tf/evaluation/java_tools.py": "metrics_test.py",
     "sat_tf/model/fast/schedule.py": "show_attend_tell_test.py, recurrence_test.py",
     "sat_tf/model/resumable.py": "train_lib_test.py, distribute_test.py",
-    "sat_tf/model/self_critical.py": "scst_test.py",
     "sat_tf/model/step.py": "decoder_test.py",
     "sat_tf/serving/download.py": "preset_test.py",
     "sat_tf/serving/inference.py": "api_test.py, workdir_test.py, compatibility_test.py",
