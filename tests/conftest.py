@@ -17,6 +17,7 @@ Two markers on test classes, read here from the collected tests:
 
 import math
 import os
+import shutil
 
 import pytest
 
@@ -75,3 +76,12 @@ def pytest_xdist_make_scheduler(config, log):
     # that counts here is the time they take (the `long` ranks).
     config.option.loadscopereorder = False
     return Scheduling(config, log)
+
+
+# metrics_test and java_tools_test: the scores of a machine without Java.
+@pytest.fixture
+def no_java(monkeypatch):
+    real_which = shutil.which
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *a, **k: None if name == "java" else real_which(name, *a, **k)
+    )
