@@ -191,20 +191,6 @@ class SoftAttentionRecurrenceTest(tf.test.TestCase, parameterized.TestCase):
             self.assertGreater(np.abs(num).max(), 1e-3, f"input {i}")
             self.assertAllClose(jac, num, atol=1e-7, rtol=1e-6, msg=f"input {i}")
 
-    def test_bfloat16_runs_the_recurrence_and_float16_the_autodiff_loop(self):
-        self.assertTrue(schedule.uses_recurrence(_decoder("additive")))
-        # Gated hard attention by default; not where `fused_hard` is unset, nor ungated.
-        gated = AttentionDecoder(VOCAB, attention="hard", hard_gate=True)
-        self.assertTrue(schedule.uses_recurrence(gated))
-        gated.fused_hard = False
-        self.assertFalse(schedule.uses_recurrence(gated))
-        self.assertTrue(schedule.uses_recurrence(_decoder("additive", attention="hard")))
-        self.assertFalse(
-            schedule.uses_recurrence(_decoder("additive", attention="hard", hard_gate=False))
-        )
-        self.assertTrue(schedule.uses_recurrence(AttentionDecoder(VOCAB, dtype="mixed_bfloat16")))
-        self.assertFalse(schedule.uses_recurrence(AttentionDecoder(VOCAB, dtype="mixed_float16")))
-
     @parameterized.parameters(*SCORES)
     def test_bfloat16_recurrence_is_as_close_to_float32_as_the_autodiff_loop(self, score):
         # Reference: float32 autodiff of the same weights. The bfloat16 autodiff loop's
