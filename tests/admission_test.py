@@ -203,30 +203,6 @@ class DecodeTest(tf.test.TestCase):
         with self.assertRaisesRegex(ValueError, "bomb.png: 529,000,000 pixels"):
             image_io.check_image_files([path])
 
-    def test_a_batch_gives_a_status_and_an_error_per_image(self):
-        good = encode("PNG", 12, 10)
-        batch = [good, png_bomb(), b"text", encode("JPEG", 64, 64)[:400], b"", good]
-        pixels, status, error = tf.function(
-            lambda b: graph_admission.decode_images_admitted(b, 8, 1.0)
-        )(tf.constant(batch))
-        self.assertAllEqual(status, [0, 4, 2, 3, 1, 0])
-        expected = image_io.decode_image(tf.constant(good), 8, 1.0)
-        self.assertAllClose(pixels[0], expected)
-        self.assertAllClose(pixels[5], expected)
-        self.assertAllEqual(pixels[1], tf.zeros([8, 8, 3]))
-        self.assertEqual(
-            [e.decode() for e in error.numpy()],
-            [
-                "",
-                "image_bytes[1]: 529,000,000 pixels (23000 x 23000) is over the limit of "
-                "50,000,000; max_image_pixels (--max_image_pixels) sets it",
-                "image_bytes[2] (4 bytes) is not a JPEG, PNG, GIF, BMP or WebP image",
-                "image_bytes[3] (400 bytes) is a truncated or corrupt JPEG file",
-                "image_bytes[4] is empty (0 bytes)",
-                "",
-            ],
-        )
-
 
 class BombMemoryTest(tf.test.TestCase):
     def test_a_refused_bomb_costs_under_a_gigabyte_in_python_and_in_a_graph(self):

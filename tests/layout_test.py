@@ -95,7 +95,6 @@ TESTED_ELSEWHERE = {
     "sat_tf/cli/flags_lib.py": "scripts_test.py, cli_test.py",
     "sat_tf/cli/make_preset.py": "preset_test.py, publish_test.py",
     "sat_tf/cli/table.py": "cli_test.py",
-    "sat_tf/data/graph_admission.py": "admission_test.py, image_fuzz_test.py",
     "sat_tf/model/step.py": "decoder_test.py",
     "sat_tf/serving/download.py": "preset_test.py",
     "sat_tf/serving/inference.py": "api_test.py, workdir_test.py, compatibility_test.py",
