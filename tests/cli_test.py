@@ -1,7 +1,7 @@
 """Tests for the console commands, run in process (`main(argv)`): the entry points that
 setup.py declares, the scripts that stay shims of them, sat-caption on a folder with a
-corrupt photo, README's console command, flagfiles read by absl, and a command run twice
-in one process."""
+corrupt photo, README's console command (flagfiles and a command run twice in one
+process: flags_lib_test.py; sat-table's seeds: table_test.py)."""
 
 import contextlib
 import importlib
@@ -17,7 +17,6 @@ import sys
 import tempfile
 from unittest import mock
 
-import numpy as np
 import pytest
 import tensorflow as tf
 from admission_test import png_bomb
@@ -26,11 +25,7 @@ from fixtures import tiny_model
 
 import sat_tf
 import sat_tf.cli
-from sat_tf import config
 from sat_tf.cli import caption as caption_cli
-from sat_tf.cli import flags_lib
-from sat_tf.cli import table as table_cli
-from sat_tf.cli import train as train_cli
 from sat_tf.serving import preset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -339,170 +334,6 @@ class CaptionCommandTest(tf.test.TestCase):
         )
         self.assertEqual(code, 1)
         self.assertIn("--beam_size=0 must be at least 1", stderr)
-
-
-class FlagfileTest(tf.test.TestCase):
-    def setUp(self):
-        super().setUp()
-        self.dir = tempfile.mkdtemp()
-        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
-
-    def test_unknown_flag_in_a_flagfile_is_named_and_nothing_runs(self):
-        path = os.path.join(self.dir, "bad.flags")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write("--batch_size=4\n--no_such_setting=3\n")
-        workdir = os.path.join(self.dir, "run")
-        code, _, stderr = run_main(
-            train_cli.main, "sat-train", f"--flagfile={path}", f"--workdir={workdir}"
-        )
-        self.assertEqual(code, 1)
-        self.assertIn("no_such_setting", stderr)
-        self.assertNotIn("Traceback", stderr)
-        self.assertFalse(os.path.exists(workdir))
-
-    def test_nested_names_are_found_in_configs(self):
-        # flickr8k_grid14.flags names flickr8k_lite.flags, found beside it in configs/.
-        expanded = flags_lib.expand_flagfiles(["--flagfile=flickr8k_grid14.flags", "--seed=3"])
-        with open(os.path.join(ROOT, "configs", "flickr8k_lite.flags"), encoding="utf-8") as f:
-            lite = [x.strip() for x in f if x.strip() and not x.startswith("#")]
-        own = ["--encoder=efficientnet_lite0_head_dilated", "--beam_size=5", "--length_penalty=1"]
-        self.assertEqual(expanded, [*lite, *own, "--seed=3"])
-
-    def test_every_shipped_flagfile_is_a_valid_config(self):
-        from absl import flags
-
-        configs = {}
-        for name in sorted(os.listdir(os.path.join(ROOT, "configs"))):
-            if name.endswith(".flags"):
-                values = flags.FlagValues()
-                flags_lib.define_config_flags(values)
-                values(["sat-train", *flags_lib.expand_flagfiles([f"--flagfile={name}"])])
-                configs[name] = flags_lib.config_from_flags(values)
-        self.assertIn("coco.flags", configs)
-        hard = configs["flickr8k_grid14_hard.flags"]
-        soft = configs["flickr8k_grid14.flags"]
-        self.assertEqual(
-            (hard.attention, hard.epochs, soft.attention, soft.epochs), ("hard", 10, "soft", 6)
-        )
-        self.assertEqual(hard.encoder, soft.encoder)
-        located = configs["flickr8k_grid14_located.flags"]
-        self.assertEqual((located.location_prior, located.dropout), (True, 0.3))
-        self.assertEqual((soft.location_prior, soft.dropout), (False, 0.5))
-        self.assertEqual(located.encoder, soft.encoder)
-
-    def test_flagfile_without_absl_lookup_reads_the_same(self):
-        # A flagfile given by its path: the lookup is not involved; absl alone agrees.
-        path = os.path.join(self.dir, "run.flags")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write("# comment\n// also a comment\n\n--batch_size=5\n--attention=none\n")
-        from absl import flags
-
-        self.assertEqual(
-            flags_lib.expand_flagfiles(["--seed=1", "--flagfile", path]),
-            flags.FlagValues().read_flags_from_files(["--seed=1", f"--flagfile={path}"]),
-        )
-        self.assertEqual(
-            flags_lib.expand_flagfiles([f"--flagfile={path}"]),
-            ["--batch_size=5", "--attention=none"],
-        )
-
-
-class RunTwiceTest(tf.test.TestCase):
-    def test_flags_start_from_their_defaults_on_every_run(self):
-        folder = tempfile.mkdtemp()
-        self.addCleanup(shutil.rmtree, folder, ignore_errors=True)
-        metrics = os.path.join(folder, "metrics.json")
-        with open(metrics, "w", encoding="utf-8") as f:
-            json.dump({f"BLEU-{n}": 0.5 / n for n in range(1, 5)}, f)
-        table = os.path.join(folder, "table.md")
-        code, first, _ = run_main(table_cli.main, "sat-table", f"--output={table}", f"a={metrics}")
-        self.assertEqual(code, 0)
-        self.assertTrue(os.path.exists(table))
-        os.remove(table)
-        code, second, _ = run_main(table_cli.main, "sat-table", f"a={metrics}")
-        self.assertEqual(code, 0)
-        self.assertEqual(first, second)
-        self.assertFalse(os.path.exists(table), "--output of the first run was kept")
-        self.assertIn("| a (coco-caption BLEU, with brevity penalty) | 50.0 | 25.0 | 16.7 |", first)
-        np.testing.assert_equal(os.listdir(folder), ["metrics.json"])
-
-
-class SeedTableTest(tf.test.TestCase):
-    def test_runs_of_one_name_are_seeds_with_their_grounding(self):
-        folder = self.get_temp_dir()
-
-        def write(name, payload):
-            path = os.path.join(folder, name)
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump(payload, f)
-            return path
-
-        grounding = {"hit": 0.5, "centre": 0.4, "random": 0.3, "mass": 0.45, "area_share": 0.3}
-        runs = [
-            "soft="
-            + write("s0.json", {"BLEU-4": 0.2, "METEOR": 0.2, "CIDEr": 0.5})
-            + ","
-            + write(
-                "g0.json", {**grounding, "hit": 0.6, "off_centre": {"hit": 0.25, "random": 0.1}}
-            ),
-            "soft="
-            + write("s1.json", {"BLEU-4": 0.3, "METEOR": 0.2, "CIDEr": 0.5})
-            + ","
-            + write("g1.json", grounding),
-            "none=" + write("n0.json", {"BLEU-4": 0.25, "METEOR": 0.2, "CIDEr": 0.4}),
-        ]
-        code, out, err = run_main(table_cli.main, "sat-table", "--seeds", *runs)
-        self.assertEqual(code, 0, err)
-        # BLEU-4 sd: |0.2 - 0.3| / sqrt(2) = 0.0707; hit sd the same for 0.6 and 0.5 / 10.
-        # Only the first report splits off the off-centre words (a report written before
-        # the split has none): one run each in those two columns.
-        self.assertIn(
-            "| soft | 2 | 0.250 ± 0.071 | 0.200 ± 0.000 | 0.500 ± 0.000 | 0.550 ± 0.071 "
-            "| 0.400 ± 0.000 | 0.450 ± 0.000 | 0.250 (1) | 0.100 (1) |\n",
-            out,
-        )
-        self.assertIn("| none | 1 | 0.250 | 0.200 | 0.400 | n/a | n/a | n/a | n/a | n/a |\n", out)
-
-    def test_a_second_file_that_is_not_a_grounding_report_is_refused(self):
-        folder = self.get_temp_dir()
-        path = os.path.join(folder, "m.json")
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump({"BLEU-4": 0.2}, f)
-        code, _, err = run_main(table_cli.main, "sat-table", "--seeds", f"soft={path},{path}")
-        self.assertNotEqual(code, 0)
-        self.assertIn(f"{path} is not a grounding report", err)
-
-    def test_seeds_of_one_row_are_runs_of_one_recipe(self):
-        folder = self.get_temp_dir()
-
-        def run_dir(name, **settings):
-            workdir = os.path.join(folder, name)
-            os.makedirs(workdir)
-            config.Config(**settings).save(os.path.join(workdir, "config.json"))
-            path = os.path.join(workdir, "metrics_test.json")
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump({"BLEU-4": 0.2, "METEOR": 0.2, "CIDEr": 0.5}, f)
-            return path
-
-        s0 = run_dir("s0", seed=0, epochs=6)
-        # Seed, paths and decoding may differ between seeds.
-        s1 = run_dir("s1", seed=1, epochs=6, beam_size=5, cache_dir="/elsewhere")
-        other = run_dir("other", seed=2, epochs=10, attention="hard")
-        code, out, err = run_main(table_cli.main, "sat-table", "--seeds", f"a={s0}", f"a={s1}")
-        self.assertEqual(code, 0, err)
-        self.assertIn("| a | 2 |", out)
-        code, _, err = run_main(table_cli.main, "sat-table", "--seeds", f"a={s0}", f"a={other}")
-        self.assertNotEqual(code, 0)
-        self.assertIn("row 'a' mixes runs of other settings", err)
-        self.assertIn(f"--epochs: {s0} has 6, {other} 10", err)
-        self.assertIn(f"--attention: {s0} has 'soft', {other} 'hard'", err)
-        self.assertNotIn("--seed:", err)
-        # Other row names keep them apart.
-        code, _, err = run_main(table_cli.main, "sat-table", "--seeds", f"a={s0}", f"b={other}")
-        self.assertEqual(code, 0, err)
-        code, _, err = run_main(table_cli.main, "sat-table", "--seeds", f"a={s0}", f"a={s0}")
-        self.assertNotEqual(code, 0)
-        self.assertIn(f"row 'a' lists {s0} twice", err)
 
 
 if __name__ == "__main__":

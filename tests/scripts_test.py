@@ -1,5 +1,5 @@
-"""Tests for the scripts: flags_lib.py; train.py, caption.py and evaluate.py as a user runs
-them, through their commands' `main(argv)` in this process."""
+"""Tests for the scripts: train.py, caption.py and evaluate.py as a user runs them, through
+their commands' `main(argv)` in this process (their flags: flags_lib_test.py)."""
 
 import importlib
 import json
@@ -8,11 +8,9 @@ import os
 import re
 import shutil
 import tempfile
-import types
 
 import numpy as np
 import pytest
-from absl import flags
 from absl.testing import absltest, parameterized
 from fixtures import run_main, trained_run
 from nltk.translate.bleu_score import brevity_penalty, closest_ref_length
@@ -20,9 +18,6 @@ from PIL import Image
 from pycocoevalcap.bleu.bleu import Bleu
 
 from sat_tf import config as config_lib
-from sat_tf.cli import flags_lib
-from sat_tf.config import Config
-from sat_tf.training import scoring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,216 +36,6 @@ def _run_scripts(runs, cwd):
         code, stdout, stderr = run_main(main, f"sat-{name}", *args, cwd=cwd)
         results[key] = (code, stdout, [line for line in stderr.splitlines() if line.strip()])
     return results
-
-
-def _flag_values(*args, only=None):
-    values = flags.FlagValues()
-    flags_lib.define_config_flags(values, only=only)
-    values(["prog", *args])
-    return values
-
-
-class FlagsLibTest(parameterized.TestCase):
-    def test_parsed_values_and_defaults(self):
-        config = flags_lib.config_from_flags(_flag_values("--batch_size=3", "--attention=hard"))
-        self.assertEqual(config, Config(batch_size=3, attention="hard"))
-        self.assertEqual((config.batch_size, config.attention), (3, "hard"))
-        self.assertEqual(config.hidden_dim, Config().hidden_dim)
-
-    def test_types(self):
-        config = flags_lib.config_from_flags(
-            _flag_values(
-                "--dropout=0.5",
-                "--jit_compile",
-                "--nofine_tune_encoder",
-                "--mixed_precision=mixed_float16",
-                "--encoder_weights=/w/x.h5",
-                "--epochs=2",
-            )
-        )
-        self.assertEqual(config.dropout, 0.5)
-        self.assertIs(config.jit_compile, True)
-        self.assertIs(config.fine_tune_encoder, False)
-        self.assertEqual(config.mixed_precision, "mixed_float16")
-        self.assertEqual(config.encoder_weights, "/w/x.h5")
-        self.assertEqual(config.epochs, 2)
-        self.assertIsInstance(config.epochs, int)
-
-    def test_one_flag_per_field_with_its_help_and_default(self):
-        values = _flag_values()
-        for name, default, _, help_text in config_lib.fields_with_help():
-            self.assertEqual(values[name].default, default, name)
-            self.assertTrue(values[name].help.endswith(help_text), name)
-        self.assertEqual(flags_lib.config_from_flags(values), Config())
-
-    @parameterized.named_parameters(
-        ("enum", "--attention=bogus", "attention"),
-        ("integer", "--batch_size=many", "batch_size"),
-        ("float", "--dropout=half", "dropout"),
-        ("unknown", "--bogus_flag=1", "bogus_flag"),
-    )
-    def test_parse_errors_name_the_flag(self, arg, name):
-        with self.assertRaisesRegex(flags.Error, name):
-            _flag_values(arg)
-
-    def test_invalid_value_names_the_flag(self):
-        with self.assertRaisesRegex(ValueError, "--batch_size=0"):
-            flags_lib.config_from_flags(_flag_values("--batch_size=0"))
-
-    def test_only(self):
-        values = _flag_values("--seed=4", only={"seed", "batch_size"})
-        self.assertNotIn("attention", values)
-        self.assertEqual(flags_lib.config_from_flags(values), Config(seed=4))
-
-    def test_flagfile(self):
-        path = os.path.join(tempfile.mkdtemp(), "run.flags")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write("# tiny run\n--batch_size=5\n--attention=none\n--nojit_compile\n")
-        config = flags_lib.config_from_flags(_flag_values(f"--flagfile={path}", "--batch_size=6"))
-        self.assertEqual(config, Config(batch_size=6, attention="none"))
-
-    def test_flagfile_names_are_looked_up_in_configs(self):
-        cwd = os.getcwd()
-        os.chdir(tempfile.mkdtemp())
-        try:
-            expanded = flags_lib.expand_flagfiles(["--flagfile=shapes_long.flags", "--seed=2"])
-            with self.assertRaisesRegex(ValueError, r"'no_such\.flags' not found .*configs"):
-                flags_lib.expand_flagfiles(["--flagfile", "no_such.flags"])
-        finally:
-            os.chdir(cwd)
-        # shapes_long.flags names configs/shapes.flags first, then its own two flags.
-        self.assertEqual(
-            expanded,
-            [
-                "--dataset=shapes",
-                "--data_dir=data/shapes",
-                "--attention=soft",
-                "--attention_score=additive",
-                "--epochs=10",
-                "--lr_schedule=cosine",
-                "--seed=2",
-            ],
-        )
-        config = flags_lib.config_from_flags(_flag_values(*expanded))
-        self.assertEqual(config, Config(epochs=10, lr_schedule="cosine", seed=2))
-
-    @parameterized.named_parameters(
-        ("penalty_without_attention", ["--attention=none", "--alpha_c=0.01"], "--alpha_c=0.01"),
-        ("penalty_with_hard", ["--alpha_c=0.5", "--attention=hard"], "--alpha_c=0.5"),
-        ("hard_setting_with_soft", ["--reinforce_weight=2"], "--reinforce_weight=2.0"),
-        ("default_value_given", ["--attention=none", "--hard_mix_prob=0.5"], "--hard_mix_prob"),
-    )
-    def test_contradicting_flags_name_both(self, args, named):
-        values = _flag_values(*args)
-        with self.assertRaises(ValueError) as raised:
-            flags_lib.config_from_flags(values)
-        message = str(raised.exception)
-        self.assertStartsWith(message, f"{named}")
-        self.assertIn(f"contradicts --attention={values.attention}:", message)
-
-    @parameterized.named_parameters(
-        ("no_attention_alone", ["--attention=none"], {"attention": "none"}),
-        ("hard_alone", ["--attention=hard"], {"attention": "hard"}),
-        ("no_penalty", ["--attention=none", "--alpha_c=0"], {"attention": "none", "alpha_c": 0.0}),
-        (
-            "hard_with_its_settings",
-            ["--attention=hard", "--hard_mix_prob=0", "--alpha_c=0"],
-            {"attention": "hard", "hard_mix_prob": 0.0, "alpha_c": 0.0},
-        ),
-        ("soft_with_penalty", ["--alpha_c=1"], {"alpha_c": 1.0}),
-    )
-    def test_consistent_flags(self, args, expected):
-        self.assertEqual(flags_lib.config_from_flags(_flag_values(*args)), Config(**expected))
-
-    def test_contradiction_in_a_flagfile(self):
-        # A value from a flagfile counts as given, like one on the command line.
-        path = os.path.join(tempfile.mkdtemp(), "soft.flags")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write("--attention=soft\n--alpha_c=0.33\n")
-        values = _flag_values(f"--flagfile={path}", "--attention=hard")
-        with self.assertRaisesRegex(ValueError, r"^--alpha_c=0.33 contradicts --attention=hard:"):
-            flags_lib.config_from_flags(values)
-        self.assertEqual(
-            flags_lib.config_from_flags(_flag_values(f"--flagfile={path}", "--alpha_c=0")),
-            Config(alpha_c=0.0),
-        )
-
-
-class DecodingOverridesTest(absltest.TestCase):
-    """--hard_decoding and --length_penalty of the scripts that load a model
-    (`decoding_overrides`)."""
-
-    def _values(self, *args):
-        values = flags.FlagValues()
-        flags_lib.define_model_source(values)
-        values(["prog", *args])
-        return values
-
-    def test_changes_a_hard_model_before_it_captions(self):
-        model = types.SimpleNamespace(decoder=types.SimpleNamespace(hard_decoding="expected"))
-        config = Config(attention="hard")
-        new, changed = flags_lib.decoding_overrides(
-            self._values("--hard_decoding=argmax", "--length_penalty=1"), model, config
-        )
-        self.assertEqual(new, Config(attention="hard", hard_decoding="argmax", length_penalty=1.0))
-        self.assertEqual(changed, {"hard_decoding": "argmax", "length_penalty": 1.0})
-        self.assertEqual(model.decoder.hard_decoding, "argmax")
-
-    def test_blocking_overrides(self):
-        config = Config()
-        new, changed = flags_lib.decoding_overrides(
-            self._values("--noblock_repeats", "--block_bad_endings"), None, config
-        )
-        self.assertEqual(changed, {"block_repeats": False, "block_bad_endings": True})
-        self.assertEqual((new.block_repeats, new.block_bad_endings), (False, True))
-        same = flags_lib.decoding_overrides(self._values("--block_repeats"), None, config)
-        self.assertEqual(same, (config, {}))
-
-    def test_tags_are_overridden(self):
-        config = Config(attention="soft")
-        got, changed = flags_lib.decoding_overrides(
-            self._values("--notags", "--tag_threshold=0.5"), None, config
-        )
-        self.assertEqual(changed, {"tags": False, "tag_threshold": 0.5})
-        self.assertEqual((got.tags, got.tag_threshold), (False, 0.5))
-
-    def test_the_models_own_values_or_none_change_nothing(self):
-        for args in ((), ("--hard_decoding=expected", "--length_penalty=0")):
-            config = Config(attention="hard")
-            got = flags_lib.decoding_overrides(self._values(*args), None, config)
-            self.assertEqual(got, (config, {}))
-
-    def test_bad_values_are_refused(self):
-        cases = [
-            (
-                ("--hard_decoding=argmax",),
-                r"^--hard_decoding=argmax is a setting of hard attention",
-            ),
-            (("--length_penalty=-0.5",), r"^--length_penalty=-0.5 must be >= 0"),
-            (("--tag_threshold=1.5",), r"^--tag_threshold=1.5 must lie in \[0, 1\]"),
-        ]
-        for args, message in cases:
-            with self.assertRaisesRegex(ValueError, message):
-                flags_lib.decoding_overrides(self._values(*args), None, Config(attention="soft"))
-
-    def test_result_names(self):
-        config = Config(beam_size=3)
-        self.assertEqual(scoring.result_name("metrics", "test", config), "metrics_test.json")
-        overrides = {"length_penalty": 1.0, "hard_decoding": "argmax"}
-        self.assertEqual(
-            scoring.result_name("table", "val", config, 5, ".md", overrides),
-            "table_val_beam5_lp1_argmax.md",
-        )
-        blocking = {"block_repeats": False, "block_bad_endings": True}
-        self.assertEqual(
-            scoring.result_name("captions", "test", config, None, ".json", blocking),
-            "captions_test_repeats_nobadendings.json",
-        )
-        tags = {"tags": False, "tag_threshold": 0.5}
-        self.assertEqual(
-            scoring.result_name("metrics", "test", config, None, ".json", tags),
-            "metrics_test_notags_tag0.5.json",
-        )
 
 
 class TrainScriptTest(parameterized.TestCase):
