@@ -17,7 +17,7 @@ from sat_tf.config import Config
 from sat_tf.data.vocab import SPECIALS, UNK_ID, Vocab
 from sat_tf.model.show_attend_tell import build_model
 from sat_tf.serving import inference, preset
-from sat_tf.training import prepare, train_lib
+from sat_tf.training import train_lib
 from sat_tf.training import workdir as workdir_lib
 
 # A model on cached (4, 6) features of a 2 x 2 grid.
@@ -319,33 +319,6 @@ CAPTIONS = [
     ["Dog on top", "the blue circle"],
     ["blue dog, red cat"],
 ]
-
-
-class PrepareDataTest(tf.test.TestCase):
-    def test_the_sources_vocabulary_grown_by_the_training_words(self):
-        root = self.get_temp_dir()
-        source = os.path.join(root, "source")
-        trained = _random_weights(build_model(SMALL, len(SOURCE), (4, 6), (2, 2)), seed=1)
-        _save_workdir(source, SMALL, SOURCE, trained)
-        data_dir = os.path.join(root, "data")
-        _write_flickr8k(data_dir, CAPTIONS)
-        config = Config(
-            dataset="flickr8k",
-            data_dir=data_dir,
-            cache_dir=os.path.join(root, "cache"),
-            init_from=source,
-            new_word_min_count=2,
-        )
-        workdir = os.path.join(root, "run")
-        os.makedirs(workdir)
-        with self.assertLogs("absl", "INFO") as logs:
-            data = prepare.prepare_data(config, workdir)
-        self.assertEqual(data.vocab.words, [*SOURCE.words, "dog", "blue", "circle", "the"])
-        self.assertIn(f"vocabulary: 9 words of {source} + 4 new (seen >= 2 times)", logs.output[-1])
-        self.assertEqual(Vocab.load(os.path.join(workdir, "vocab.txt")).words, data.vocab.words)
-        # A resumed run reads its own vocab.txt.
-        os.remove(os.path.join(source, "vocab.txt"))
-        self.assertEqual(prepare.prepare_data(config, workdir).vocab.words, data.vocab.words)
 
 
 class FineTuneTest(tf.test.TestCase):

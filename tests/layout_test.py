@@ -96,7 +96,6 @@ TESTED_ELSEWHERE = {
     "sat_tf/model/step.py": "decoder_test.py",
     "sat_tf/serving/download.py": "preset_test.py",
     "sat_tf/serving/inference.py": "api_test.py, workdir_test.py, compatibility_test.py",
-    "sat_tf/training/prepare.py": "finetune_test.py, train_lib_test.py",
 }
 
 
