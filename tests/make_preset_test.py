@@ -1,0 +1,118 @@
+"""Tests for sat_tf.cli.make_preset (sat-make-preset), the command around
+`training.publish` (whose making and rescoring of a preset publish_test.py and
+preset_test.py test): the command line recorded as typed, the flags passed on, the
+summary printed, the archive's digest, and the flags a preset needs."""
+
+import json
+import os
+from unittest import mock
+
+import tensorflow as tf
+from fixtures import run_main
+
+from sat_tf.cli import make_preset
+from sat_tf.training import publish
+
+# What publish.make and publish.rescore give back: the scores of every split and beam.
+SCORES = {
+    "test_beam1": {"BLEU-4": 0.21, "CIDEr": 0.52, "METEOR": 0.2},
+    "test_beam3": {"BLEU-4": 0.23, "CIDEr": 0.55, "METEOR": 0.21},
+    "val": {"BLEU-4": 0.3, "CIDEr": 0.6},
+}
+
+
+class CommandLineTest(tf.test.TestCase):
+    def test_the_command_is_recorded_as_it_would_be_typed_again(self):
+        argv = ["scripts/make_preset.py", "--name=a", "--train_command=sat-train --seed=1"]
+        self.assertEqual(
+            make_preset._command(argv),
+            "python scripts/make_preset.py --name=a '--train_command=sat-train --seed=1'",
+        )
+        self.assertEqual(
+            make_preset._command(["/usr/bin/sat-make-preset", "--workdir=w"]),
+            "sat-make-preset --workdir=w",
+        )
+
+
+class MakeTest(tf.test.TestCase):
+    def setUp(self):
+        super().setUp()
+        self.root = self.get_temp_dir()
+
+    def test_the_flags_go_to_publish_and_the_beam_scores_are_printed(self):
+        argv = [
+            "sat-make-preset",
+            "--workdir=runs/w",
+            "--name=p1",
+            "--train_command=sat-train --seed=1",
+            f"--output_root={self.root}",
+            "--description=one line",
+        ]
+        with mock.patch.object(publish, "make", return_value={"scores": SCORES}) as make:
+            code, out, err = run_main(make_preset.main, *argv)
+        self.assertEqual(code, 0, err)
+        make.assert_called_once_with(
+            "runs/w",
+            self.root,
+            "p1",
+            train_command="sat-train --seed=1",
+            make_command="sat-make-preset --workdir=runs/w --name=p1 "
+            f"'--train_command=sat-train --seed=1' --output_root={self.root} "
+            "'--description=one line'",
+            data_dir=None,
+            description="one line",
+            overwrite=False,
+        )
+        self.assertEqual(
+            json.loads(out),
+            {
+                "preset": os.path.join(self.root, "p1"),
+                "test_beam1": {"BLEU-4": 0.21, "CIDEr": 0.52},
+                "test_beam3": {"BLEU-4": 0.23, "CIDEr": 0.55},
+            },
+        )
+
+    def test_an_archive_prints_its_digest(self):
+        archive = os.path.join(self.root, "p1.tar.gz")
+        argv = ["sat-make-preset", "--workdir=w", "--name=p1", "--train_command=t"]
+        argv += [f"--output_root={self.root}", f"--archive={archive}", "--overwrite"]
+        with (
+            mock.patch.object(publish, "make", return_value={"scores": SCORES}) as make,
+            mock.patch.object(publish, "pack", return_value="ab12") as pack,
+        ):
+            code, out, err = run_main(make_preset.main, *argv)
+        self.assertEqual(code, 0, err)
+        self.assertTrue(make.call_args.kwargs["overwrite"])
+        pack.assert_called_once_with(os.path.join(self.root, "p1"), archive)
+        self.assertEndsWith(out, f"archive: {archive}\nsha256: ab12\n")
+
+    def test_rescore_prints_the_beam_scores_and_makes_nothing(self):
+        with (
+            mock.patch.object(publish, "rescore", return_value={"scores": SCORES}) as rescore,
+            mock.patch.object(publish, "make") as make,
+        ):
+            code, out, err = run_main(
+                make_preset.main, "sat-make-preset", "--rescore=presets/p1", "--data_dir=d"
+            )
+        self.assertEqual(code, 0, err)
+        rescore.assert_called_once_with(
+            "presets/p1",
+            data_dir="d",
+            command="sat-make-preset --rescore=presets/p1 --data_dir=d",
+        )
+        make.assert_not_called()
+        self.assertEqual(json.loads(out), {k: v for k, v in SCORES.items() if "beam" in k})
+
+    def test_the_flags_a_preset_needs_are_named(self):
+        with mock.patch.object(publish, "make") as make:
+            code, _, err = run_main(make_preset.main, "sat-make-preset", "--workdir=w")
+            self.assertEqual(code, 1)
+            self.assertIn("error: give --name, --train_command (or --rescore=<preset folder>)", err)
+            code, _, err = run_main(make_preset.main, "sat-make-preset", "--rescore=p", "extra")
+            self.assertEqual(code, 1)
+            self.assertIn("error: unexpected arguments: extra", err)
+        make.assert_not_called()
+
+
+if __name__ == "__main__":
+    tf.test.main()
