@@ -45,7 +45,7 @@ class MakeTest(tf.test.TestCase):
             "--workdir=runs/w",
             "--name=p1",
             "--train_command=sat-train --seed=1",
-            f"--output_root={self.root}",
+            "--output_root=out/presets",  # nothing is written: publish.make is stood in
             "--description=one line",
         ]
         with mock.patch.object(publish, "make", return_value={"scores": SCORES}) as make:
@@ -53,11 +53,11 @@ class MakeTest(tf.test.TestCase):
         self.assertEqual(code, 0, err)
         make.assert_called_once_with(
             "runs/w",
-            self.root,
+            "out/presets",
             "p1",
             train_command="sat-train --seed=1",
             make_command="sat-make-preset --workdir=runs/w --name=p1 "
-            f"'--train_command=sat-train --seed=1' --output_root={self.root} "
+            "'--train_command=sat-train --seed=1' --output_root=out/presets "
             "'--description=one line'",
             data_dir=None,
             description="one line",
@@ -66,7 +66,7 @@ class MakeTest(tf.test.TestCase):
         self.assertEqual(
             json.loads(out),
             {
-                "preset": os.path.join(self.root, "p1"),
+                "preset": os.path.join("out/presets", "p1"),
                 "test_beam1": {"BLEU-4": 0.21, "CIDEr": 0.52},
                 "test_beam3": {"BLEU-4": 0.23, "CIDEr": 0.55},
             },
