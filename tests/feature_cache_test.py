@@ -23,7 +23,7 @@ from sat_tf.data import datasets, feature_cache, input_pipeline
 from sat_tf.data.vocab import UNK, Vocab
 from sat_tf.evaluation import metrics
 from sat_tf.model.encoder import ImageEncoder
-from sat_tf.serving import inference
+from sat_tf.serving import inference, preset
 from sat_tf.training import extract, scoring, train_lib
 
 IMAGE_SIZE = 32  # shapes_cnn has stride 8: a 4 x 4 grid of 48 + 2 channels.
@@ -360,7 +360,7 @@ class _EndToEnd:
         self.assertEqual(vocab.words[4:], [w for w, _ in top])
         with open(os.path.join(os.path.dirname(feature_dir), "vocab_12.txt")) as f:
             self.assertEqual(f.read().split("\n")[:-1], vocab.words)
-        with open(os.path.join(workdir, inference.FEATURES_FILE)) as f:
+        with open(os.path.join(workdir, preset.FEATURES_FILE)) as f:
             self.assertEqual(json.load(f)["feature_shape"], [16, DEPTH])
 
         model, vocab, config = inference.load_workdir(workdir)
