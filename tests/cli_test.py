@@ -25,8 +25,10 @@ from fixtures import tiny_model
 
 import sat_tf
 import sat_tf.cli
+from sat_tf import config
 from sat_tf.cli import caption as caption_cli
 from sat_tf.cli import flags_lib
+from sat_tf.cli import train as train_cli
 from sat_tf.serving import preset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
