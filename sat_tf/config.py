@@ -109,72 +109,23 @@ DECODING_FIELDS = (
 
 # The settings by subject, in the order the commands' help lists them: `--help` shows
 # `ESSENTIAL` (what a first run sets), `--helpfull` every section under its heading.
-ESSENTIAL = (
-    "dataset",
-    "data_dir",
-    "captions",
-    "init_from",
-    "encoder",
-    "attention",
-    "epochs",
-    "batch_size",
-    "learning_rate",
-    "beam_size",
-)
+ESSENTIAL = ("dataset", "data_dir", "captions", "init_from", "encoder", "attention", "epochs",
+             "batch_size", "learning_rate", "beam_size")  # fmt: skip
 SECTIONS = {
-    "data": (
-        "dataset",
-        "data_dir",
-        "captions",
-        "on_missing",
-        "num_train",
-        "num_val",
-        "num_test",
-        "vocab_size",
-        "new_word_min_count",
-        "max_caption_length",
-    ),
-    "encoder and features": (
-        "encoder",
-        "encoder_weights",
-        "image_size",
-        "crop_fraction",
-        "fine_tune_encoder",
-        "use_feature_cache",
-        "feature_dir",
-        "cache_dir",
-    ),
-    "model": (
-        "attention",
-        "attention_score",
-        "global_context",
-        "start_state",
-        "location_prior",
-        "embed_dim",
-        "hidden_dim",
-        "attention_dim",
-        "dropout",
-        "alpha_c",
-    ),
+    "data": ("dataset", "data_dir", "captions", "on_missing", "num_train", "num_val", "num_test",
+             "vocab_size", "new_word_min_count", "max_caption_length"),
+    "encoder and features": ("encoder", "encoder_weights", "image_size", "crop_fraction",
+                             "fine_tune_encoder", "use_feature_cache", "feature_dir", "cache_dir"),
+    "model": ("attention", "attention_score", "global_context", "start_state", "location_prior",
+              "embed_dim", "hidden_dim", "attention_dim", "dropout", "alpha_c"),
     "hard attention": HARD_ONLY,
-    "training": (
-        "init_from",
-        "seed",
-        "optimizer",
-        "learning_rate",
-        "lr_schedule",
-        "clip_norm",
-        "batch_size",
-        "epochs",
-        "steps_per_epoch",
-        "eval_images",
-        "early_stopping_patience",
-        "selection_metric",
-    ),
+    "training": ("init_from", "seed", "optimizer", "learning_rate", "lr_schedule", "clip_norm",
+                 "batch_size", "epochs", "steps_per_epoch", "eval_images",
+                 "early_stopping_patience", "selection_metric"),
     "self-critical training": ("scst", "scst_samples", "scst_baseline", "scst_entropy_weight"),
     "decoding": ("choose_decoding", *DECODING_FIELDS),
     "system": ("strategy", "mixed_precision", "jit_compile"),
-}
+}  # fmt: skip
 
 
 def section_of(name: str) -> str:

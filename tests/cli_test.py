@@ -348,6 +348,7 @@ def test_sat_demo_serves_the_default_preset_without_a_model_flag(tmp_path):
 
     loaded = mock.Mock(off_world="stats")
     loaded.__getitem__ = lambda self, key: ("model", "vocab", "config")[key]
+    demo_cli.FLAGS.unparse_flags()  # what an earlier test parsed
     demo_cli.FLAGS(["sat-demo"])
     try:
         with (
