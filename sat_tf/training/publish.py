@@ -12,7 +12,7 @@ import tempfile
 
 from absl import logging
 
-from sat_tf.config import DECODING_FIELDS
+from sat_tf.config import DECODING_FIELDS, Config
 from sat_tf.evaluation import coco_grounding
 from sat_tf.serving import inference, off_world, preset, tags
 from sat_tf.training import decoding_choice, prepare, scoring
@@ -181,13 +181,14 @@ def choose_decoding(
 
     The validation photos are captioned from the image files, as users caption (a model
     on cached features gets the backbone that made them, `inference.feature_encoder`).
-    The preset's config.json then holds the chosen decoding (its other settings as they
-    were), `decoding_choice.DECODING_FILE` in the folder keeps every setting tried with
-    its validation scores (BLEU-4 and CIDEr as selection computes them, and the
-    coco-caption scores under "coco-caption"), metadata.json lists both files, repeats
-    the config's checked fields, says under "decoding" what was chosen and how, and
-    stores the `split` scores at each of `stored_beams` (`_store_scores`). The folder is
-    rewritten as a whole (`files.staged_dir`): a failure leaves it as it was.
+    The preset's config.json then holds the chosen decoding (its other keys as they
+    were, `_write_decoding`), `decoding_choice.DECODING_FILE` in the folder keeps every
+    setting tried with its validation scores (BLEU-4 and CIDEr as selection computes
+    them, and the coco-caption scores under "coco-caption"), metadata.json lists both
+    files, repeats the config's checked fields, says under "decoding" what was chosen
+    and how, and stores the `split` scores at each of `stored_beams` (`_store_scores`).
+    The folder is rewritten as a whole (`files.staged_dir`): a failure leaves it as it
+    was.
 
     Args:
       directory: the preset's folder.
@@ -232,7 +233,7 @@ def choose_decoding(
         shutil.copyfile(
             os.path.join(directory, preset.METADATA_FILE), os.path.join(tmp, preset.METADATA_FILE)
         )
-        kept.save(os.path.join(tmp, preset.CONFIG_FILE))
+        _write_decoding(os.path.join(tmp, preset.CONFIG_FILE), kept)
         files.write_json(
             os.path.join(tmp, decoding_choice.DECODING_FILE), decoding, indent=2, sort_keys=True
         )
@@ -249,6 +250,25 @@ def choose_decoding(
         preset.verify(tmp)
         metadata = _store_scores(tmp, data_dir, split)
     return metadata
+
+
+def _write_decoding(path: str, config) -> None:
+    """Writes `config`'s decoding (the `decoding_choice.SEARCH` settings; hard
+    attention's context only for hard attention) into the config.json at `path`, its
+    other keys as they were: a config saved before later settings existed still lacks
+    them and still reads them as `config.ADDED_FIELDS` says.
+
+    Raises:
+      ValueError: when the file would not read back as `config`.
+    """
+    with open(path, encoding="utf-8") as f:
+        values = json.load(f)
+    for name, _ in decoding_choice.SEARCH:
+        if name != "hard_decoding" or config.attention == "hard":
+            values[name] = getattr(config, name)
+    files.write_text(path, json.dumps(values, indent=2, sort_keys=True))
+    if Config.load(path) != config:
+        raise ValueError(f"{path} does not read back as the chosen decoding")
 
 
 def pack(directory: str, path: str) -> str:
