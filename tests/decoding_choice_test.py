@@ -32,7 +32,7 @@ def _search(table, config, fixed=(), metric="BLEU-4"):
     chosen config, what was tried and the configs captioned, in order."""
     captioned = []
 
-    def caption_records(model, records, vocab, candidate):
+    def caption_records(model, records, vocab, candidate, encoder=None):
         captioned.append(candidate)
         return [table[_key(candidate)]]
 
@@ -107,7 +107,7 @@ class ChooseTest(absltest.TestCase):
         model = _Model()
         model.decoder = _Decoder()
 
-        def caption_records(model_, records, vocab, candidate):
+        def caption_records(model_, records, vocab, candidate, encoder=None):
             # The decoder decodes as the candidate says while it is captioned.
             self.assertEqual(model_.decoder.hard_decoding, candidate.hard_decoding)
             captioned.append(candidate.hard_decoding)
@@ -140,7 +140,9 @@ class ChooseAndKeepTest(absltest.TestCase):
         config = Config(block_repeats=True, eval_images=2)
         with (
             mock.patch.object(
-                decoding_choice, "caption_records", lambda m, r, v, c: [table[_key(c)]]
+                decoding_choice,
+                "caption_records",
+                lambda m, r, v, c, encoder=None: [table[_key(c)]],
             ),
             mock.patch.object(
                 decoding_choice, "score_captions", lambda r, res, o, g, s: {"BLEU-4": res[0]}

@@ -23,6 +23,15 @@ folder. `--archive=out.tar.gz` also packs the preset for download
 
 measures a preset's stored scores again with today's code (after a change to decoding,
 say), its weights untouched.
+
+  sat-make-preset --choose_decoding=sat_tf/presets/flickr8k_lite0_grid14_soft \
+      --data_dir=../shared/data/flickr8k
+
+chooses a preset's decoding (beam size, length penalty, repeat and ending blocking) on
+its validation photos by its --selection_metric, as training chooses a run's
+(sat_tf/training/decoding_choice.py), keeps it in its config.json, every setting tried
+in its decoding.json, and measures its stored test scores again with it (greedy, beam 3
+and the chosen beam size).
 """
 
 import json
@@ -56,6 +65,13 @@ flags.DEFINE_string(
     "A preset folder whose stored scores to measure again (instead of making a preset).",
     flag_values=FLAGS,
 )
+flags.DEFINE_string(
+    "choose_decoding",
+    None,
+    "A preset folder whose decoding to choose on its validation photos, then store its "
+    "test scores with it (instead of making a preset).",
+    flag_values=FLAGS,
+)
 REQUIRED = ("workdir", "name", "train_command")
 
 
@@ -69,14 +85,26 @@ def _command(argv):
 def _main(argv, command):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if FLAGS.rescore and FLAGS.choose_decoding:
+        raise ValueError("give --rescore or --choose_decoding, not both")
     if FLAGS.rescore:
         metadata = publish.rescore(FLAGS.rescore, data_dir=FLAGS.data_dir, command=command)
         scores = metadata["scores"]
         print(json.dumps({k: scores[k] for k in scores if "beam" in k}, indent=2))
         return
+    if FLAGS.choose_decoding:
+        metadata = publish.choose_decoding(
+            FLAGS.choose_decoding, data_dir=FLAGS.data_dir, command=command
+        )
+        scores = metadata["scores"]
+        print(json.dumps({"decoding": metadata["decoding"]["chosen"]}, indent=2))
+        print(json.dumps({k: scores[k] for k in scores if "beam" in k}, indent=2))
+        return
     missing = [f"--{name}" for name in REQUIRED if not FLAGS[name].value]
     if missing:
-        raise ValueError(f"give {', '.join(missing)} (or --rescore=<preset folder>)")
+        raise ValueError(
+            f"give {', '.join(missing)} (or --rescore or --choose_decoding=<preset folder>)"
+        )
     metadata = publish.make(
         FLAGS.workdir,
         FLAGS.output_root,

@@ -61,7 +61,15 @@ def describe(config: Config) -> str:
 
 
 def choose(
-    model, records, vocab, config: Config, objects=None, grid=None, fixed: Collection[str] = ()
+    model,
+    records,
+    vocab,
+    config: Config,
+    objects=None,
+    grid=None,
+    fixed: Collection[str] = (),
+    encoder=None,
+    full: bool = False,
 ) -> tuple[Config, list[dict]]:
     """The decoding that scores best on `records` (validation images), by coordinate
     ascent over `SEARCH` starting from `config`'s values.
@@ -74,6 +82,12 @@ def choose(
       objects, grid: shapes object metadata and the attention grid, for the grounding
         scores recorded beside the selection score (None elsewhere).
       fixed: names of settings given explicitly, kept as they are.
+      encoder: the backbone to run on the records' image files, for a model trained on
+        cached features that is scored from the photos (`inference.feature_encoder`);
+        None reads the model's own input (`scoring.caption_records`).
+      full: also record each setting's coco-caption scores (PTB tokenizer, METEOR, ...:
+        `score_captions(full=True)`) under "coco-caption"; the choice stays by the
+        selection score on the words as generated, as after training.
 
     Returns:
       (config with the chosen decoding, the settings tried in order, each a dict of the
@@ -84,17 +98,21 @@ def choose(
     tried = {}
 
     def score(candidate: Config) -> float:
-        settings = {n: getattr(candidate, n) for n, _ in SEARCH if _applies(n, candidate)}
-        name = tuple(sorted(settings.items()))
+        tried_settings = settings(candidate)
+        name = tuple(sorted(tried_settings.items()))
         if name not in tried:
             start = time.time()
             if hard is not None:
                 model.decoder.hard_decoding = candidate.hard_decoding
-            results = caption_records(model, records, vocab, candidate)
+            results = caption_records(model, records, vocab, candidate, encoder=encoder)
             scores = score_captions(
                 records, results, objects, grid or (14, 14), candidate.image_size
             )
-            tried[name] = {**settings, "scores": scores}
+            if full:
+                scores["coco-caption"] = score_captions(
+                    records, results, None, grid or (14, 14), candidate.image_size, full=True
+                )
+            tried[name] = {**tried_settings, "scores": scores}
             logging.info(
                 "decoding %s: validation %s %.4f (%d images, %.1fs)",
                 *(describe(candidate), key, scores[key], len(records), time.time() - start),
@@ -128,15 +146,23 @@ def choose_and_keep(model, data, config: Config, workdir: str, fixed=()) -> Conf
         return config
     chosen, tried = choose(model, val, data.vocab, config, data.objects, model.grid, fixed)
     logging.info("decoding chosen on %d validation images: %s", len(val), describe(chosen))
-    write_json(
-        os.path.join(workdir, DECODING_FILE),
-        {
-            "selected_on": config.selection_key,
-            "images": len(val),
-            "fixed": sorted(set(fixed) & {n for n, _ in SEARCH}),
-            "chosen": {n: getattr(chosen, n) for n, _ in SEARCH if _applies(n, chosen)},
-            "tried": tried,
-        },
-    )
+    write_json(os.path.join(workdir, DECODING_FILE), record(chosen, tried, len(val), fixed))
     chosen.save(os.path.join(workdir, CONFIG_FILE))
     return chosen
+
+
+def settings(config: Config) -> dict:
+    """{name: value} of the `SEARCH` settings that apply to `config`."""
+    return {n: getattr(config, n) for n, _ in SEARCH if _applies(n, config)}
+
+
+def record(chosen: Config, tried: list[dict], images: int, fixed=()) -> dict:
+    """What `decoding.json` keeps of a `choose`: the selection score, the number of
+    validation images, the settings kept fixed, the chosen ones and every one tried."""
+    return {
+        "selected_on": chosen.selection_key,
+        "images": images,
+        "fixed": sorted(set(fixed) & {n for n, _ in SEARCH}),
+        "chosen": settings(chosen),
+        "tried": tried,
+    }

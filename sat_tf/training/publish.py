@@ -12,9 +12,10 @@ import tempfile
 
 from absl import logging
 
+from sat_tf.config import DECODING_FIELDS, Config
 from sat_tf.evaluation import coco_grounding
 from sat_tf.serving import inference, off_world, preset, tags
-from sat_tf.training import scoring
+from sat_tf.training import decoding_choice, prepare, scoring
 from sat_tf.utils import files, machine
 
 
@@ -33,9 +34,10 @@ def make(
     """Makes the preset `<output_root>/<name>` from a trained workdir.
 
     The preset is written to a temporary folder beside its place, loaded back from
-    there (float16 weights, as users load it), evaluated on `split` greedily and with
-    beam 3 from the image files (`scoring.evaluate_images`), and renamed into place
-    once complete: the stored scores are those of the shipped weights.
+    there (float16 weights, as users load it), evaluated on `split` from the image
+    files (`scoring.evaluate_images`) greedily, with beam 3 and with its own beam size
+    (`stored_beams`), and renamed into place once complete: the stored scores are those
+    of the shipped weights.
 
     Args:
       workdir: a trained workdir (`inference.load_workdir`).
@@ -146,15 +148,21 @@ def rescore(
     return metadata
 
 
+def stored_beams(config) -> list[int]:
+    """The beam sizes whose scores a preset stores: `preset.BEAM_SIZES` and its own."""
+    return sorted({*preset.BEAM_SIZES, config.beam_size})
+
+
 def _store_scores(directory, data_dir, split):
     """Loads the preset at `directory` as users load it, scores it on `split` of
-    `data_dir` (None: its config's) greedily and with beam 3 from the image files, and
+    `data_dir` (None: its config's) from the image files at each of `stored_beams`
+    (greedy, beam 3 and its own beam size; the rest of the decoding its config's), and
     stores the scores and the machine in its metadata."""
     shipped, shipped_vocab, shipped_config = inference.load_preset(directory)
     evaluated = dataclasses.replace(shipped_config, data_dir=data_dir or shipped_config.data_dir)
     scores = {"split": split, "dataset": shipped_config.dataset, "inputs": "image files"}
     with tempfile.TemporaryDirectory() as outputs:
-        for beam in preset.BEAM_SIZES:
+        for beam in stored_beams(shipped_config):
             scores[f"beam_{beam}"] = scoring.evaluate_images(
                 shipped, shipped_vocab, evaluated, outputs, split, beam
             )
@@ -162,6 +170,105 @@ def _store_scores(directory, data_dir, split):
     metadata.update(scores=scores, measured_on=machine.describe())
     preset.write_metadata(directory, metadata)
     return metadata
+
+
+def choose_decoding(
+    directory: str, *, data_dir: str | None = None, split: str = "test", command: str = ""
+) -> dict:
+    """Chooses a preset's decoding on its validation split, as a run's is chosen after
+    training (`decoding_choice.choose`, by the config's `--selection_metric`, from the
+    preset's own decoding), and measures its stored scores again with that decoding.
+
+    The validation photos are captioned from the image files, as users caption (a model
+    on cached features gets the backbone that made them, `inference.feature_encoder`).
+    The preset's config.json then holds the chosen decoding (its other keys as they
+    were, `_write_decoding`), `decoding_choice.DECODING_FILE` in the folder keeps every
+    setting tried with its validation scores (BLEU-4 and CIDEr as selection computes
+    them, and the coco-caption scores under "coco-caption"), metadata.json lists both
+    files, repeats the config's checked fields, says under "decoding" what was chosen
+    and how, and stores the `split` scores at each of `stored_beams` (`_store_scores`).
+    The folder is rewritten as a whole (`files.staged_dir`): a failure leaves it as it
+    was.
+
+    Args:
+      directory: the preset's folder.
+      data_dir: the dataset folder; None for the one its config names.
+      split: the split whose scores are stored.
+      command: the command that chose it, stored under "decoding" and as `rescored_with`.
+
+    Returns:
+      the metadata written.
+    """
+    preset.verify(directory)
+    model, vocab, config = inference.load_preset(directory)
+    evaluated = dataclasses.replace(
+        config, data_dir=data_dir or config.data_dir, use_feature_cache=False
+    )
+    with tempfile.TemporaryDirectory() as outputs:
+        data = prepare.prepare_data(evaluated, outputs, vocab=vocab)
+    records = data.splits["val"]
+    if not records:
+        raise ValueError(f"the val split of {config.dataset} in {evaluated.data_dir} is empty")
+    encoder = inference.feature_encoder(model, config) if model.encoder is None else None
+    chosen, tried = decoding_choice.choose(
+        model, records, vocab, evaluated, data.objects, model.grid, encoder=encoder, full=True
+    )
+    logging.info(
+        "decoding chosen on %d validation images: %s",
+        len(records),
+        decoding_choice.describe(chosen),
+    )
+    # Only the decoding changes: the data folder and the feature cache stay the config's.
+    kept = dataclasses.replace(config, **{n: getattr(chosen, n) for n, _ in decoding_choice.SEARCH})
+    decoding = {
+        **decoding_choice.record(kept, tried, len(records)),
+        "split": "val",
+        "dataset": config.dataset,
+        "inputs": "image files",
+        "chosen_with": command,
+    }
+    with files.staged_dir(directory) as tmp:
+        for name in preset.read_metadata(directory)["files"]:
+            shutil.copyfile(os.path.join(directory, name), os.path.join(tmp, name))
+        shutil.copyfile(
+            os.path.join(directory, preset.METADATA_FILE), os.path.join(tmp, preset.METADATA_FILE)
+        )
+        _write_decoding(os.path.join(tmp, preset.CONFIG_FILE), kept)
+        files.write_json(
+            os.path.join(tmp, decoding_choice.DECODING_FILE), decoding, indent=2, sort_keys=True
+        )
+        metadata = preset.read_metadata(tmp)
+        metadata["config"].update(
+            {k: getattr(kept, k) for k in preset.CHECKED_FIELDS if k in DECODING_FIELDS}
+        )
+        metadata["decoding"] = {k: v for k, v in decoding.items() if k != "tried"}
+        if command:
+            metadata["rescored_with"] = command
+        preset.write_metadata(tmp, metadata)
+        add_file(tmp, preset.CONFIG_FILE)
+        add_file(tmp, decoding_choice.DECODING_FILE)
+        preset.verify(tmp)
+        metadata = _store_scores(tmp, data_dir, split)
+    return metadata
+
+
+def _write_decoding(path: str, config) -> None:
+    """Writes `config`'s decoding (the `decoding_choice.SEARCH` settings; hard
+    attention's context only for hard attention) into the config.json at `path`, its
+    other keys as they were: a config saved before later settings existed still lacks
+    them and still reads them as `config.ADDED_FIELDS` says.
+
+    Raises:
+      ValueError: when the file would not read back as `config`.
+    """
+    with open(path, encoding="utf-8") as f:
+        values = json.load(f)
+    for name, _ in decoding_choice.SEARCH:
+        if name != "hard_decoding" or config.attention == "hard":
+            values[name] = getattr(config, name)
+    files.write_text(path, json.dumps(values, indent=2, sort_keys=True))
+    if Config.load(path) != config:
+        raise ValueError(f"{path} does not read back as the chosen decoding")
 
 
 def pack(directory: str, path: str) -> str:
