@@ -25,9 +25,6 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The layout test's count of code lines (no docstrings, comments or blank lines).
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-from layout_test import code_lines  # noqa: E402
 
 PACKAGE = os.path.join(ROOT, "sat_tf") + os.sep
 # Modules that belong to training, which captioning never runs.
@@ -42,6 +39,11 @@ TRAINING = (
 def function_spans(path):
     """{first line of a def (`co_firstlineno`: its first decorator's line): the code lines
     of its body, without those of the functions and classes defined inside it}."""
+    # The layout test's count of code lines (no docstrings, comments or blank lines),
+    # imported after the trace: it imports the package's config.
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from layout_test import code_lines
+
     with open(path, encoding="utf-8") as f:
         source = f.read()
     lines = code_lines(source)

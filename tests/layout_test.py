@@ -78,7 +78,7 @@ CAPTION_PATH = ("sat_tf.cli.caption", "sat_tf.cli.demo", "sat_tf.cli.export", "s
 # What captioning one photo with the shipped preset runs (bench/caption_path.py, traced
 # with tf.functions run eagerly): at most this many package files with a function run,
 # and code lines of the functions run; never a line of training code.
-CAPTION_RUNS = {"command": (23, 1900), "api": (20, 1600)}
+CAPTION_RUNS = {"command": (24, 1900), "api": (20, 1600)}
 
 # Size limits in lines of code (`code_lines`).
 MODEL_FILES = 8  # the paper's modules of sat_tf/model/ and its __init__.py
