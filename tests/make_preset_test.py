@@ -107,7 +107,10 @@ class MakeTest(tf.test.TestCase):
         with mock.patch.object(publish, "make") as make:
             code, _, err = run_main(make_preset.main, "sat-make-preset", "--workdir=w")
             self.assertEqual(code, 1)
-            self.assertIn("error: give --name, --train_command (or --rescore or --choose_decoding=<preset folder>)", err)
+            self.assertIn(
+                "error: give --name, --train_command (or --rescore or --choose_decoding=<preset folder>)",
+                err,
+            )
             code, _, err = run_main(make_preset.main, "sat-make-preset", "--rescore=p", "extra")
             self.assertEqual(code, 1)
             self.assertIn("error: unexpected arguments: extra", err)
