@@ -108,7 +108,8 @@ class MakeTest(tf.test.TestCase):
             code, _, err = run_main(make_preset.main, "sat-make-preset", "--workdir=w")
             self.assertEqual(code, 1)
             self.assertIn(
-                "error: give --name, --train_command (or --rescore or --choose_decoding=<preset folder>)",
+                "error: give --name, --train_command "
+                "(or --rescore or --choose_decoding=<preset folder>)",
                 err,
             )
             code, _, err = run_main(make_preset.main, "sat-make-preset", "--rescore=p", "extra")
