@@ -39,9 +39,6 @@ TRAINING = (
 def function_spans(path):
     """{first line of a def (`co_firstlineno`: its first decorator's line): the code lines
     of its body, without those of the functions and classes defined inside it}."""
-    # The layout test's count of code lines (no docstrings, comments or blank lines),
-    # imported after the trace: it imports the package's config.
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
     from layout_test import code_lines
 
     with open(path, encoding="utf-8") as f:
@@ -93,6 +90,9 @@ def trace(way, image, preset):
             print(Captioner.from_preset(preset).caption(image)[0].text)
     finally:
         sys.setprofile(None)
+    # The layout test's count of code lines (no docstrings, comments or blank lines),
+    # imported after the trace: it imports the package's config.
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
     spans = {path: function_spans(path) for path in files}
     # Module and class bodies (no def starts at their first line) are imports, not runs.
     ran = [(path, first, name) for path, first, name in functions if first in spans[path]]

@@ -4,18 +4,14 @@ ones; on a folder of other photos they are that folder's alone."""
 import json
 import os
 import re
-import shutil
-import tempfile
-from unittest import mock
 
 import numpy as np
 import tensorflow as tf
-from fixtures import run_main, scenes
+from fixtures import run_main, scenes, without_java
 from PIL import Image
 from preset_test import tiny_workdir
 
 from sat_tf.cli import evaluate as evaluate_cli
-from sat_tf.evaluation import java_tools
 from sat_tf.training import publish
 
 
@@ -47,12 +43,7 @@ def _folder(root, count=3):
 class EvaluatePresetTest(tf.test.TestCase):
     def setUp(self):
         super().setUp()
-        # The Python tokenizer and no METEOR: the Java programs take longer than the rest.
-        patch = mock.patch.object(java_tools, "find_java", lambda: None)
-        patch.start()
-        self.addCleanup(patch.stop)
-        self.root = tempfile.mkdtemp()
-        self.addCleanup(shutil.rmtree, self.root, ignore_errors=True)
+        self.root = without_java(self)
         self.preset = _tiny_preset(self.root)
 
     def _evaluate(self, *flags):

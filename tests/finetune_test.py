@@ -42,6 +42,24 @@ def _save_workdir(workdir, config, vocab, model):
     vocab.save(os.path.join(workdir, inference.VOCAB_FILE))
 
 
+def _fine_tuning(root, source_config, model):
+    """The settings of a run on a Flickr8k-layout folder of `CAPTIONS` fine-tuned from a
+    finished workdir of `model` (`source_config`, `SOURCE`) with the words seen twice
+    added: dataset, data_dir, cache_dir, init_from, new_word_min_count; the two folders
+    are made under `root`."""
+    source = os.path.join(root, "source")
+    _save_workdir(source, source_config, SOURCE, model)
+    data_dir = os.path.join(root, "data")
+    _write_flickr8k(data_dir, CAPTIONS)
+    return dict(
+        dataset="flickr8k",
+        data_dir=data_dir,
+        cache_dir=os.path.join(root, "cache"),
+        init_from=source,
+        new_word_min_count=2,
+    )
+
+
 def _log_softmax(logits):
     """float64 log-probabilities of (..., V) logits."""
     logits = np.asarray(logits, np.float64)
@@ -327,18 +345,10 @@ class FineTuneTest(tf.test.TestCase):
         # source's grown ones, which fresh weights could not be.
         root = self.get_temp_dir()
         settings = dict(image_size=32, embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0)
-        source = os.path.join(root, "source")
         source_config = Config(**settings)
         trained = _random_weights(build_model(source_config, len(SOURCE)), seed=1)
-        _save_workdir(source, source_config, SOURCE, trained)
-        data_dir = os.path.join(root, "data")
-        _write_flickr8k(data_dir, CAPTIONS)
         config = Config(
-            dataset="flickr8k",
-            data_dir=data_dir,
-            cache_dir=os.path.join(root, "cache"),
-            init_from=source,
-            new_word_min_count=2,
+            **_fine_tuning(root, source_config, trained),
             learning_rate=1e-12,
             batch_size=4,
             steps_per_epoch=1,

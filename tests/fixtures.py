@@ -26,6 +26,7 @@ from PIL import Image
 from sat_tf.cli import train as train_cli
 from sat_tf.config import Config, absolute_paths
 from sat_tf.data import vocab as vocab_lib
+from sat_tf.evaluation import java_tools
 from sat_tf.model.show_attend_tell import build_model
 
 # Eight named colours of flat test images.
@@ -72,6 +73,18 @@ class TrainedRun:
     config: Config
     scores: dict
     stdout: str
+
+
+def without_java(test) -> str:
+    """For a test case's `setUp`: no Java until the test ends (the Python tokenizer and no
+    METEOR, as on a machine without Java: the Java programs take longer than the rest)
+    and a temporary folder, removed after the test. Returns the folder."""
+    patch = mock.patch.object(java_tools, "find_java", lambda: None)
+    patch.start()
+    test.addCleanup(patch.stop)
+    root = tempfile.mkdtemp()
+    test.addCleanup(shutil.rmtree, root, ignore_errors=True)
+    return root
 
 
 def run_main(main, *argv, cwd=None):

@@ -10,8 +10,8 @@ from finetune_test import (
     CAPTIONS,
     SMALL,
     SOURCE,
+    _fine_tuning,
     _random_weights,
-    _save_workdir,
     _write_flickr8k,
 )
 
@@ -24,18 +24,9 @@ from sat_tf.training import prepare
 class PrepareDataTest(tf.test.TestCase):
     def test_the_sources_vocabulary_grown_by_the_training_words(self):
         root = self.get_temp_dir()
-        source = os.path.join(root, "source")
         trained = _random_weights(build_model(SMALL, len(SOURCE), (4, 6), (2, 2)), seed=1)
-        _save_workdir(source, SMALL, SOURCE, trained)
-        data_dir = os.path.join(root, "data")
-        _write_flickr8k(data_dir, CAPTIONS)
-        config = Config(
-            dataset="flickr8k",
-            data_dir=data_dir,
-            cache_dir=os.path.join(root, "cache"),
-            init_from=source,
-            new_word_min_count=2,
-        )
+        config = Config(**_fine_tuning(root, SMALL, trained))
+        source = config.init_from
         workdir = os.path.join(root, "run")
         os.makedirs(workdir)
         with self.assertLogs("absl", "INFO") as logs:

@@ -7,16 +7,13 @@ import dataclasses
 import io
 import json
 import os
-import shutil
-import tempfile
-from unittest import mock
 
 import tensorflow as tf
+from fixtures import without_java
 from preset_test import tiny_workdir
 
 from sat_tf.cli import make_preset
 from sat_tf.config import Config
-from sat_tf.evaluation import java_tools
 from sat_tf.serving import inference, preset
 from sat_tf.training import decoding_choice, prepare, publish, scoring
 
@@ -26,11 +23,7 @@ COMMANDS = dict(train_command="t", make_command="m")
 class CarriedFilesTest(tf.test.TestCase):
     def setUp(self):
         super().setUp()
-        patch = mock.patch.object(java_tools, "find_java", lambda: None)
-        patch.start()
-        self.addCleanup(patch.stop)
-        self.root = tempfile.mkdtemp()
-        self.addCleanup(shutil.rmtree, self.root, ignore_errors=True)
+        self.root = without_java(self)
         self.workdir = tiny_workdir(self.root)
 
     def test_a_tag_table_is_carried_and_listed(self):
@@ -60,12 +53,7 @@ class CarriedFilesTest(tf.test.TestCase):
 class ChooseDecodingTest(tf.test.TestCase):
     def setUp(self):
         super().setUp()
-        # The Python tokenizer and no METEOR: the Java programs take longer than the rest.
-        patch = mock.patch.object(java_tools, "find_java", lambda: None)
-        patch.start()
-        self.addCleanup(patch.stop)
-        self.root = tempfile.mkdtemp()
-        self.addCleanup(shutil.rmtree, self.root, ignore_errors=True)
+        self.root = without_java(self)
         publish.make(tiny_workdir(self.root), os.path.join(self.root, "p"), "t", **COMMANDS)
         self.folder = os.path.join(self.root, "p", "t")
 

@@ -37,7 +37,7 @@ def test_tag_is_the_sum_of_its_classes_by_hand():
     tag, prob = _tagger()(tf.constant(features))
     assert list(tag.numpy()) == [0, 0]  # the one tag, "dog"
     np.testing.assert_allclose(prob.numpy(), [0.75, 2 / 3], rtol=1e-6)
-    mask, tag, _ = _tagger().constraint(tf.constant(features), 0.7, len(WORDS))
+    mask, tag, _ = _tagger().constraint(tf.constant(features), 0.7)
     assert list(tag.numpy()) == [5, -1]
     expected = np.zeros((2, len(WORDS)), bool)
     expected[0, 5] = True

@@ -99,8 +99,8 @@ def _main(argv):
             model, data, config, output_dir, FLAGS.split, beam_size, overrides=overrides
         )
     else:
-        model, vocab, trained = inference.load_preset(source)
-        metadata = preset.read_metadata(preset.resolve(source))
+        model, vocab, trained, _, directory = inference.load(source, kind="preset")
+        metadata = preset.read_metadata(directory)
         config = _with_data_dir(trained)
         config, overrides = decoding_overrides(FLAGS, model, config)
         output_dir = FLAGS.output_dir or os.path.join("runs", "presets", metadata["name"])

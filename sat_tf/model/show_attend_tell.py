@@ -286,10 +286,11 @@ class ShowAttendTell(ResumableModel):
           `Generated`: `decode`'s `search.DecodeResult` with each photo's tag.
         """
         features = self.encode(batch)
-        batch_size = tf.shape(features)[0]
-        tag, prob, constraint = tf.fill([batch_size], -1), tf.zeros([batch_size]), None
         if self.tagger is not None and tag_threshold is not None:
             constraint, tag, prob = self.tagger.constraint(features, tag_threshold)
+        else:
+            batch_size = tf.shape(features)[0]
+            tag, prob, constraint = tf.fill([batch_size], -1), tf.zeros([batch_size]), None
         state = self.decoder.initial_state(features)
         return Generated(*self.decode(state, constraint=constraint, **decoding), tag, prob)
 

@@ -127,7 +127,7 @@ class Tagger:
         tag_probs = tf.matmul(probs, self.to_tags)  # (B, S)
         return tf.argmax(tag_probs, axis=1, output_type=tf.int32), tf.reduce_max(tag_probs, 1)
 
-    def constraint(self, features, threshold, vocab_size=None):
+    def constraint(self, features, threshold):
         """(bool (B, V) constraint of `search.beam_search`, tag (B,), probability (B,)):
         a photo whose tag has at least `threshold` probability must say one of its words;
         tag is the vocabulary id of the tag's word, -1 for the others."""
