@@ -246,7 +246,7 @@ def _store_in_preset(result, about):
     folder = preset.resolve(FLAGS.preset)
     about_run = {
         "coco_dir": os.path.basename(os.path.normpath(FLAGS.coco_dir)),
-        "beam_size": about["beam_size"],
+        **{k: v for k, v in about.items() if k != "attention"},
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     publish.store_grounding(folder, result, about_run)
