@@ -108,8 +108,8 @@ class ChooseTest(absltest.TestCase):
         model.decoder = _Decoder()
 
         def caption_records(model_, records, vocab, candidate, encoder=None):
-            # The decoder decodes as the candidate says while it is captioned.
-            self.assertEqual(model_.decoder.hard_decoding, candidate.hard_decoding)
+            # The candidate's config says how to decode; the model is not changed.
+            self.assertEqual(model_.decoder.hard_decoding, "expected")
             captioned.append(candidate.hard_decoding)
             return [scores[candidate.hard_decoding]]
 
@@ -123,7 +123,7 @@ class ChooseTest(absltest.TestCase):
         ):
             chosen, _ = decoding_choice.choose(model, ["r"], None, config)
         self.assertEqual(chosen.hard_decoding, "argmax")
-        self.assertEqual(model.decoder.hard_decoding, "argmax")
+        self.assertEqual(model.decoder.hard_decoding, "expected")
         # Beams 1, 3 and 5, repeats allowed, bad endings blocked (all tied, so the
         # simplest kept), then the context, searched last.
         self.assertEqual(captioned, ["expected"] * 5 + ["argmax"])

@@ -466,6 +466,29 @@ class ShowAttendTellTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllEqual(beam_1.tokens, result.tokens)
 
     @parameterized.parameters(1, 3)
+    def test_generate_attends_as_its_hard_decoding_says(self, beam_size):
+        # A decoder built with "expected" told "argmax" decodes as one built with
+        # "argmax" (the same weights), and is left as it was.
+        batch = _batch(seed=7)
+        argmax, expected = _model("hard", hard_decoding="argmax"), _model("hard")
+        rng = np.random.default_rng(7)
+        for a, e in zip(argmax.trainable_weights, expected.trainable_weights, strict=True):
+            value = rng.normal(size=a.shape).astype(np.float32)
+            a.assign(value)
+            e.assign(value)
+        decoding = dict(max_length=6, beam_size=beam_size)
+        want = argmax.generate(batch, **decoding)
+        got = expected.generate(batch, hard_decoding="argmax", **decoding)
+        self.assertAllEqual(got.tokens, want.tokens)
+        self.assertAllClose(got.attention, want.attention, atol=1e-6)
+        self.assertEqual(expected.decoder.hard_decoding, "expected")
+        own = expected.generate(batch, **decoding)
+        self.assertAllClose(
+            own.attention, expected.generate(batch, hard_decoding="expected", **decoding).attention
+        )
+        self.assertNotAllClose(own.attention, want.attention)
+
+    @parameterized.parameters(1, 3)
     def test_generate_never_emits_pad_start_or_unk(self, beam_size):
         batch = _batch(seed=6)
         model = _model()

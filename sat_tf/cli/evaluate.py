@@ -90,7 +90,7 @@ def _main(argv):
     if kind == "workdir":
         model, vocab, config = inference.load_workdir(source)
         config = _with_data_dir(config)
-        config, overrides = decoding_overrides(FLAGS, model, config)
+        config, overrides = decoding_overrides(FLAGS, config)
         output_dir = FLAGS.output_dir or source
         scoring.check_output_dir(output_dir, config)
         os.makedirs(output_dir, exist_ok=True)
@@ -102,7 +102,7 @@ def _main(argv):
         model, vocab, trained, _, directory = inference.load(source, kind="preset")
         metadata = preset.read_metadata(directory)
         config = _with_data_dir(trained)
-        config, overrides = decoding_overrides(FLAGS, model, config)
+        config, overrides = decoding_overrides(FLAGS, config)
         output_dir = FLAGS.output_dir or os.path.join("runs", "presets", metadata["name"])
         scores = scoring.evaluate_images(
             model, vocab, config, output_dir, FLAGS.split, beam_size, overrides

@@ -226,10 +226,10 @@ def model_source(flag_values):
     return ("workdir", workdir) if workdir else ("preset", source)
 
 
-def decoding_overrides(flag_values, model, config):
+def decoding_overrides(flag_values, config):
     """Applies the flags of `DECODING_OVERRIDES` (--hard_decoding, --length_penalty,
-    --block_repeats, --block_bad_endings, --tags, --tag_threshold) to a loaded model
-    before it captions anything.
+    --block_repeats, --block_bad_endings, --tags, --tag_threshold) to a loaded model's
+    config, which its decoding reads (`inference.decoding_arguments`).
 
     Returns:
       (config with the values, {name: value} of those that differ from the model's own).
@@ -245,13 +245,11 @@ def decoding_overrides(flag_values, model, config):
     if penalty is not None and penalty < 0:
         raise ValueError(f"--length_penalty={penalty} must be >= 0 (0 = off)")
     changed = {k: v for k, v in given.items() if v is not None and v != getattr(config, k)}
-    if "hard_decoding" in changed:
-        if config.attention != "hard":
-            raise ValueError(
-                f"--hard_decoding={changed['hard_decoding']} is a setting of hard attention; "
-                f"this model has {config.attention} attention: leave it out"
-            )
-        model.decoder.hard_decoding = changed["hard_decoding"]
+    if "hard_decoding" in changed and config.attention != "hard":
+        raise ValueError(
+            f"--hard_decoding={changed['hard_decoding']} is a setting of hard attention; "
+            f"this model has {config.attention} attention: leave it out"
+        )
     return dataclasses.replace(config, **changed), changed
 
 
@@ -263,7 +261,7 @@ def load_trained(flag_values):
 
     kind, source = model_source(flag_values)
     trained = inference.load(source, kind=kind)
-    config, _ = decoding_overrides(flag_values, trained.model, trained.config)
+    config, _ = decoding_overrides(flag_values, trained.config)
     return trained._replace(config=config)
 
 

@@ -189,8 +189,8 @@ class AttentionDecoder(keras.layers.Layer):
             return attention_lib.hard_attend(gumbel_noise, use_expected)
         return attention_lib.soft_attend
 
-    def _decoding_attend_fn(self):
-        if self.attention == "hard" and self.hard_decoding == "argmax":
+    def _decoding_attend_fn(self, hard_decoding=None):
+        if self.attention == "hard" and (hard_decoding or self.hard_decoding) == "argmax":
             return attention_lib.hard_attend()
         return attention_lib.soft_attend
 
@@ -235,7 +235,7 @@ class AttentionDecoder(keras.layers.Layer):
             pre += self._per_caption(state["global_output"], embedded)
         return self.deep_output(self.out_dropout(tf.tanh(pre), training=training))
 
-    def step(self, tokens, state):
+    def step(self, tokens, state, hard_decoding=None):
         """One decoding step; the `step_fn` that `search.py` drives.
 
         Hard attention attends as `hard_decoding` says (docs/design.md §1.4).
@@ -243,6 +243,8 @@ class AttentionDecoder(keras.layers.Layer):
         Args:
           tokens: (B,) int32 previous words.
           state: dict from `initial_state` or a previous step.
+          hard_decoding: hard attention's context, "argmax" or "expected"; None for the
+            decoder's own (`hard_decoding` of its construction).
 
         Returns:
           (log_probs (B, V), new state, alpha (B, L)).
@@ -257,7 +259,7 @@ class AttentionDecoder(keras.layers.Layer):
             state.get("projected"),
             self.read(self.lstm_context.kernel),
             self._score_fn(),
-            self._decoding_attend_fn(),
+            self._decoding_attend_fn(hard_decoding),
         )
         logits = self._logits(embedded, out.h, out.z, state)
         log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))

@@ -280,7 +280,7 @@ class ShowAttendTell(ResumableModel):
           batch: dict with "image" or "features" (`encode`).
           tag_threshold: the probability a tag needs; None turns tags off.
           **decoding: `decode`'s arguments after the state (max_length, beam_size,
-            length_penalty, block_repeats, bad_ending_ids).
+            length_penalty, block_repeats, bad_ending_ids, hard_decoding).
 
         Returns:
           `Generated`: `decode`'s `search.DecodeResult` with each photo's tag.
@@ -304,6 +304,7 @@ class ShowAttendTell(ResumableModel):
         bad_ending_ids=(),
         constraint=None,
         sample_seed=None,
+        hard_decoding=None,
     ):
         """Captions from the decoder's state: greedy for beam_size 1, else beam search.
 
@@ -311,7 +312,8 @@ class ShowAttendTell(ResumableModel):
         time in a row, no trigram twice; no caption ending on one of those word ids.
         `constraint`, bool (B, V), makes each caption hold one of its row's words
         (`search.beam_search`; with beam_size 1, a beam of one per state). `sample_seed`
-        draws each word instead of taking the most likely (greedy only).
+        draws each word instead of taking the most likely (greedy only). `hard_decoding`
+        ("argmax", "expected"; None: the decoder's own) is hard attention's context.
 
         Args:
           state: `AttentionDecoder.initial_state` of (B, L, D) annotation vectors.
@@ -330,7 +332,7 @@ class ShowAttendTell(ResumableModel):
             block_repeats=block_repeats,
             bad_ending_ids=tuple(bad_ending_ids),
         )
-        step_fn = self.decoding_step()
+        step_fn = self.decoding_step(hard_decoding)
         if beam_size == 1 and constraint is None:
             return search.greedy_decode(step_fn, state, sample_seed=sample_seed, **common)
         if sample_seed is not None:
@@ -344,10 +346,15 @@ class ShowAttendTell(ResumableModel):
             **common,
         )
 
-    def decoding_step(self):
+    def decoding_step(self, hard_decoding=None):
         """The decoder's step as captioning runs it (`search.StepFn`): the words of
-        `vocab.NEVER_EMITTED` are never emitted (`decoding_rules.never_emitting`)."""
-        return decoding_rules.never_emitting(self.decoder.step, self.vocab_size)
+        `vocab.NEVER_EMITTED` are never emitted (`decoding_rules.never_emitting`); hard
+        attention attends as `hard_decoding` says (None: the decoder's own)."""
+
+        def step(tokens, state):
+            return self.decoder.step(tokens, state, hard_decoding)
+
+        return decoding_rules.never_emitting(step, self.vocab_size)
 
     def get_config(self):
         serialize = self.sublayer_config

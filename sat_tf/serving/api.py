@@ -347,7 +347,7 @@ class Captioner:
         decoder = self.model.decoder
         use_expected = None
         if decoder.attention == "hard":  # as `step` decodes it: expected context or argmax
-            use_expected = tf.fill([len(words)], decoder.hard_decoding == "expected")
+            use_expected = tf.fill([len(words)], self.config.hard_decoding == "expected")
         out = decoder(
             tf.repeat(features, len(words), axis=0),
             tf.constant(inputs),

@@ -70,6 +70,8 @@ class ExportSpec:
         without a tag table).
       block_repeats: no word a third time in a row, no trigram twice.
       bad_ending_ids: words a caption may not end on.
+      hard_decoding: hard attention's context ("argmax", "expected"); None for the
+        other models.
       max_image_pixels: `serving_default` refuses images over it (`image_io.admit`).
       off_world: the model's `off_world.Stats`; with them the signatures also return
         off_world_score float32 (N,) and off_world bool (N,).
@@ -85,6 +87,7 @@ class ExportSpec:
     tag_threshold: float | None
     block_repeats: bool
     bad_ending_ids: tuple[int, ...]
+    hard_decoding: str | None
     max_image_pixels: int = image_io.MAX_IMAGE_PIXELS
     off_world: off_world_lib.Stats | None = dataclasses.field(default=None, compare=False)
 
@@ -165,6 +168,7 @@ def _decode(model, features, spec):
         length_penalty=spec.length_penalty,
         block_repeats=spec.block_repeats,
         bad_ending_ids=spec.bad_ending_ids,
+        hard_decoding=spec.hard_decoding,
     )
 
 

@@ -177,7 +177,8 @@ def decoding_arguments(config: Config, vocab=None, beam_size=None) -> dict:
     """`ShowAttendTell.generate`'s arguments from a config's decoding settings, read here
     once for the API, evaluation, the demo and the export: max_length, beam_size (None:
     `config.beam_size`), length_penalty, block_repeats, bad_ending_ids (the vocabulary's
-    `tokens.BAD_ENDINGS` with `config.block_bad_endings`, which needs the `vocab`) and
+    `tokens.BAD_ENDINGS` with `config.block_bad_endings`, which needs the `vocab`),
+    hard_decoding (hard attention's context; None for the other models) and
     tag_threshold (None with `config.tags` off)."""
     if config.block_bad_endings and vocab is None:
         raise ValueError("--block_bad_endings needs the vocabulary to find the bad endings")
@@ -187,6 +188,7 @@ def decoding_arguments(config: Config, vocab=None, beam_size=None) -> dict:
         "length_penalty": config.length_penalty,
         "block_repeats": config.block_repeats,
         "bad_ending_ids": vocab.ids_present(BAD_ENDINGS) if config.block_bad_endings else (),
+        "hard_decoding": config.hard_decoding if config.attention == "hard" else None,
         "tag_threshold": config.tag_threshold if config.tags else None,
     }
 

@@ -94,7 +94,6 @@ def choose(
       `SEARCH` settings and its validation scores).
     """
     key = _SCORE[config.selection_metric]
-    hard = model.decoder.hard_decoding if config.attention == "hard" else None
     tried = {}
 
     def score(candidate: Config) -> float:
@@ -102,8 +101,6 @@ def choose(
         name = tuple(sorted(tried_settings.items()))
         if name not in tried:
             start = time.time()
-            if hard is not None:
-                model.decoder.hard_decoding = candidate.hard_decoding
             results = caption_records(model, records, vocab, candidate, encoder=encoder)
             scores = score_captions(
                 records, results, objects, grid or (14, 14), candidate.image_size
@@ -120,17 +117,13 @@ def choose(
         return tried[name]["scores"][key]
 
     best = config
-    try:
-        for name, values in SEARCH:
-            if name in fixed or not _applies(name, best):
-                continue
-            own = getattr(best, name)
-            options = values if own in values else (own, *values)
-            # max keeps the first of equal scores: the simplest value.
-            best = max((dataclasses.replace(best, **{name: v}) for v in options), key=score)
-    finally:
-        if hard is not None:
-            model.decoder.hard_decoding = best.hard_decoding
+    for name, values in SEARCH:
+        if name in fixed or not _applies(name, best):
+            continue
+        own = getattr(best, name)
+        options = values if own in values else (own, *values)
+        # max keeps the first of equal scores: the simplest value.
+        best = max((dataclasses.replace(best, **{name: v}) for v in options), key=score)
     return best, list(tried.values())
 
 
