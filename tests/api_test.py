@@ -1,8 +1,8 @@
-"""Tests for the Python API (`sat_tf.Captioner`, `sat_tf.load`): on the
-shipped preset README's three lines and the captions against the package's own pipeline
-of `scripts/caption.py` before the API (inference.load_preset, image_io,
-make_caption_fn); on a tiny model every input kind against the file path, batches against
-one image at a time, refusals, pictures and `attend`."""
+"""Tests for the Python API (`sat_tf.Captioner`): on the shipped preset README's three
+lines and the captions against the package's own pipeline of `scripts/caption.py` before
+the API (inference.load_preset, image_io, make_caption_fn); on a tiny model every input
+kind against the file path, batches against one image at a time, refusals, pictures and
+`attend` (`sat_tf.load`: inference_test.py)."""
 
 import contextlib
 import io
@@ -21,9 +21,8 @@ from fixtures import scenes, tiny_model
 from PIL import Image
 
 import sat_tf
-from sat_tf.config import Config
 from sat_tf.data import image_io
-from sat_tf.serving import inference, preset
+from sat_tf.serving import inference
 from sat_tf.serving.inference import feature_encoder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,20 +119,6 @@ class CaptionerTest(tf.test.TestCase):
             os.chdir(cwd)
         self.assertNotEmpty(want)
         self.assertEqual(printed.getvalue(), " ".join(want) + "\n")
-
-    def test_load_reads_all_a_captioner_needs(self):
-        shipped = "flickr8k_lite0_grid14_soft"  # with a tag table and off-world statistics
-        trained = sat_tf.load(shipped)
-        folder = os.path.join(preset.PRESETS_DIR, shipped)
-        self.assertIsInstance(trained.model, sat_tf.ShowAttendTell)
-        self.assertEqual(trained.directory, folder)
-        self.assertEqual(trained.config, Config.load(os.path.join(folder, "config.json")))
-        with open(os.path.join(folder, "vocab.txt"), encoding="utf-8") as f:
-            self.assertEqual(list(trained.vocab.words), f.read().splitlines())
-        self.assertEqual(trained.model.vocab_size, len(trained.vocab))
-        # The preset's tag table and off-world statistics come with it.
-        self.assertIsNotNone(trained.model.tagger)
-        self.assertIsNotNone(trained.off_world)
 
     def test_caption_fields(self):
         (caption,) = self.captioner.caption(self.pngs[0])

@@ -1,10 +1,10 @@
-"""Tests for sat_tf/__init__.py (its lazy names are api_test.py's): importing sat_tf
-selects TensorFlow's BFC allocator for CPU memory, and when it cannot or must not, and
-that `cpu_allocator` tells the three allocators apart. Each case runs in a fresh Python
-process: the allocator is fixed for the life of a process once TensorFlow has run an op.
-Every case sets TF_ENABLE_ONEDNN_OPTS, whose default depends on the CPU (on with
-AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX), so the expected answers are the same on
-every machine."""
+"""Tests for sat_tf/__init__.py (its lazy names are api_test.py's and inference_test.py's):
+importing sat_tf selects TensorFlow's BFC allocator for CPU memory, and when it cannot or
+must not, and that `cpu_allocator` tells the three allocators apart. Each case runs in a
+fresh Python process: the allocator is fixed for the life of a process once TensorFlow
+has run an op. Every case sets TF_ENABLE_ONEDNN_OPTS, whose default depends on the CPU
+(on with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX), so the expected answers are the
+same on every machine."""
 
 import os
 import subprocess

@@ -1,6 +1,6 @@
 """Writes the workdirs of `v0_workdirs/`: tiny models saved by the code before the
 package layout of issue 20 (written by commit 525c87d), with the captions that code
-gave for fixed inputs, so that `tests/compatibility_test.py` can check that later code
+gave for fixed inputs, so that `tests/inference_test.py` can check that later code
 loads them and captions alike.
 
     python tests/testdata/make_v0_workdirs.py tests/testdata/v0_workdirs
