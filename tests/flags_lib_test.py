@@ -19,7 +19,6 @@ from sat_tf.cli import flags_lib
 from sat_tf.cli import table as table_cli
 from sat_tf.cli import train as train_cli
 from sat_tf.config import Config
-from sat_tf.training import scoring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -211,25 +210,6 @@ class DecodingOverridesTest(absltest.TestCase):
         for args, message in cases:
             with self.assertRaisesRegex(ValueError, message):
                 flags_lib.decoding_overrides(self._values(*args), Config(attention="soft"))
-
-    def test_result_names(self):
-        config = Config(beam_size=3)
-        self.assertEqual(scoring.result_name("metrics", "test", config), "metrics_test.json")
-        overrides = {"length_penalty": 1.0, "hard_decoding": "argmax"}
-        self.assertEqual(
-            scoring.result_name("table", "val", config, 5, ".md", overrides),
-            "table_val_beam5_lp1_argmax.md",
-        )
-        blocking = {"block_repeats": False, "block_bad_endings": True}
-        self.assertEqual(
-            scoring.result_name("captions", "test", config, None, ".json", blocking),
-            "captions_test_repeats_nobadendings.json",
-        )
-        tags = {"tags": False, "tag_threshold": 0.5}
-        self.assertEqual(
-            scoring.result_name("metrics", "test", config, None, ".json", tags),
-            "metrics_test_notags_tag0.5.json",
-        )
 
 
 class FlagfileTest(tf.test.TestCase):

@@ -1,104 +1,54 @@
-"""Tests for sat_tf.training.scoring: captioning a split the same under XLA."""
+"""Tests for sat_tf.training.scoring: the references of a split, the names of its result
+files, and the folders evaluation refuses to write into."""
 
-import dataclasses
 import os
 
-import numpy as np
 import tensorflow as tf
 
 from sat_tf.config import Config
-from sat_tf.data import vocab as vocab_lib
-from sat_tf.data.tokens import BAD_ENDINGS
-from sat_tf.model.show_attend_tell import build_model
-from sat_tf.serving import inference
+from sat_tf.data.records import Record
+from sat_tf.training import scoring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class CaptionFnTest(tf.test.TestCase):
-    def test_jit_compile_captions_the_same(self):
-        config = Config(
-            use_feature_cache=True, embed_dim=8, hidden_dim=16, attention_dim=8, max_decode_length=6
-        )
-        model = build_model(config, 20, (9, 12))
-        features = np.random.default_rng(0).normal(size=(3, 9, 12)).astype(np.float32)
-        jit = dataclasses.replace(config, jit_compile=True)
-        for beam in (1, 2):
-            plain = inference.make_caption_fn(model, config, beam)({"features": features})
-            compiled = inference.make_caption_fn(model, jit, beam)({"features": features})
-            self.assertGreater(np.count_nonzero(plain.length), 0)
-            self.assertAllEqual(compiled.tokens, plain.tokens)
-            self.assertAllClose(compiled.log_prob, plain.log_prob, atol=1e-4)
-            self.assertAllClose(compiled.attention, plain.attention, atol=1e-5)
-
-
-WORDS = [*vocab_lib.SPECIALS, "a", "the", "dog", "runs", "on", "grass", "of", "man"]
-
-
-def _repeats(words):
-    triples = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
-    return len(set(triples)) < len(triples) or any(len(set(t)) == 1 for t in triples)
-
-
-class BlockingTest(tf.test.TestCase):
-    def setUp(self):
-        super().setUp()
-        self.config = Config(
-            use_feature_cache=True,
-            embed_dim=8,
-            hidden_dim=16,
-            attention_dim=8,
-            max_decode_length=12,
-        )
-        self.model = build_model(self.config, len(WORDS), (9, 12))
-        bias = self.model.decoder.deep_output.bias.numpy()
-        bias[vocab_lib.END_ID] = -30.0  # captions run to the length limit
-        self.model.decoder.deep_output.bias.assign(bias)
-        self.features = np.random.default_rng(1).normal(size=(8, 9, 12)).astype(np.float32)
-        self.vocab = vocab_lib.Vocab(WORDS)
-
-    def _captions(self, config, beam):
-        out = inference.make_caption_fn(self.model, config, beam, vocab=self.vocab)(
-            {"features": self.features}
-        )
-        return [
-            self.vocab.decode(t[:n])
-            for t, n in zip(out.tokens.numpy(), out.length.numpy(), strict=True)
+class ScoringTest(tf.test.TestCase):
+    def test_references_are_the_tokenized_captions_of_each_image(self):
+        records = [
+            Record("7", "a.jpg", ("A Dog, running!", "two  dogs"), "test"),
+            Record("9", "b.jpg", ("The man's hat.",), "test"),
         ]
-
-    def test_config_blocks_repeats(self):
-        allowed = dataclasses.replace(self.config, block_repeats=False)
-        for beam in (1, 3):
-            self.assertTrue(any(_repeats(w) for w in self._captions(allowed, beam)))
-            self.assertFalse(any(_repeats(w) for w in self._captions(self.config, beam)))
-
-    def test_bad_ending_ids_are_those_of_the_vocabulary(self):
-        config = dataclasses.replace(self.config, block_bad_endings=True)
-        options = inference.decoding_arguments(config, self.vocab)
-        self.assertEqual(options["bad_ending_ids"], (4, 5, 8, 10))
-        self.assertEqual({WORDS[i] for i in options["bad_ending_ids"]}, {"a", "the", "on", "of"})
-        self.assertContainsSubset({"a", "the", "on", "of"}, BAD_ENDINGS)
-        self.assertEqual(inference.decoding_arguments(self.config)["bad_ending_ids"], ())
-        with self.assertRaisesRegex(ValueError, "needs the vocabulary"):
-            inference.decoding_arguments(config)
-
-    def test_decoding_arguments_are_the_configs(self):
-        config = dataclasses.replace(
-            self.config, beam_size=5, length_penalty=1.0, tags=True, tag_threshold=0.4
+        self.assertEqual(
+            scoring.references(records),
+            {"7": ["a dog running", "two dogs"], "9": ["the man s hat"]},
         )
-        want = {
-            "max_length": config.max_decode_length,
-            "beam_size": 5,
-            "length_penalty": 1.0,
-            "block_repeats": config.block_repeats,
-            "bad_ending_ids": (),
-            "tag_threshold": 0.4,
-        }
-        self.assertEqual(inference.decoding_arguments(config, self.vocab), want)
-        # An explicit beam wins; tags off leave no threshold.
-        untagged = dataclasses.replace(config, tags=False)
-        got = inference.decoding_arguments(untagged, self.vocab, beam_size=2)
-        self.assertEqual(got, {**want, "beam_size": 2, "tag_threshold": None})
+
+    def test_result_names(self):
+        config = Config(beam_size=3)
+        self.assertEqual(scoring.result_name("metrics", "test", config), "metrics_test.json")
+        overrides = {"length_penalty": 1.0, "hard_decoding": "argmax"}
+        self.assertEqual(
+            scoring.result_name("table", "val", config, 5, ".md", overrides),
+            "table_val_beam5_lp1_argmax.md",
+        )
+        blocking = {"block_repeats": False, "block_bad_endings": True}
+        self.assertEqual(
+            scoring.result_name("captions", "test", config, None, ".json", blocking),
+            "captions_test_repeats_nobadendings.json",
+        )
+        tags = {"tags": False, "tag_threshold": 0.5}
+        self.assertEqual(
+            scoring.result_name("metrics", "test", config, None, ".json", tags),
+            "metrics_test_notags_tag0.5.json",
+        )
+
+    def test_results_are_never_written_into_the_data_or_the_package(self):
+        data = self.get_temp_dir()
+        config = Config(data_dir=data)
+        for inside in (data, os.path.join(data, "runs"), os.path.join(ROOT, "sat_tf", "x")):
+            with self.assertRaisesRegex(ValueError, f"output folder {inside} lies in the"):
+                scoring.check_output_dir(inside, config)
+        scoring.check_output_dir(os.path.join(os.path.dirname(data), "elsewhere"), config)
 
 
 if __name__ == "__main__":
