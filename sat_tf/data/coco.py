@@ -181,36 +181,54 @@ def split_by_image_id(image_ids: Iterable[str]) -> dict[str, str]:
     }
 
 
+def caption_entries(path: str):
+    """The entries of a COCO-format captions file ({"images": [{"id", "file_name"}],
+    "annotations": [{"image_id", "caption"}]}), checked, in file order.
+
+    Returns:
+      (images, each (where, image id as a string, file name, the entry itself);
+      annotations, each (where, image id, caption)).
+
+    Raises:
+      DatasetError: for a file that is not such JSON, an entry without its fields, or
+        an annotation of an image id that "images" does not list.
+    """
+    data = read_json(path)
+    images = require(data, "images", "the top-level object", path, list)
+    annotations = require(data, "annotations", "the top-level object", path, list)
+    listed = []
+    for i, image in enumerate(images):
+        where = f"images[{i}]"
+        image_id = str(require(image, "id", where, path, (int, str)))
+        listed.append((where, image_id, require(image, "file_name", where, path, str), image))
+    ids = {image_id for _, image_id, _, _ in listed}
+    captions = []
+    for i, annotation in enumerate(annotations):
+        where = f"annotations[{i}]"
+        image_id = str(require(annotation, "image_id", where, path, (int, str)))
+        caption = require(annotation, "caption", where, path, str)
+        if image_id not in ids:
+            raise DatasetError(
+                f"{path}: {where} refers to image_id {image_id}, which 'images' does not list"
+            )
+        captions.append((where, image_id, caption))
+    return listed, captions
+
+
 def _collect(captions_json: str, image_dir: str, assign) -> Collector:
     """Parses an official COCO captions file into a `Collector`.
 
     `assign` maps the list of image ids (in the order of "images") to {image id: split}.
     """
-    data = read_json(captions_json)
-    images = require(data, "images", "the top-level object", captions_json, list)
-    annotations = require(data, "annotations", "the top-level object", captions_json, list)
-    listed = []
-    for i, image in enumerate(images):
-        where = f"images[{i}]"
-        image_id = str(require(image, "id", where, captions_json, (int, str)))
-        path = os.path.join(image_dir, require(image, "file_name", where, captions_json, str))
-        listed.append((image_id, path, where))
-    split_of = assign([image_id for image_id, _, _ in listed])
+    images, annotations = caption_entries(captions_json)
+    split_of = assign([image_id for _, image_id, _, _ in images])
     collector = Collector(captions_json)
-    known = {}
-    for image_id, path, where in listed:
-        collector.add(image_id, path, split_of[image_id], [], where)
-        known[image_id] = path
-    for i, annotation in enumerate(annotations):
-        where = f"annotations[{i}]"
-        image_id = str(require(annotation, "image_id", where, captions_json, (int, str)))
-        caption = require(annotation, "caption", where, captions_json, str)
-        if image_id not in known:
-            raise DatasetError(
-                f"{captions_json}: {where} refers to image_id {image_id}, which 'images' "
-                "does not list"
-            )
-        collector.add(image_id, known[image_id], split_of[image_id], [caption], where)
+    paths = {}
+    for where, image_id, file_name, _ in images:
+        paths[image_id] = os.path.join(image_dir, file_name)
+        collector.add(image_id, paths[image_id], split_of[image_id], [], where)
+    for where, image_id, caption in annotations:
+        collector.add(image_id, paths[image_id], split_of[image_id], [caption], where)
     return collector
 
 

@@ -69,14 +69,13 @@ from collections.abc import Iterator, Sequence
 
 from absl import logging
 
+from sat_tf.data import coco
 from sat_tf.data.records import (
     Collector,
     DatasetError,
     Record,
     check_options,
-    read_json,
     read_text,
-    require,
     split_counts,
     text_lines,
 )
@@ -328,31 +327,18 @@ def _table_rows(path: str) -> Iterator[_Row]:
 
 def _coco_rows(path: str) -> Iterator[_Row]:
     """One row per entry of "images", with the captions "annotations" give it."""
-    data = read_json(path)
-    images = require(data, "images", "the top-level object", path, list)
-    annotations = require(data, "annotations", "the top-level object", path, list)
+    images, annotations = coco.caption_entries(path)
     captions: dict[str, list[str]] = {}
-    entries = {}
-    for i, image in enumerate(images):
-        image_id = str(require(image, "id", f"images[{i}]", path, (int, str)))
-        require(image, "file_name", f"images[{i}]", path, str)
+    for where, image_id, _, _ in images:
         if image_id in captions:
-            raise DatasetError(f"{path}: images[{i}] repeats the id {image_id} of an earlier entry")
+            raise DatasetError(f"{path}: {where} repeats the id {image_id} of an earlier entry")
         captions[image_id] = []
-        entries[image_id] = i
-    for i, annotation in enumerate(annotations):
-        where = f"annotations[{i}]"
-        image_id = str(require(annotation, "image_id", where, path, (int, str)))
-        caption = require(annotation, "caption", where, path, str)
-        if image_id not in captions:
-            raise DatasetError(
-                f"{path}: {where} refers to image_id {image_id}, which 'images' does not list"
-            )
+    for _, image_id, caption in annotations:
         captions[image_id].append(caption)
-    for image_id, i in entries.items():
-        split = images[i].get(SPLIT_COLUMN)
+    for where, image_id, file_name, entry in images:
+        split = entry.get(SPLIT_COLUMN)
         split = None if split is None else str(split)
-        yield _Row(path, f"images[{i}]", images[i]["file_name"], tuple(captions[image_id]), split)
+        yield _Row(path, where, file_name, tuple(captions[image_id]), split)
 
 
 def _file_key(path: str, image_id: str):
