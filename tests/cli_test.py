@@ -123,10 +123,6 @@ class QuietCommandsTest(tf.test.TestCase):
             sys.modules.pop(name, None)
 
 
-if __name__ == "__main__":
-    tf.test.main()
-
-
 def test_sat_demo_serves_the_default_preset_without_a_model_flag(tmp_path):
     from sat_tf.cli import demo as demo_cli
 
@@ -162,3 +158,7 @@ def test_sat_train_help_lists_the_essential_settings_and_helpfull_every_section(
         block = out.split(f". {section}:\n", 1)[1].split("\n\n", 1)[0]
         shown = re.findall(r"^  --(?:\[no\])?(\w+)", block, flags=re.MULTILINE)
         assert sorted(shown) == sorted(n for n in names if n not in config.ESSENTIAL), section
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,6 +1,7 @@
 """Tests for sat_tf.serving.exporting in-process: request checks, captions, the three
 signatures."""
 
+import dataclasses
 import os
 import tempfile
 
@@ -140,6 +141,21 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(place.shape[0], model.grid[0] * model.grid[1])
         self._check_signatures(model, vocab, self.spec(2, model, config))
 
+    def test_signatures_of_hard_attention_decode_with_the_configs_context(self):
+        # A decoder built with the expected context, its config saying argmax (as after
+        # --hard_decoding=argmax): the graphs attend at the argmax, as `generate` does
+        # when told so, and not as the decoder's own.
+        model, vocab, config = tiny_model(2, attention="hard", hard_decoding="expected")
+        argmax = dataclasses.replace(config, hard_decoding="argmax")
+        spec = self.spec(2, model, argmax)
+        self.assertEqual(spec.hard_decoding, "argmax")
+        self._check_signatures(model, vocab, spec)
+        own = model.generate({"image": self.images.astype(np.float32)}, max_length=MAX_LENGTH)
+        told = model.generate(
+            {"image": self.images.astype(np.float32)}, max_length=MAX_LENGTH, hard_decoding="argmax"
+        )
+        self.assertNotAllClose(own.attention, told.attention)
+
     def _check_signatures(self, model, vocab, spec):
         """The three captioning signatures give `model.generate`'s captions and maps."""
         fns = traced(model, vocab, spec)
@@ -150,6 +166,7 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
             beam_size=spec.beam_size,
             block_repeats=spec.block_repeats,
             bad_ending_ids=spec.bad_ending_ids,
+            hard_decoding=spec.hard_decoding,
         )
         features = model.encoder(pixels)
         outputs = {
