@@ -21,8 +21,8 @@ import tensorflow as tf
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from fixtures import WORDS, scenes, tiny_model
-from preset_test import flip_byte, float16_rounded, generate
+from fixtures import WORDS, scenes
+from preset_test import flip_byte, float16_rounded, generate, save_tiny_preset
 
 from sat_tf.serving import download, inference, preset
 from sat_tf.training import publish
@@ -159,12 +159,8 @@ class DownloadTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.root = tempfile.mkdtemp()
-        cls.addClassCleanup(shutil.rmtree, cls.root, ignore_errors=True)
-        model, vocab, config = tiny_model()
+        model, _, _ = save_tiny_preset(cls)
         cls.images = scenes(0, 4).astype(np.float32)
-        cls.directory = os.path.join(cls.root, "tiny")
-        preset.save(model, vocab, config, cls.directory, name="tiny")
         cls.want = generate(float16_rounded(model), {"image": cls.images})
         cls.server, cls.cert = https_server(cls.root)
         cls.addClassCleanup(cls.server.server_close)

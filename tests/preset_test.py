@@ -529,17 +529,25 @@ def run_scripts(runs, cwd):
     return results
 
 
+def save_tiny_preset(cls):
+    """For a test class's `setUpClass`: `tiny_model()` saved as the preset "tiny" in
+    `cls.directory`, below a temporary `cls.root` removed after the class. Returns the
+    model, vocabulary and config saved."""
+    cls.root = tempfile.mkdtemp()
+    cls.addClassCleanup(shutil.rmtree, cls.root, ignore_errors=True)
+    model, vocab, config = tiny_model()
+    cls.directory = os.path.join(cls.root, "tiny")
+    preset.save(model, vocab, config, cls.directory, name="tiny")
+    return model, vocab, config
+
+
 class PresetScriptsTest(tf.test.TestCase):
     """caption.py, evaluate.py and export.py with --preset, on a tiny preset."""
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.root = tempfile.mkdtemp()
-        cls.addClassCleanup(shutil.rmtree, cls.root, ignore_errors=True)
-        model, vocab, config = tiny_model()
-        cls.directory = os.path.join(cls.root, "tiny")
-        preset.save(model, vocab, config, cls.directory, name="tiny")
+        model, vocab, _ = save_tiny_preset(cls)
         cls.want = generate(float16_rounded(model), {"image": scenes(0, 4).astype(np.float32)})
         cls.vocab = vocab
         cls.photo = os.path.join(cls.root, "photo.png")

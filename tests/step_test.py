@@ -91,11 +91,7 @@ class AttentionStepTest(tf.test.TestCase):
         self.assertAllClose(out.z, mean, atol=1e-6)
         for name in ("log_alpha", "beta", "score_hidden", "where"):
             self.assertIsNone(getattr(out, name), name)
-        gates = x["word_gates"] + x["gates_h"] + mean @ x["context_kernel"]
-        self.assertAllClose(out.gates, gates, atol=1e-5)
-        want_h, want_c, _ = _numpy_lstm(gates, x["c"])
-        self.assertAllClose(out.h, want_h, atol=1e-5)
-        self.assertAllClose(out.c, want_c, atol=1e-5)
+        self._check_gates_and_state(out, x, mean)
 
     def test_with_a_score_alpha_is_its_softmax_and_beta_scales_z(self):
         x = _inputs(seed=2)
@@ -123,7 +119,11 @@ class AttentionStepTest(tf.test.TestCase):
         self.assertAllClose(out.beta, beta, atol=1e-6)
         self.assertAllClose(out.z, beta * context, atol=1e-6)
         self.assertNotAllClose(out.z, out.context, atol=1e-3)  # the gate is not 1 here
-        gates = x["word_gates"] + x["gates_h"] + (beta * context) @ x["context_kernel"]
+        self._check_gates_and_state(out, x, beta * context)
+
+    def _check_gates_and_state(self, out, x, z):
+        """The gates x_t + U h + Z z and the LSTM's h, c of them, by numpy."""
+        gates = x["word_gates"] + x["gates_h"] + z @ x["context_kernel"]
         self.assertAllClose(out.gates, gates, atol=1e-5)
         want_h, want_c, _ = _numpy_lstm(gates, x["c"])
         self.assertAllClose(out.h, want_h, atol=1e-5)
