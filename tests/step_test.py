@@ -50,6 +50,23 @@ def _dot_score(projected, score_in, h):
     return tf.reduce_sum(products, axis=-1), products
 
 
+def _step(x, score, attend, gate_logit=None):
+    """`attention_step` of `_inputs` with a score (None: the no-attention ablation, which
+    has no score input nor projection), an attend function and a gate logit or none."""
+    attended = score is not None
+    return attention_step(
+        x["word_gates"],
+        x["h"],
+        x["c"],
+        (x["gates_h"], x["score_in"] if attended else None, gate_logit),
+        x["features"],
+        x["projected"] if attended else None,
+        x["context_kernel"],
+        score=score,
+        attend=attend,
+    )
+
+
 class LstmCellTest(tf.test.TestCase):
     def test_matches_the_equations(self):
         rng = np.random.default_rng(0)
@@ -71,17 +88,7 @@ class LstmCellTest(tf.test.TestCase):
 class AttentionStepTest(tf.test.TestCase):
     def test_without_a_score_alpha_is_uniform_and_z_the_mean(self):
         x = _inputs(seed=1)
-        out = attention_step(
-            x["word_gates"],
-            x["h"],
-            x["c"],
-            (x["gates_h"], None, None),
-            x["features"],
-            None,
-            x["context_kernel"],
-            score=None,
-            attend=None,
-        )
+        out = _step(x, score=None, attend=None)
         self.assertIsInstance(out, StepOutputs)
         self.assertEqual(out.alpha.dtype, tf.float32)
         self.assertAllClose(out.alpha, np.full((BATCH, LOCATIONS), 1.0 / LOCATIONS))
@@ -95,17 +102,7 @@ class AttentionStepTest(tf.test.TestCase):
 
     def test_with_a_score_alpha_is_its_softmax_and_beta_scales_z(self):
         x = _inputs(seed=2)
-        out = attention_step(
-            x["word_gates"],
-            x["h"],
-            x["c"],
-            (x["gates_h"], x["score_in"], x["gate_logit"]),
-            x["features"],
-            x["projected"],
-            x["context_kernel"],
-            score=_dot_score,
-            attend=attention.soft_attend,
-        )
+        out = _step(x, _dot_score, attention.soft_attend, x["gate_logit"])
         scores = np.einsum("blp,bp->bl", x["projected"], x["score_in"]).astype(np.float64)
         alpha = np.exp(scores - scores.max(-1, keepdims=True))
         alpha /= alpha.sum(-1, keepdims=True)
@@ -131,17 +128,7 @@ class AttentionStepTest(tf.test.TestCase):
 
     def test_hard_attention_attends_at_the_argmax(self):
         x = _inputs(seed=3)
-        out = attention_step(
-            x["word_gates"],
-            x["h"],
-            x["c"],
-            (x["gates_h"], x["score_in"], None),
-            x["features"],
-            x["projected"],
-            x["context_kernel"],
-            score=_dot_score,
-            attend=attention.hard_attend(),
-        )
+        out = _step(x, _dot_score, attention.hard_attend())
         scores = np.einsum("blp,bp->bl", x["projected"], x["score_in"])
         where = scores.argmax(-1)
         self.assertAllEqual(out.where, where)
@@ -159,17 +146,7 @@ class AttentionStepTest(tf.test.TestCase):
             scores, hidden = _dot_score(projected, score_in, h)
             return tf.cast(scores, tf.float16), hidden
 
-        out = attention_step(
-            x["word_gates"],
-            x["h"],
-            x["c"],
-            (x["gates_h"], x["score_in"], None),
-            x["features"],
-            x["projected"],
-            x["context_kernel"],
-            score=half_score,
-            attend=attention.soft_attend,
-        )
+        out = _step(x, half_score, attention.soft_attend)
         self.assertEqual((out.alpha.dtype, out.log_alpha.dtype), (tf.float32, tf.float32))
         scores = np.einsum("blp,bp->bl", x["projected"], x["score_in"])
         scores = scores.astype(np.float16).astype(np.float64)
