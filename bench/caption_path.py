@@ -36,11 +36,10 @@ TRAINING = (
 )
 
 
-def function_spans(path):
+def function_spans(path, code_lines):
     """{first line of a def (`co_firstlineno`: its first decorator's line): the code lines
-    of its body, without those of the functions and classes defined inside it}."""
-    from layout_test import code_lines
-
+    of its body, without those of the functions and classes defined inside it}, the code
+    lines as `code_lines(source)` counts them."""
     with open(path, encoding="utf-8") as f:
         source = f.read()
     lines = code_lines(source)
@@ -93,7 +92,9 @@ def trace(way, image, preset):
     # The layout test's count of code lines (no docstrings, comments or blank lines),
     # imported after the trace: it imports the package's config.
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    spans = {path: function_spans(path) for path in files}
+    from layout_test import code_lines
+
+    spans = {path: function_spans(path, code_lines) for path in files}
     # Module and class bodies (no def starts at their first line) are imports, not runs.
     ran = [(path, first, name) for path, first, name in functions if first in spans[path]]
     lines, per_file = 0, collections.Counter()

@@ -150,10 +150,9 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
         spec = self.spec(2, model, argmax)
         self.assertEqual(spec.hard_decoding, "argmax")
         self._check_signatures(model, vocab, spec)
-        own = model.generate({"image": self.images.astype(np.float32)}, max_length=MAX_LENGTH)
-        told = model.generate(
-            {"image": self.images.astype(np.float32)}, max_length=MAX_LENGTH, hard_decoding="argmax"
-        )
+        batch = {"image": self.images.astype(np.float32)}
+        own = model.generate(batch, max_length=MAX_LENGTH)
+        told = model.generate(batch, max_length=MAX_LENGTH, hard_decoding="argmax")
         self.assertNotAllClose(own.attention, told.attention)
 
     def _check_signatures(self, model, vocab, spec):

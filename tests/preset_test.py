@@ -18,13 +18,12 @@ import pytest
 import tensorflow as tf
 from absl import flags
 from absl.testing import parameterized
-from fixtures import MAX_LENGTH, WORDS, run_main, scenes, tiny_model
+from fixtures import MAX_LENGTH, WORDS, run_main, scenes, tiny_model, without_java
 
 from sat_tf.cli import caption as caption_cli
 from sat_tf.cli import flags_lib
 from sat_tf.config import ADDED_FIELDS, CHOICES, HARD_ONLY, Config
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.evaluation import java_tools
 from sat_tf.model.show_attend_tell import build_model
 from sat_tf.serving import inference, preset
 from sat_tf.training import publish, scoring
@@ -380,14 +379,10 @@ def tiny_workdir(root):
 class MakePresetTest(tf.test.TestCase):
     def setUp(self):
         super().setUp()
-        # The Python tokenizer and no METEOR: the Java programs take longer than the rest.
-        patch = mock.patch.object(java_tools, "find_java", lambda: None)
-        patch.start()
-        self.addCleanup(patch.stop)
+        self.root = without_java(self)
 
     def test_make_evaluates_the_float16_preset(self):
-        root = tempfile.mkdtemp()
-        self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+        root = self.root
         workdir = tiny_workdir(root)
         presets = os.path.join(root, "presets")
         commands = dict(train_command="python scripts/train.py x", make_command="python m.py y")
@@ -432,8 +427,7 @@ class MakePresetTest(tf.test.TestCase):
             publish.make(workdir, presets, "other", overwrite=True, **commands)
 
     def test_rescore_measures_the_stored_scores_again(self):
-        root = tempfile.mkdtemp()
-        self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+        root = self.root
         presets = os.path.join(root, "presets")
         commands = dict(train_command="python scripts/train.py x", make_command="python m.py y")
         made = publish.make(tiny_workdir(root), presets, "tiny", **commands)
@@ -454,8 +448,7 @@ class MakePresetTest(tf.test.TestCase):
         self.assertEqual(files.sha256_of(os.path.join(folder, preset.WEIGHTS_FILE)), weights)
 
     def test_grounding_scores_are_stored_in_the_metadata(self):
-        root = tempfile.mkdtemp()
-        self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+        root = self.root
         presets = os.path.join(root, "presets")
         commands = dict(train_command="python scripts/train.py x", make_command="python m.py y")
         publish.make(tiny_workdir(root), presets, "tiny", **commands)
