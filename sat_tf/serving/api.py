@@ -237,7 +237,7 @@ class Captioner:
             decode = inference.make_caption_fn(self.model, self.config, beam_size, vocab=self.vocab)
             stats = self.off_world
 
-            @tf.function(reduce_retracing=True)
+            @tf.function(reduce_retracing=True, autograph=False)
             def caption(pixels):
                 features = self._features(pixels)
                 scores = None if stats is None else off_world_lib.score(features, stats)[0]

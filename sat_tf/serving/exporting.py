@@ -254,7 +254,10 @@ def tflite_function(model, encoder, vocab, spec):
     weights = {id(v): v for v in model.weights + encoder.weights}.values()
     values = [(v, v.numpy()) for v in weights]
 
-    @tf.function(input_signature=[tf.TensorSpec([1, size, size, 3], tf.float32, name="image")])
+    @tf.function(
+        input_signature=[tf.TensorSpec([1, size, size, 3], tf.float32, name="image")],
+        autograph=False,
+    )
     def caption(image):
         constants = [(v, tf.constant(value)) for v, value in values]
         with keras.StatelessScope(state_mapping=constants):
@@ -387,7 +390,11 @@ def export_archive(model, encoder, vocab, spec) -> keras.export.ExportArchive:
     if encoder is not model.encoder:
         archive.track(encoder)
     for name, (fn, signature) in serving_functions(model, encoder, vocab, spec).items():
-        archive.add_endpoint(name, fn, input_signature=signature)
+        # Traced without autograph, as `inference.make_caption_fn` is: the decoding's
+        # control flow is written in TensorFlow's ops.
+        traced = tf.function(fn, input_signature=signature, autograph=False)
+        traced.get_concrete_function()
+        archive.add_endpoint(name, traced)
     return archive
 
 

@@ -215,7 +215,7 @@ def make_caption_fn(model, config: Config, beam_size=None, encoder=None, vocab=N
     """
     decoding = decoding_arguments(config, vocab, beam_size)
 
-    @tf.function(reduce_retracing=True, jit_compile=config.jit_compile)
+    @tf.function(reduce_retracing=True, jit_compile=config.jit_compile, autograph=False)
     def caption(batch):
         if encoder is not None:
             batch = {"features": encoder(batch["image"], training=False)}
