@@ -25,7 +25,7 @@ import tempfile
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, _ROOT)
+sys.path[:0] = [_ROOT, os.path.join(_ROOT, "bench")]
 
 
 def _timed(fn, batch, repeats):
@@ -49,9 +49,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
 
+    import caption_path
     import numpy as np
     import tensorflow as tf
-    from PIL import Image, ImageDraw
 
     from sat_tf import Captioner
     from sat_tf.serving import inference
@@ -59,13 +59,7 @@ def main():
 
     captioner = Captioner.from_preset(args.preset)
     with tempfile.TemporaryDirectory() as folder:
-        image = args.image
-        if not image:
-            image = os.path.join(folder, "photo.png")
-            picture = Image.new("RGB", (320, 240), (90, 140, 200))
-            ImageDraw.Draw(picture).ellipse((100, 60, 220, 180), fill=(200, 60, 40))
-            picture.save(image)
-        pixels = captioner.load_image(image)[None]
+        pixels = captioner.load_image(args.image or caption_path.drawn_photo(folder))[None]
     model, config, vocab = captioner.model, captioner.config, captioner.vocab
     encoder = inference.feature_encoder(model, config)
     batch = {"features": encoder(tf.constant(pixels), training=False)}
