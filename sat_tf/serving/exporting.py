@@ -390,11 +390,8 @@ def export_archive(model, encoder, vocab, spec) -> keras.export.ExportArchive:
     if encoder is not model.encoder:
         archive.track(encoder)
     for name, (fn, signature) in serving_functions(model, encoder, vocab, spec).items():
-        # Traced without autograph, as `inference.make_caption_fn` is: the decoding's
-        # control flow is written in TensorFlow's ops.
-        traced = tf.function(fn, input_signature=signature, autograph=False)
-        traced.get_concrete_function()
-        archive.add_endpoint(name, traced)
+        # Keras traces the endpoint with autograph=False, as `make_caption_fn` is traced.
+        archive.add_endpoint(name, fn, input_signature=signature)
     return archive
 
 
