@@ -62,7 +62,7 @@ FLOORS = (
 # The model's modules that are the paper; beside them, what the project adds and keeps
 # apart: the model imports these, they import none of the paper's modules.
 PAPER = ("attention", "decoder", "encoder", "losses", "search", "show_attend_tell", "step")
-BESIDE_THE_PAPER = ("decoding_rules", "location_prior", "resumable", "self_critical")
+BESIDE_THE_PAPER = ("decoding_rules", "location_prior", "per_image", "resumable", "self_critical")
 # Modules held to more than their floor: module (or package) -> what it may not import.
 MODULE_RULES = {
     "sat_tf.serving.preset": ("sat_tf.model",),
@@ -77,12 +77,13 @@ MODEL_READS_OF_DATA = ("sat_tf.data.vocab", "sat_tf.data.tokens")
 CAPTION_PATH = ("sat_tf.cli.caption", "sat_tf.cli.demo", "sat_tf.cli.export", "sat_tf.serving.api")
 # What captioning one photo with the shipped preset runs (bench/caption_path.py, traced
 # with tf.functions run eagerly): at most this many package files with a function run,
-# and code lines of the functions run; never a line of training code.
-CAPTION_RUNS = {"command": (24, 1900), "api": (20, 1600)}
+# and code lines of the functions run; never a line of training code. (Beam search's
+# per-image constants, sat_tf/model/per_image.py, are one file and ~40 lines of each.)
+CAPTION_RUNS = {"command": (25, 1950), "api": (21, 1620)}
 
 # Size limits in lines of code (`code_lines`).
 MODEL_FILES = 8  # the paper's modules of sat_tf/model/ and its __init__.py
-MODEL_CODE_LINES = 1000
+MODEL_CODE_LINES = 1010  # 1,000 until beam search kept each image's annotations once (per_image.py)
 MODULE_CODE_LINES = 450
 CLASS_CODE_LINES = 300
 FUNCTION_CODE_LINES = 80  # outside model/fast/

@@ -55,9 +55,12 @@ class AdditiveScore(keras.layers.Layer):
     @staticmethod
     def step_scores(projected, score_in, hidden, v):
         """(B, L) scores from `W_a a` (B, L, A) and `U_a h` (B, A); also returns the tanh
-        layer (B, L, A), which the hand-written backward pass needs."""
+        layer (B, L, A), which the hand-written backward pass needs. For S states of
+        each image, `U_a h` (B, S, A): scores (B, S, L) and the layer (B, S, L, A)."""
         del hidden  # the additive score sees h only through U_a h
-        pre = tf.tanh(projected + score_in[:, None, :])  # (B, L, A)
+        if len(score_in.shape) == 3:
+            projected = projected[:, None]  # (B, 1, L, A)
+        pre = tf.tanh(projected + score_in[..., None, :])  # (B, L, A)
         return tf.squeeze(tf.tensordot(pre, v, [[-1], [0]]), -1), pre  # (B, L)
 
     def score(self, projected, hidden):
@@ -105,9 +108,10 @@ class DotScore(keras.layers.Layer):
 
     @staticmethod
     def step_scores(projected, score_in, hidden):
-        """(B, L) scores from `a W_a` (B, L, n) and h (B, n); nothing else to keep."""
+        """(B, L) scores from `a W_a` (B, L, n) and h (B, n); nothing else to keep. For S
+        states of each image, h (B, S, n): scores (B, S, L)."""
         del score_in  # no slice of the fused projection
-        return tf.einsum("blu,bu->bl", projected, hidden), None
+        return tf.einsum("blu,b...u->b...l", projected, hidden), None
 
     def score(self, projected, hidden):
         """(B, L, units) and (B, units) -> (B, L) scores."""
@@ -146,24 +150,26 @@ def soft_context(alpha, features):
     """Expected context `sum_i alpha_i a_i` (paper eq. 13).
 
     Args:
-      alpha: (B, L) attention weights (cast to the features' dtype).
+      alpha: (B, L) attention weights (cast to the features' dtype), or (B, S, L) for S
+        states of each image.
       features: (B, L, D) annotation vectors.
 
     Returns:
-      (B, D) context.
+      (B, D) context, or (B, S, D).
     """
-    return tf.einsum("bl,bld->bd", tf.cast(alpha, features.dtype), features)
+    return tf.einsum("b...l,bld->b...d", tf.cast(alpha, features.dtype), features)
 
 
 def hard_context(locations, features):
     """Context `a_{s}` at sampled locations (paper §4.1).
 
     Args:
-      locations: (B,) int32 location index s per sequence.
+      locations: (B,) int32 location index s per sequence, or (B, S) for S states of
+        each image.
       features: (B, L, D).
 
     Returns:
-      (B, D) the annotation vector at each location.
+      (B, D) the annotation vector at each location, or (B, S, D).
     """
     return tf.gather(features, locations, axis=1, batch_dims=1)
 

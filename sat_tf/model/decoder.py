@@ -35,7 +35,7 @@ import tensorflow as tf
 from sat_tf import config as config_lib
 from sat_tf.config import Config
 from sat_tf.model import attention as attention_lib
-from sat_tf.model import step
+from sat_tf.model import per_image, step
 from sat_tf.model.fast import schedule
 
 
@@ -235,31 +235,38 @@ class AttentionDecoder(keras.layers.Layer):
             pre += self._per_caption(state["global_output"], embedded)
         return self.deep_output(self.out_dropout(tf.tanh(pre), training=training))
 
-    def step(self, tokens, state, hard_decoding=None):
+    def step(self, tokens, state, hard_decoding=None, images=None):
         """One decoding step; the `step_fn` that `search.py` drives.
 
         Hard attention attends as `hard_decoding` says (docs/design.md §1.4).
 
         Args:
-          tokens: (B,) int32 previous words.
-          state: dict from `initial_state` or a previous step.
+          tokens: (N,) int32 previous words.
+          state: dict from `initial_state` or a previous step, N rows.
           hard_decoding: hard attention's context, "argmax" or "expected"; None for the
             decoder's own (`hard_decoding` of its construction).
+          images: None, when the state holds the annotations ("features", "projected");
+            else those of B images, once each, for a state of N = B S hypotheses, S of
+            each image in a row (b S + j): the score and the context then read each
+            image's annotations for its S hypotheses at once (attention models only).
 
         Returns:
-          (log_probs (B, V), new state, alpha (B, L)).
+          (log_probs (N, V), new state, alpha (N, L)).
         """
         embedded = self.embedding(tokens)
+        score, attend = self._score_fn(), self._decoding_attend_fn(hard_decoding)
+        if images is not None:
+            score, attend = per_image.grouped_attention(score, attend)
         out = step.attention_step(
             self._word_gates(embedded, state),
             state["h"],
             state["c"],
             self._project_hidden(state["h"]),
-            state["features"],
-            state.get("projected"),
+            (images or state)["features"],
+            (images or state).get("projected"),
             self.read(self.lstm_context.kernel),
-            self._score_fn(),
-            self._decoding_attend_fn(hard_decoding),
+            score,
+            attend,
         )
         logits = self._logits(embedded, out.h, out.z, state)
         log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))

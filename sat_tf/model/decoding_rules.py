@@ -29,8 +29,8 @@ def never_emitting(step_fn, vocab_size):
     words' log-probabilities are not renormalised."""
     banned = never_emitted_penalty(vocab_size)
 
-    def step(tokens, state):
-        log_probs, state, alpha = step_fn(tokens, state)
+    def step(tokens, state, *constants):
+        log_probs, state, alpha = step_fn(tokens, state, *constants)
         return log_probs + banned, state, alpha
 
     return step

@@ -6,22 +6,28 @@ Nothing here knows about LSTMs or Keras. A model exposes one decoding step,
 
 with `tokens` int32 (B,), `state` a nest of tensors whose leading dimension is B,
 `log_probs` float32 (B, V) normalised log-probabilities of the next word and `alpha`
-float32 (B, L) the attention weights that produced them (paper §3.1.2, §4). The decoders
+float32 (B, L) the attention weights that produced them (paper §3.1.2, §4). What a step
+reads of each image and never changes (the annotations, `W_a a`) may be given apart, as
+`constants` (leading dimension: images); the step is then
+`step_fn(tokens, state, constants)`, beam search keeps the constants once per image
+instead of once per hypothesis, and runs the step only on the hypotheses of the images
+that still have a live one. The decoders
 run it inside one `tf.while_loop` over time, eagerly or under `tf.function`, with buffers
 of a fixed length `max_length` (no `TensorArray`), so that the greedy loop converts to
 TFLite with builtin ops only. The rules captioning adds (blocked repeats and endings, a
 constraint on the words) are `sat_tf.model.decoding_rules`, called at one place a step.
 """
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import tensorflow as tf
 
 from sat_tf.data.tokens import PAD_ID
-from sat_tf.model import decoding_rules
+from sat_tf.model import decoding_rules, per_image
 
-StepFn = Callable[[tf.Tensor, Any], tuple[tf.Tensor, Any, tf.Tensor]]
+StepFn = Callable[..., tuple[tf.Tensor, Any, tf.Tensor]]
 
 
 class DecodeResult(NamedTuple):
@@ -58,15 +64,16 @@ def _time_mask(t: tf.Tensor, max_length: int, dtype: tf.DType) -> tf.Tensor:
 
 
 def _step(
-    step_fn: StepFn, tokens: tf.Tensor, state: Any, num_locations: int
+    step_fn: StepFn, num_locations: int, tokens: tf.Tensor, state: Any, *constants: Any
 ) -> tuple[tf.Tensor, Any, tf.Tensor]:
-    """Calls `step_fn` and keeps the state's structure and static shapes stable.
+    """Calls `step_fn` (with `constants` when given) and keeps the state's structure and
+    static shapes stable.
 
     `tf.while_loop` needs loop variables with the same structure (tuple vs. list) and
     compatible shapes in every iteration; a step function may return a list for a tuple or
     lose a static dimension, so both are restored from the incoming state.
     """
-    log_probs, new_state, alpha = step_fn(tokens, state)
+    log_probs, new_state, alpha = step_fn(tokens, state, *constants)
     if not alpha.shape.is_compatible_with([None, num_locations]):
         raise ValueError(
             f"step_fn returned alpha of shape {alpha.shape}; expected "
@@ -135,7 +142,7 @@ def greedy_decode(
     blocking = dict(block_repeats=block_repeats, bad_ending_ids=bad_ending_ids, end_id=end_id)
 
     def body(t, tokens, state, finished, token_buf, attention_buf, length, log_prob):
-        log_probs, state, alpha = _step(step_fn, tokens, state, num_locations)
+        log_probs, state, alpha = _step(step_fn, num_locations, tokens, state)
         log_probs = decoding_rules.block(log_probs, tokens, token_buf, t, **blocking)
         alive = tf.logical_not(finished)
         if sample_seed is None:
@@ -196,6 +203,7 @@ def beam_search(
     block_repeats: bool = False,
     bad_ending_ids: Sequence[int] = (),
     constraint: tf.Tensor | None = None,
+    constants: Any = None,
 ) -> DecodeResult:
     """Batched beam search keeping `beam_size` hypotheses per image, optionally
     constrained to captions that hold one of some given words.
@@ -243,6 +251,12 @@ def beam_search(
         bad_ending_ids: Words a caption may not end on (`<end>` is banned after them).
         constraint: None, or bool (B, V): the words of which each image's caption must
             hold one (a row without any: no constraint).
+        constants: None, or a nest of tensors with leading dimension B (one row per
+            image, never tiled) that the step reads and never changes:
+            `step_fn(tokens, state, constants)` is then called on the hypotheses of the
+            images that still hold a live one, with those images' constants, so that the
+            rows of image b's constants serve its hypotheses b*S + j (S = k, or 2k with a
+            constraint); the captions are those of a step that reads them from the state.
 
     Returns:
         A `DecodeResult`. For n = 1: tokens (B, T), length (B,), log_prob (B,),
@@ -263,14 +277,14 @@ def beam_search(
         return tf.gather(x, parent, batch_dims=1)
 
     def cond(t, tokens, state, finished, token_buf, attention_buf, length, log_prob):
-        # A hypothesis at -inf (an unfilled slot) is never extended into a caption.
-        live = tf.logical_and(tf.logical_not(finished), log_prob > neg_inf)
-        return tf.logical_and(t < max_length, tf.reduce_any(live))
+        return tf.logical_and(t < max_length, tf.reduce_any(_live(finished, log_prob)))
 
     blocking = dict(block_repeats=block_repeats, bad_ending_ids=bad_ending_ids, end_id=end_id)
 
     def body(t, tokens, state, finished, token_buf, attention_buf, length, log_prob):
-        log_probs, state, alpha = _step(step_fn, tokens, state, num_locations)
+        live = _live(finished, log_prob)
+        step = functools.partial(_step, step_fn, num_locations)
+        log_probs, state, alpha = per_image.live_images_step(step, tokens, state, constants, live)
         history = tf.reshape(token_buf, [-1, max_length])  # (B*S, T)
         log_probs = decoding_rules.block(log_probs, tokens, history, t, **blocking)
         vocab_size = tf.shape(log_probs)[-1]
@@ -298,9 +312,7 @@ def beam_search(
         length += tf.cast(tf.logical_and(alive, next_tokens != end_id), tf.int32)
         finished = tf.logical_or(was_finished, next_tokens == end_id)
 
-        rows = tf.range(batch_size)[:, None] * slots + parent  # (B, S)
-        rows = tf.reshape(rows, [-1])  # (B*S,)
-        state = tf.nest.map_structure(lambda s: _keep_shape(tf.gather(s, rows), s), state)
+        state = _gather_hypotheses(state, parent)
         tokens = _keep_shape(tf.reshape(next_tokens, [-1]), tokens)  # (B*S,)
         return t + 1, tokens, state, finished, token_buf, attention_buf, length, log_prob
 
@@ -324,6 +336,19 @@ def beam_search(
 
     final = DecodeResult(tokens, length, log_prob, attention)
     return _best(final, finished, k, length_penalty, num_return, constrained=constraint is not None)
+
+
+def _live(finished, log_prob):
+    """The hypotheses still extended: not finished, and not at -inf (an unfilled slot,
+    never extended into a caption)."""
+    return tf.logical_and(tf.logical_not(finished), log_prob > float("-inf"))
+
+
+def _gather_hypotheses(state, parent):
+    """The state of rows b S + parent[b, j] (parent (B, S)) in rows b S + j."""
+    rows = tf.range(tf.shape(parent)[0])[:, None] * tf.shape(parent)[1] + parent  # (B, S)
+    rows = tf.reshape(rows, [-1])  # (B*S,)
+    return tf.nest.map_structure(lambda s: _keep_shape(tf.gather(s, rows), s), state)
 
 
 def _best(hypotheses, finished, k, length_penalty, num_return, constrained):

@@ -14,7 +14,7 @@ import tensorflow as tf
 from sat_tf import config as config_lib
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.model import decoding_rules, search
+from sat_tf.model import decoding_rules, per_image, search
 from sat_tf.model import losses as losses_lib
 from sat_tf.model import self_critical as scst
 from sat_tf.model.decoder import AttentionDecoder
@@ -337,12 +337,14 @@ class ShowAttendTell(ResumableModel):
             return search.greedy_decode(step_fn, state, sample_seed=sample_seed, **common)
         if sample_seed is not None:
             raise ValueError("sample_seed samples greedy captions; beam search takes none")
+        state, constants = per_image.constants_apart(state)
         return search.beam_search(
             step_fn,
             state,
             beam_size=beam_size,
             length_penalty=length_penalty,
             constraint=constraint,
+            constants=constants,
             **common,
         )
 
@@ -351,8 +353,8 @@ class ShowAttendTell(ResumableModel):
         `vocab.NEVER_EMITTED` are never emitted (`decoding_rules.never_emitting`); hard
         attention attends as `hard_decoding` says (None: the decoder's own)."""
 
-        def step(tokens, state):
-            return self.decoder.step(tokens, state, hard_decoding)
+        def step(tokens, state, images=None):
+            return self.decoder.step(tokens, state, hard_decoding, images)
 
         return decoding_rules.never_emitting(step, self.vocab_size)
 
