@@ -75,6 +75,13 @@ class BatchingParameters:
             )
 
 
+# sat-serve's parameters without --batching_parameters_file, as in
+# export/serving/batching_parameters.txt; BUILD_NOTES.md gives the measurements.
+SERVE_DEFAULTS = BatchingParameters(
+    max_batch_size=16, batch_timeout_micros=20_000, max_enqueued_batches=16, num_batch_threads=1
+)
+
+
 def _proto_class():
     """TF Serving's `BatchingParameters` message (session_bundle_config.proto, fields 1-7),
     built here: the tensorflow-serving-api wheel leaves out its generated module."""
