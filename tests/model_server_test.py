@@ -183,6 +183,17 @@ class ModelServerTest(tf.test.TestCase):
         empty = self.post({"instances": [{"image_bytes": ""}]}).json()["predictions"]
         self.assertEqual(empty[0]["error"], "image_bytes[0] is empty (0 bytes)")
 
+    def test_warmup_file_runs_through_the_signature(self):
+        path = os.path.join(self.base, "1", model_server.WARMUP_FILE)
+        requests_ = model_server.read_warmup(path)
+        self.assertEqual([len(r.inputs["image_bytes"].string_val) for r in requests_], [1, 16])
+        for request in requests_:
+            self.assertEqual(request.model_spec.signature_name, "serving_default")
+            images = tf.make_ndarray(request.inputs["image_bytes"])
+            out = self.direct(image_bytes=tf.constant(images))
+            self.assertAllEqual(out["status"], [0] * len(images))
+        self.assertEqual(self.manager.servable.warm_up(), 2)
+
     def test_oversized_body_is_413(self):
         answer = requests.post(self.url + ":predict", data=b"x" * (MAX_BODY + 1), timeout=10)
         self.assertEqual(answer.status_code, 413)

@@ -69,6 +69,28 @@ def read_warmup(path: str):
     return requests
 
 
+def write_warmup(export_dir: str, batch_sizes=(1, batching.SERVE_DEFAULTS.max_batch_size)):
+    """Writes `WARMUP_FILE` into `export_dir`: one `serving_default` predict request of
+    generated PNG images per batch size (TF Serving runs them before a version is
+    AVAILABLE). Returns the file's path."""
+    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+    rng = np.random.default_rng(0)
+    path = os.path.join(export_dir, WARMUP_FILE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tf.io.TFRecordWriter(path) as writer:
+        for size in batch_sizes:
+            pixels = rng.integers(0, 256, (size, 64, 64, 3), dtype=np.uint8)
+            images = [tf.io.encode_png(p).numpy() for p in pixels]
+            request = predict_pb2.PredictRequest()
+            request.model_spec.signature_name = DEFAULT_SIGNATURE
+            request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto(images, tf.string))
+            log = prediction_log_pb2.PredictionLog()
+            log.predict_log.request.CopyFrom(request)
+            writer.write(log.SerializeToString())
+    return path
+
+
 class Servable:
     """One loaded version: its signatures, their `SignatureDef`s, their batchers.
 
