@@ -26,6 +26,7 @@ setup(
                 "make_preset",
                 "grounding",
                 "off_world",
+                "serve",
             )
         ]
     },
@@ -50,6 +51,11 @@ setup(
         ],
         "export": ["ai-edge-litert>=2.0,<3", "tensorflow-serving-api>=2.21,<2.22"],
         "demo": ["flask>=3.1,<4"],
+        "serve": [
+            "waitress>=3.0,<4",
+            "grpcio>=1.60",
+            "tensorflow-serving-api>=2.21,<2.22",
+        ],
         "test": [
             "pytest>=8",
             "pytest-xdist>=3.5",

@@ -517,5 +517,11 @@ def export(
                 info["tflite_int8"] = _write_tflite(
                     tmp, TFLITE_INT8_FILE, _convert(holder, quantize), spec, quantize
                 )
+        try:
+            from sat_tf.serving import model_server
+
+            info["warmup_requests"] = os.path.relpath(model_server.write_warmup(tmp), tmp)
+        except ImportError:  # tensorflow-serving-api (the export extra) is not installed
+            info["warmup_requests"] = None
         files.write_json(os.path.join(tmp, EXPORT_INFO), info, indent=2, sort_keys=True)
     return info
