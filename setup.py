@@ -26,6 +26,7 @@ setup(
                 "make_preset",
                 "grounding",
                 "off_world",
+                "caption_beam",
             )
         ]
     },
@@ -50,6 +51,9 @@ setup(
         ],
         "export": ["ai-edge-litert>=2.0,<3", "tensorflow-serving-api>=2.21,<2.22"],
         "demo": ["flask>=3.1,<4"],
+        # Beam 2.77 caps protobuf < 7 and pillow < 13 (TensorFlow 2.21 takes protobuf 6);
+        # the range is the one tested here.
+        "beam": ["apache-beam>=2.77,<2.78"],
         "test": [
             "pytest>=8",
             "pytest-xdist>=3.5",

@@ -34,6 +34,7 @@ COMMANDS = {
     "make_preset": "scripts/make_preset.py",
     "grounding": "scripts/grounding.py",
     "off_world": "scripts/off_world.py",
+    "caption_beam": "scripts/caption_beam.py",
 }
 
 
