@@ -36,7 +36,8 @@ class FlagsTest(tf.test.TestCase):
     def test_default_options_are_the_measured_local_ones(self):
         options = caption_beam.pipeline_options([]).get_all_options()
         self.assertEqual(options["runner"], "FnApiRunner")
-        self.assertEqual(options["direct_running_mode"], "multi_processing")
+        self.assertEqual(options["direct_running_mode"], "multi_threading")
+        self.assertEqual(options["direct_num_workers"], 2)
         given = caption_beam.pipeline_options(["--runner=DirectRunner"]).get_all_options()
         self.assertEqual(given["direct_running_mode"], "in_memory")  # Beam's own default
 

@@ -87,7 +87,8 @@ def caption_files(pipeline, export_dir, patterns, output_prefix, *, batch_size=1
     Returns:
       the PCollection of the output file names.
     """
-    handler = KeyedModelHandler(SavedModelHandler(export_dir, max_batch_size=batch_size))
+    model = SavedModelHandler(export_dir, min_batch_size=batch_size, max_batch_size=batch_size)
+    handler = KeyedModelHandler(model)
     files = (
         pipeline
         | "Patterns" >> beam.Create(list(patterns))
