@@ -27,6 +27,7 @@ setup(
                 "grounding",
                 "off_world",
                 "serve",
+                "caption_beam",
             )
         ]
     },
@@ -56,6 +57,9 @@ setup(
             "grpcio>=1.60",
             "tensorflow-serving-api>=2.21,<2.22",
         ],
+        # Beam 2.77 caps protobuf < 7 and pillow < 13 (TensorFlow 2.21 takes protobuf 6);
+        # the range is the one tested here.
+        "beam": ["apache-beam>=2.77,<2.78"],
         "test": [
             "pytest>=8",
             "pytest-xdist>=3.5",

@@ -35,6 +35,7 @@ COMMANDS = {
     "grounding": "scripts/grounding.py",
     "off_world": "scripts/off_world.py",
     "serve": "scripts/serve.py",
+    "caption_beam": "scripts/caption_beam.py",
 }
 
 

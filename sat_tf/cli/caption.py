@@ -41,7 +41,7 @@ from sat_tf.cli.flags_lib import (
     run,
 )
 from sat_tf.data import image_io
-from sat_tf.serving import api
+from sat_tf.serving import api, caption_rows
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
 # The exit status when some images were skipped.
@@ -200,19 +200,17 @@ def _show(captioner, path, caption, picture):
 
 
 def _record(path, caption):
-    """The --output line of one caption, a dict."""
-    record = {
-        "path": path,
-        "caption": caption.text,
-        "tokens": caption.tokens.tolist(),
-        "score": caption.score,
-    }
-    if caption.tag_prob is not None:
-        record["tag"], record["tag_prob"] = caption.tag, caption.tag_prob
-    if caption.off_world_score is not None:
-        record["off_world_score"] = caption.off_world_score
-        record["off_world"] = caption.off_world
-    return record
+    """The --output line of one caption, a dict (`caption_rows.caption_row`)."""
+    return caption_rows.caption_row(
+        path,
+        caption.text,
+        caption.tokens,
+        caption.score,
+        caption.tag,
+        caption.tag_prob,
+        caption.off_world_score,
+        caption.off_world,
+    )
 
 
 def _main(argv):
