@@ -43,6 +43,15 @@ CHOICES = {
     "scst_baseline": ("mean", "greedy"),
 }
 
+# Choices and defaults of command flags that are not settings of a run, here (no
+# TensorFlow) so that the commands define their flags before it loads: the export's
+# TFLite weight quantizations ("dynamic": dynamic-range quantization, int8 weights with
+# float activations, quantized per product at run time), and the principal directions
+# and the threshold's quantile of the off-world statistics (`serving/off_world.py`).
+QUANTIZATIONS = ("dynamic",)
+OFF_WORLD_COMPONENTS = 64
+OFF_WORLD_QUANTILE = 0.99
+
 
 def check_choice(name: str, value, prefix: str = "") -> None:
     """Raises ValueError unless `value` is one of `CHOICES[name]`: the one check of a

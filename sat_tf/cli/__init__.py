@@ -1,14 +1,19 @@
 """The console commands: `sat-<name>` (setup.py) and `python scripts/<name>.py` both run
 `sat_tf.cli.<name>.main` (`export/export.py` runs `sat_tf.cli.export`).
 
-Importing this package quiets TensorFlow and Keras unless the command line asks for
-their output with `-v` / `--verbose` (or absl's `--verbosity`): TensorFlow's C++ logging
+A command defines and parses its flags, checks its settings and that its inputs exist
+before TensorFlow loads: `--help`, a mistyped flag, a bad value or a missing file answer
+at once (tests/cli_start_test.py holds that no `tensorflow` module is imported for them).
+Then `flags_lib.run` loads TensorFlow through `quiet_tensorflow`, which quiets TensorFlow
+and Keras unless the command line asks for their output with `-v` / `--verbose` (or
+absl's `--verbosity`): TensorFlow's C++ logging
 through `TF_CPP_MIN_LOG_LEVEL=3` (unless the environment sets a level), its Python
 logger (errors only), the Python warnings of TensorFlow, Keras and absl, and the lines
 absl's C++ logging writes while TensorFlow's libraries load, which no setting reaches,
 by pointing stderr at /dev/null for the import alone. It must come before TensorFlow
-loads, so it reads the process's own command line (`sys.argv`); `flags_lib.run` shows
-the package's log lines plainly. `import sat_tf` and the Python API change none of this.
+loads, so the modules of the commands import TensorFlow (and the package's modules that
+do) inside their functions, never at the top; `flags_lib.run` shows the package's log
+lines plainly. `import sat_tf` and the Python API change none of this.
 """
 
 import os
@@ -63,7 +68,3 @@ def quiet_tensorflow() -> None:
         os.dup2(saved, 2)
         os.close(saved)
     tf.get_logger().setLevel("ERROR")
-
-
-if not verbose(sys.argv):
-    quiet_tensorflow()

@@ -34,14 +34,15 @@ from absl import flags
 
 from sat_tf.cli.flags_lib import (
     DEFAULT_PRESET,
+    check_model_source,
     define_model_source,
     define_override,
     load_trained,
     override,
     run,
 )
-from sat_tf.data import image_io
-from sat_tf.serving import api, caption_rows
+from sat_tf.data import image_files
+from sat_tf.serving import caption_rows
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
 # The exit status when some images were skipped.
@@ -62,7 +63,7 @@ flags.DEFINE_string(
 flags.DEFINE_integer("batch_size", 16, "Images per call of the model.", flag_values=FLAGS)
 flags.DEFINE_integer(
     "max_image_pixels",
-    image_io.MAX_IMAGE_PIXELS,
+    image_files.MAX_IMAGE_PIXELS,
     "Most pixels (width x height) of an image, read from its header; larger ones are "
     "skipped before anything is decoded.",
     flag_values=FLAGS,
@@ -182,6 +183,7 @@ def _load_images(captioner, paths, progress):
     read, pixels = [], []
     for path in paths:
         try:
+            image_files.check_path(path)
             pixels.append(captioner.load_image(path))
             read.append(path)
         except ValueError as e:
@@ -213,20 +215,38 @@ def _record(path, caption):
     )
 
 
-def _main(argv):
+def _check(argv):
+    """Checks the flags, the model and the inputs before TensorFlow loads; when no input
+    is a file, reports them all as captioning would (the exit status: `SKIPPED`)."""
     if len(argv) < 2:
         raise ValueError("give one or more image files, folders or globs to caption")
-    beam_size = override(FLAGS, "beam_size")
+    override(FLAGS, "beam_size")
     if FLAGS.batch_size < 1:
         raise ValueError(f"--batch_size={FLAGS.batch_size} must be at least 1")
     if FLAGS.max_image_pixels < 1:
         raise ValueError(f"--max_image_pixels={FLAGS.max_image_pixels} must be at least 1")
-    paths, problems = expand(argv[1:])
     if not FLAGS.workdir and not FLAGS.preset:
         FLAGS.preset = DEFAULT_PRESET
+    check_model_source(FLAGS)
+    paths, problems = expand(argv[1:])
+    if any(image_files.path_problem(path) is None for path in paths):
+        return None
+    return _caption(None, paths, problems)
+
+
+def _main(argv):
+    from sat_tf.serving import api
+
     captioner = api.Captioner.from_trained(
         load_trained(FLAGS), batch_size=FLAGS.batch_size, max_image_pixels=FLAGS.max_image_pixels
     )
+    return _caption(captioner, *expand(argv[1:]))
+
+
+def _caption(captioner, paths, problems):
+    """Captions `paths` (`captioner` None: none of them is a file) and reports `problems`
+    and the images that cannot be read; the exit status."""
+    beam_size = override(FLAGS, "beam_size")
     pictures = {}
     if FLAGS.visualize:
         pictures = picture_names(paths)
@@ -283,7 +303,7 @@ def main(argv=None):
       the exit status: 0, 1 when nothing could start, `SKIPPED` when some images were
       skipped.
     """
-    return run(_main, FLAGS, argv, __doc__)
+    return run(_main, FLAGS, argv, __doc__, check=_check)
 
 
 if __name__ == "__main__":

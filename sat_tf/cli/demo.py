@@ -14,13 +14,20 @@ comma-separated) the page offers the decodings they were exported with. Captions
 from each SavedModel's serving_default signature.
 """
 
+import os
 import signal
 import sys
 import tempfile
 
 from absl import flags
 
-from sat_tf.cli.flags_lib import DEFAULT_PRESET, define_model_source, load_trained, run
+from sat_tf.cli.flags_lib import (
+    DEFAULT_PRESET,
+    check_model_source,
+    define_model_source,
+    load_trained,
+    run,
+)
 
 # The one line a user without the demo's extra gets.
 NO_FLASK = (
@@ -41,12 +48,17 @@ flags.DEFINE_string(
 )
 
 
+def _exports():
+    """The folders of --export, repeated or comma-separated."""
+    return [p for value in FLAGS.export for p in value.split(",") if p]
+
+
 def export_dirs(folder):
     """The export folders to serve: --export's, or the model of --preset or --workdir
     exported into `folder`."""
     from sat_tf.serving import demo
 
-    exports = [p for value in FLAGS.export for p in value.split(",") if p]
+    exports = _exports()
     trained = FLAGS.workdir or FLAGS.preset
     if exports and trained:
         raise ValueError("give --export, or one of --preset and --workdir, not both")
@@ -59,13 +71,28 @@ def export_dirs(folder):
     return exports
 
 
-def _main(argv):
+def _check(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
     try:
         import flask  # noqa: F401
     except ImportError:
         raise ValueError(NO_FLASK) from None
+    exports = _exports()
+    if exports and (FLAGS.workdir or FLAGS.preset):
+        raise ValueError("give --export, or one of --preset and --workdir, not both")
+    for path in exports:
+        if not os.path.isdir(path):
+            raise ValueError(f"--export={path} is not a folder")
+    if not exports:
+        if not FLAGS.workdir and not FLAGS.preset:
+            FLAGS.preset = DEFAULT_PRESET
+        check_model_source(FLAGS)
+    if FLAGS.samples and not os.path.isdir(FLAGS.samples):
+        raise ValueError(f"--samples={FLAGS.samples} is not a folder")
+
+
+def _main(argv):
     from sat_tf.serving import demo
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -84,7 +111,7 @@ def main(argv=None):
     Returns:
       the exit status.
     """
-    return run(_main, FLAGS, argv, __doc__)
+    return run(_main, FLAGS, argv, __doc__, check=_check)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import os
 from absl import flags
 
 from sat_tf.cli.flags_lib import (
+    check_model_source,
     decoding_overrides,
     define_model_source,
     define_override,
@@ -31,9 +32,6 @@ from sat_tf.cli.flags_lib import (
     run,
 )
 from sat_tf.config import DATASETS
-from sat_tf.evaluation import metrics
-from sat_tf.serving import inference, preset
-from sat_tf.training import prepare, publish, scoring
 from sat_tf.utils import files
 
 FLAGS = flags.FlagValues()
@@ -81,9 +79,20 @@ def _same_data(config, trained) -> bool:
     return config.dataset == trained.dataset and config.dataset != "folder"
 
 
-def _main(argv):
+def _check(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    override(FLAGS, "beam_size")
+    check_model_source(FLAGS)
+    if FLAGS.data_dir is not None and not os.path.isdir(FLAGS.data_dir):
+        raise ValueError(f"--data_dir={FLAGS.data_dir} is not a folder")
+
+
+def _main(argv):
+    from sat_tf.evaluation import metrics
+    from sat_tf.serving import inference, preset
+    from sat_tf.training import prepare, publish, scoring
+
     beam_size = override(FLAGS, "beam_size")
     kind, source = model_source(FLAGS)
     stored = None
@@ -142,7 +151,7 @@ def main(argv=None):
     Returns:
       the exit status.
     """
-    return run(_main, FLAGS, argv, __doc__)
+    return run(_main, FLAGS, argv, __doc__, check=_check)
 
 
 if __name__ == "__main__":

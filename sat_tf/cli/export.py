@@ -18,13 +18,14 @@ import os
 from absl import flags
 
 from sat_tf.cli.flags_lib import (
+    check_model_source,
     define_model_source,
     define_override,
     load_trained,
     override,
     run,
 )
-from sat_tf.serving import exporting
+from sat_tf.config import QUANTIZATIONS
 
 FLAGS = flags.FlagValues()
 define_model_source(FLAGS)
@@ -50,7 +51,7 @@ flags.DEFINE_bool(
 flags.DEFINE_enum(
     "quantize",
     None,
-    list(exporting.QUANTIZATIONS),
+    list(QUANTIZATIONS),
     "With --tflite, also write caption_int8.tflite: dynamic = int8 weights, float activations.",
     flag_values=FLAGS,
 )
@@ -65,9 +66,19 @@ flags.DEFINE_integer(
 flags.mark_flag_as_required("output", flag_values=FLAGS)
 
 
-def _main(argv):
+def _check(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    override(FLAGS, "beam_size")
+    override(FLAGS, "max_length")
+    if FLAGS.max_image_pixels < 1:
+        raise ValueError(f"--max_image_pixels={FLAGS.max_image_pixels} must be at least 1")
+    check_model_source(FLAGS)
+
+
+def _main(argv):
+    from sat_tf.serving import exporting
+
     model, vocab, config, off_world, _ = load_trained(FLAGS)
     info = exporting.export(
         model,
@@ -92,7 +103,7 @@ def main(argv=None):
     Returns:
       the exit status.
     """
-    return run(_main, FLAGS, argv, __doc__)
+    return run(_main, FLAGS, argv, __doc__, check=_check)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,7 @@ them with --use_feature_cache.
 
 from absl import flags
 
-from sat_tf.cli.flags_lib import config_from_flags, define_config_flags, run
-from sat_tf.data import feature_cache
-from sat_tf.training import extract
+from sat_tf.cli.flags_lib import check_data_dir, config_from_flags, define_config_flags, run
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_integer("shard_size", 1000, "Images per TFRecord shard.", flag_values=FLAGS)
@@ -27,9 +25,19 @@ flags.DEFINE_bool(
 define_config_flags(FLAGS)
 
 
-def _main(argv):
+def _check(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    for name in ("shard_size", "extract_batch_size"):
+        if FLAGS[name].value < 1:
+            raise ValueError(f"--{name}={FLAGS[name].value} must be at least 1")
+    check_data_dir(config_from_flags(FLAGS))
+
+
+def _main(argv):
+    from sat_tf.data import feature_cache
+    from sat_tf.training import extract
+
     config = config_from_flags(FLAGS)
     index = extract.extract_for_config(
         config,
@@ -52,7 +60,7 @@ def main(argv=None):
     Returns:
       the exit status.
     """
-    return run(_main, FLAGS, argv, __doc__)
+    return run(_main, FLAGS, argv, __doc__, check=_check)
 
 
 if __name__ == "__main__":

@@ -226,6 +226,35 @@ def model_source(flag_values):
     return ("workdir", workdir) if workdir else ("preset", source)
 
 
+def check_model_source(flag_values):
+    """`model_source`, the workdir or preset it names checked without TensorFlow: a
+    workdir holds its config, a preset is a shipped name or a folder (a URL is checked
+    when it is read).
+
+    Raises:
+      ValueError: unless exactly one is given, or for one that is not there.
+    """
+    from sat_tf.serving import preset
+
+    kind, source = model_source(flag_values)
+    if kind == "workdir" and not os.path.isfile(os.path.join(source, preset.CONFIG_FILE)):
+        raise ValueError(
+            f"--workdir={source} is not a sat_tf workdir: {preset.CONFIG_FILE} is missing"
+        )
+    if kind == "preset" and "://" not in source:
+        preset.resolve(source)
+    return kind, source
+
+
+def check_data_dir(config):
+    """Raises ValueError when the folder of `config.dataset` does not exist (the shapes
+    dataset is generated there)."""
+    if config.dataset != "shapes" and not os.path.isdir(config.data_dir):
+        raise ValueError(
+            f"--dataset={config.dataset}: --data_dir={config.data_dir} is not a folder"
+        )
+
+
 def decoding_overrides(flag_values, config):
     """Applies the flags of `DECODING_OVERRIDES` (--hard_decoding, --length_penalty,
     --block_repeats, --block_bad_endings, --tags, --tag_threshold) to a loaded model's
@@ -321,10 +350,12 @@ def _plain_log_lines():
         handler.setFormatter(formatter)
 
 
-def run(main, flag_values=flags.FLAGS, argv=None, doc=""):
+def run(main, flag_values=flags.FLAGS, argv=None, doc="", check=None):
     """Parses `argv` into `flag_values` and calls `main` with the arguments left, through
     `absl.app.run` (its --help / --helpfull, logging flags and flagfiles, with names
-    looked up by `expand_flagfiles`).
+    looked up by `expand_flagfiles`). TensorFlow loads (`cli.quiet_tensorflow`) after
+    the parse and `check`, before `main`: help, a flag or value not accepted and a
+    missing input answer without it.
 
     Without -v / --verbose (`sat_tf.cli.verbose` of `argv`, flagfiles expanded) log
     records are shown as the module docstring says; absl's handler gets its own format
@@ -338,6 +369,9 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc=""):
         absl's `flags.FLAGS` itself passes that (the default).
       argv: the command line, program name first; None for `sys.argv`.
       doc: the command's help text, printed by --help before the flags.
+      check: a function of the remaining argv that checks the settings and inputs
+        without TensorFlow, raising ValueError; what it returns, unless None, is the
+        exit status, and `main` does not run.
 
     Returns:
       the exit status: main's, 0 after --help, 1 for a ValueError or for flags absl
@@ -350,12 +384,18 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc=""):
         argv = [argv[0], *expand_flagfiles(argv[1:])]
     except ValueError as e:
         return _error(e)
-    log_lines = contextlib.nullcontext() if cli.verbose(argv) else _plain_log_lines()
+    verbose = cli.verbose(argv)
+    log_lines = contextlib.nullcontext() if verbose else _plain_log_lines()
     argv = _verbose_as_flag(argv)
 
     def wrapped(args):
         flag_values.mark_as_parsed()
         try:
+            status = check(args) if check else None
+            if status is not None:
+                return status
+            if not verbose:
+                cli.quiet_tensorflow()
             return main(args)
         except ValueError as e:
             return _error(e)

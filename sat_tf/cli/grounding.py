@@ -28,14 +28,16 @@ import json
 import os
 import time
 
-import tensorflow as tf
 from absl import flags
 
-from sat_tf.cli.flags_lib import define_model_source, define_override, load_trained, override, run
-from sat_tf.data import vocab as vocab_lib
-from sat_tf.evaluation import coco_grounding, coco_photos, naming
-from sat_tf.serving import api, exporting, preset
-from sat_tf.training import publish
+from sat_tf.cli.flags_lib import (
+    check_model_source,
+    define_model_source,
+    define_override,
+    load_trained,
+    override,
+    run,
+)
 from sat_tf.utils import files
 
 FLAGS = flags.FlagValues()
@@ -97,6 +99,8 @@ def _model_captioner(captioner, beam_size):
 
 
 def _geometry(captioner):
+    from sat_tf.evaluation import coco_grounding
+
     return coco_grounding.Geometry(captioner.image_size, captioner.crop_fraction, captioner.grid)
 
 
@@ -109,6 +113,9 @@ def _reference_grounding(captioner, photos, coco_dir):
       (the result, whose "photos" counts the photos with captions and "references" the
       captions, and per caption {"image_id", "file", "caption"}).
     """
+    from sat_tf.data import vocab as vocab_lib
+    from sat_tf.evaluation import coco_grounding, coco_photos
+
     references = coco_photos.read_reference_captions(coco_dir, photos)
     known = set(captioner.vocab.words)
     rows, captions, alphas, written = [], [], [], []
@@ -134,6 +141,11 @@ def _reference_grounding(captioner, photos, coco_dir):
 
 def _export_captioner(path, beam_size):
     """(caption_batch, geometry, description) of a SavedModel export's serving_default."""
+    import tensorflow as tf
+
+    from sat_tf.evaluation import coco_grounding
+    from sat_tf.serving import exporting
+
     info_path = os.path.join(path, exporting.EXPORT_INFO)
     if not os.path.isfile(info_path):
         raise ValueError(f"--export={path} has no {exporting.EXPORT_INFO}: give an export folder")
@@ -169,6 +181,8 @@ def _naming(photos, captions, coco_dir):
     """`naming` of the generated captions against the boxes, printed, and under
     "with_references" against the boxes and the human captions' objects (Rohrbach et
     al.'s CHAIR) when the folder holds its captions file."""
+    from sat_tf.evaluation import coco_photos, naming
+
     words = [c["caption"].split() for c in captions]
     result = naming.naming(photos, words)
     print("\n" + naming.format_naming(result, title="Naming (present: a box)"))
@@ -243,6 +257,9 @@ def _write_output(source, about, geometry, seconds, result, captions):
 
 def _store_in_preset(result, about):
     """--store_in_preset: the overall scores into the preset's metadata."""
+    from sat_tf.serving import preset
+    from sat_tf.training import publish
+
     folder = preset.resolve(FLAGS.preset)
     about_run = {
         "coco_dir": os.path.basename(os.path.normpath(FLAGS.coco_dir)),
@@ -253,9 +270,23 @@ def _store_in_preset(result, about):
     print(f"stored the grounding scores in {os.path.join(folder, preset.METADATA_FILE)}")
 
 
-def _main(argv):
+def _check(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    override(FLAGS, "beam_size")
+    _check_flags()
+    if FLAGS.export and not os.path.isdir(FLAGS.export):
+        raise ValueError(f"--export={FLAGS.export} is not a folder")
+    if not FLAGS.export:
+        check_model_source(FLAGS)
+    if not os.path.isdir(FLAGS.coco_dir):
+        raise ValueError(f"--coco_dir={FLAGS.coco_dir} is not a folder")
+
+
+def _main(argv):
+    from sat_tf.evaluation import coco_grounding, coco_photos
+    from sat_tf.serving import api
+
     beam_size = override(FLAGS, "beam_size")
     given = _check_flags()
     photos = coco_photos.load_coco_dir(FLAGS.coco_dir)
@@ -298,7 +329,7 @@ def main(argv=None):
     Returns:
       the exit status.
     """
-    return run(_main, FLAGS, argv, __doc__)
+    return run(_main, FLAGS, argv, __doc__, check=_check)
 
 
 if __name__ == "__main__":

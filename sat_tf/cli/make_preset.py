@@ -43,7 +43,6 @@ from absl import flags
 
 from sat_tf.cli.flags_lib import run
 from sat_tf.serving import preset
-from sat_tf.training import publish
 
 PROGRAM = "sat-make-preset"
 
@@ -82,11 +81,32 @@ def _command(argv):
     return shlex.join([*program, *argv[1:]])
 
 
-def _main(argv, command):
+def _check(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
     if FLAGS.rescore and FLAGS.choose_decoding:
         raise ValueError("give --rescore or --choose_decoding, not both")
+    for name in ("rescore", "choose_decoding"):
+        if FLAGS[name].value and not os.path.isdir(FLAGS[name].value):
+            raise ValueError(f"--{name}={FLAGS[name].value} is not a preset folder")
+    if not FLAGS.rescore and not FLAGS.choose_decoding:
+        missing = [f"--{name}" for name in REQUIRED if not FLAGS[name].value]
+        if missing:
+            raise ValueError(
+                f"give {', '.join(missing)} (or --rescore or --choose_decoding=<preset folder>)"
+            )
+        if not os.path.isfile(os.path.join(FLAGS.workdir, preset.CONFIG_FILE)):
+            raise ValueError(
+                f"--workdir={FLAGS.workdir} is not a sat_tf workdir: "
+                f"{preset.CONFIG_FILE} is missing"
+            )
+    if FLAGS.data_dir is not None and not os.path.isdir(FLAGS.data_dir):
+        raise ValueError(f"--data_dir={FLAGS.data_dir} is not a folder")
+
+
+def _main(argv, command):
+    from sat_tf.training import publish
+
     if FLAGS.rescore:
         metadata = publish.rescore(FLAGS.rescore, data_dir=FLAGS.data_dir, command=command)
         scores = metadata["scores"]
@@ -100,11 +120,6 @@ def _main(argv, command):
         print(json.dumps({"decoding": metadata["decoding"]["chosen"]}, indent=2))
         print(json.dumps({k: scores[k] for k in scores if "beam" in k}, indent=2))
         return
-    missing = [f"--{name}" for name in REQUIRED if not FLAGS[name].value]
-    if missing:
-        raise ValueError(
-            f"give {', '.join(missing)} (or --rescore or --choose_decoding=<preset folder>)"
-        )
     metadata = publish.make(
         FLAGS.workdir,
         FLAGS.output_root,
@@ -131,7 +146,7 @@ def main(argv=None):
       the exit status.
     """
     argv = list(sys.argv if argv is None else argv)
-    return run(lambda rest: _main(rest, _command(argv)), FLAGS, argv, __doc__)
+    return run(lambda rest: _main(rest, _command(argv)), FLAGS, argv, __doc__, check=_check)
 
 
 if __name__ == "__main__":

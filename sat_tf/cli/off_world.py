@@ -20,10 +20,10 @@ import sys
 
 from absl import flags
 
+from sat_tf import config as config_lib
 from sat_tf.cli.flags_lib import run
 from sat_tf.config import Config
-from sat_tf.data import datasets, feature_cache
-from sat_tf.serving import off_world, preset
+from sat_tf.serving import preset
 from sat_tf.utils import files
 
 FLAGS = flags.FlagValues()
@@ -36,24 +36,49 @@ flags.DEFINE_string(
 )
 flags.DEFINE_string("data_dir", None, "Dataset folder; default the run's.", flag_values=FLAGS)
 flags.DEFINE_integer(
-    "num_components", off_world.NUM_COMPONENTS, "Principal directions kept.", flag_values=FLAGS
+    "num_components",
+    config_lib.OFF_WORLD_COMPONENTS,
+    "Principal directions kept.",
+    flag_values=FLAGS,
 )
 flags.DEFINE_float(
     "quantile",
-    off_world.QUANTILE,
+    config_lib.OFF_WORLD_QUANTILE,
     "Share of the validation photos whose distance lies under the threshold.",
     flag_values=FLAGS,
 )
 
 
-def _main(argv):
-    if len(argv) > 1:
-        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+def _folder():
+    """The folder of --preset or --workdir, checked.
+
+    Raises:
+      ValueError: unless one of them names a folder whose files can be written.
+    """
     if bool(FLAGS.preset) == bool(FLAGS.workdir):
         raise ValueError("give --preset=<name or folder> or --workdir=<folder>, one of them")
     if FLAGS.preset and "://" in FLAGS.preset:
         raise ValueError("--preset: a shipped name or a folder, whose files can be written")
     folder = preset.resolve(FLAGS.preset) if FLAGS.preset else FLAGS.workdir
+    if not os.path.isfile(os.path.join(folder, preset.CONFIG_FILE)):
+        raise ValueError(f"{folder} is not a sat_tf workdir: {preset.CONFIG_FILE} is missing")
+    return folder
+
+
+def _check(argv):
+    if len(argv) > 1:
+        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    _folder()
+    for name in ("feature_dir", "data_dir"):
+        if FLAGS[name].value and not os.path.isdir(FLAGS[name].value):
+            raise ValueError(f"--{name}={FLAGS[name].value} is not a folder")
+
+
+def _main(argv):
+    from sat_tf.data import datasets, feature_cache
+    from sat_tf.serving import off_world
+
+    folder = _folder()
     config = Config.load(os.path.join(folder, preset.CONFIG_FILE))
     if FLAGS.feature_dir:
         config = dataclasses.replace(config, feature_dir=FLAGS.feature_dir)
@@ -102,7 +127,7 @@ def main(argv=None):
     Returns:
       the exit status.
     """
-    return run(_main, FLAGS, argv, __doc__)
+    return run(_main, FLAGS, argv, __doc__, check=_check)
 
 
 if __name__ == "__main__":

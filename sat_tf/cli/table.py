@@ -25,8 +25,7 @@ from absl import flags
 
 from sat_tf.cli.flags_lib import run
 from sat_tf.config import Config
-from sat_tf.evaluation import coco_grounding, metrics
-from sat_tf.serving.inference import CONFIG_FILE
+from sat_tf.serving.preset import CONFIG_FILE
 from sat_tf.utils import files
 
 FLAGS = flags.FlagValues()
@@ -66,6 +65,8 @@ def _read(path):
 def _run_scores(paths):
     """One run's scores: its metrics JSON, and a grounding report's rates as
     "grounding <key>"."""
+    from sat_tf.evaluation import coco_grounding
+
     first, *rest = paths.split(",")
     scores = dict(_read(first))
     for path in rest:
@@ -115,7 +116,21 @@ def _check_seeds(name, paths):
             )
 
 
+def _check(argv):
+    for arg in argv[1:]:
+        name, sep, paths = arg.rpartition("=")
+        if not sep or not name:
+            raise ValueError(f"{arg!r} is not <row name>=<metrics JSON>")
+        for path in paths.split(",") if FLAGS.seeds else [paths]:
+            if not os.path.isfile(path):
+                raise ValueError(f"cannot read metrics {path}: no such file")
+    if len(argv) < 2:
+        raise ValueError("give one or more <row name>=<metrics JSON>")
+
+
 def _main(argv):
+    from sat_tf.evaluation import metrics
+
     rows, seed_paths = {}, {}
     for arg in argv[1:]:
         name, sep, path = arg.rpartition("=")
@@ -143,7 +158,7 @@ def main(argv=None):
     Returns:
       the exit status.
     """
-    return run(_main, FLAGS, argv, __doc__)
+    return run(_main, FLAGS, argv, __doc__, check=_check)
 
 
 if __name__ == "__main__":

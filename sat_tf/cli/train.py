@@ -11,8 +11,7 @@ import json
 
 from absl import flags
 
-from sat_tf.cli.flags_lib import config_from_flags, define_config_flags, run
-from sat_tf.training import train_lib
+from sat_tf.cli.flags_lib import check_data_dir, config_from_flags, define_config_flags, run
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string(
@@ -21,9 +20,15 @@ flags.DEFINE_string(
 define_config_flags(FLAGS)
 
 
-def _main(argv):
+def _check(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    check_data_dir(config_from_flags(FLAGS))
+
+
+def _main(argv):
+    from sat_tf.training import train_lib
+
     config = config_from_flags(FLAGS)
     given = {name for name in FLAGS if FLAGS[name].present}
     scores = train_lib.train_and_evaluate(config, FLAGS.workdir, given)
@@ -36,7 +41,7 @@ def main(argv=None):
     Returns:
       the exit status.
     """
-    return run(_main, FLAGS, argv, __doc__)
+    return run(_main, FLAGS, argv, __doc__, check=_check)
 
 
 if __name__ == "__main__":

@@ -8,16 +8,15 @@ path that decodes bytes from outside: a small file that declares a huge image (a
 """
 
 import dataclasses
-import os
 from collections.abc import Sequence
 
 import tensorflow as tf
 from PIL import Image
 
+from sat_tf.data.image_files import MAX_IMAGE_PIXELS, check_path, path_problem
+
 _FORMATS = {"JPEG", "MPO", "PNG", "GIF", "BMP", "WEBP"}
 
-# Admission: the image's size read from its header, before any pixel is decoded.
-MAX_IMAGE_PIXELS = 50_000_000
 FORMATS_TEXT = "JPEG, PNG, GIF, BMP or WebP"
 # The status of one image (the SavedModel's `status` output), and each one's name.
 OK, EMPTY, NOT_AN_IMAGE, CORRUPT, TOO_MANY_PIXELS = 0, 1, 2, 3, 4
@@ -232,15 +231,6 @@ def crop_window(shape, image_size, crop_fraction=224 / 256):
     return new_size, top, left
 
 
-def _path_problem(path):
-    """Why `path` cannot be an image file (missing, a directory), or None."""
-    if not os.path.exists(path):
-        return "does not exist"
-    if os.path.isdir(path):
-        return "is a directory, not a file"
-    return None
-
-
 def load_image_file(path, image_size, crop_fraction=224 / 256, max_image_pixels=MAX_IMAGE_PIXELS):
     """Reads one image file, admits it (`admit`) and decodes it with `decode_image`.
 
@@ -257,9 +247,7 @@ def load_image_file(path, image_size, crop_fraction=224 / 256, max_image_pixels=
         ValueError) when it is empty, not a JPEG / PNG / GIF / BMP / WebP image,
         truncated or corrupt, or over `max_image_pixels`.
     """
-    problem = _path_problem(path)
-    if problem:
-        raise ValueError(f"image {path!r} {problem}")
+    check_path(path)
     with open(path, "rb") as f:
         data = f.read()
     return decode_admitted(data, str(path), image_size, crop_fraction, max_image_pixels)
@@ -281,7 +269,7 @@ def check_image_files(paths: Sequence[str], max_image_pixels: int = MAX_IMAGE_PI
     """
     bad = []
     for path in paths:
-        problem = _path_problem(path)
+        problem = path_problem(path)
         if problem:
             bad.append(f"{path}: {problem}")
             continue
@@ -536,7 +524,7 @@ def admit_files(paths: Sequence[str], max_image_pixels: int = MAX_IMAGE_PIXELS) 
     """
     bad = []
     for path in paths:
-        problem = _path_problem(path)
+        problem = path_problem(path)
         if problem:
             bad.append(f"{path} {problem}")
             continue

@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.lite.tools import flatbuffer_utils
 
+from sat_tf.config import QUANTIZATIONS
 from sat_tf.data import graph_admission, image_io
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.serving import inference
@@ -45,9 +46,6 @@ EXPORT_INFO = "sat_tf_export.json"
 VOCAB_FILE = "vocab.txt"
 TFLITE_FILE = "caption.tflite"
 TFLITE_INT8_FILE = "caption_int8.tflite"
-# TFLite weight quantizations: "dynamic" is dynamic-range quantization, int8 weights
-# with float activations (quantized per product at run time).
-QUANTIZATIONS = ("dynamic",)
 SIGNATURES = ("serving_default", "caption_images", "caption_features")
 FORMATS = image_io.FORMATS_TEXT
 

@@ -36,12 +36,13 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from sat_tf import config as config_lib
 from sat_tf.data import datasets, feature_cache
 from sat_tf.utils import files
 
 FILE = "off_world.npz"
-NUM_COMPONENTS = 64
-QUANTILE = 0.99
+NUM_COMPONENTS = config_lib.OFF_WORLD_COMPONENTS
+QUANTILE = config_lib.OFF_WORLD_QUANTILE
 _STANDARDISATION = ("distance_mean", "distance_sd", "log_spread_mean", "log_spread_sd")
 
 

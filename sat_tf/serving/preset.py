@@ -9,7 +9,8 @@ folder, or the https:// URL of an archive (`download.py`, `#sha256=<hex>` on the
 every file checked against metadata.json first (a bad one is refused with a one-line
 ValueError); `load_weights(model, stored)` fills a model built from them. This module
 never builds a model: `inference.load` does. `sat_tf/training/publish.py` makes, packs
-and scores presets.
+and scores presets. Finding a preset (`resolve`, `names`) needs no TensorFlow, so the
+commands check `--preset` before it loads; the vocabulary is read with it.
 """
 
 import datetime
@@ -18,17 +19,19 @@ import os
 import re
 import zipfile
 import zlib
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 import sat_tf
 from sat_tf.config import MODEL_FIELDS, Config, with_added_fields
-from sat_tf.data import vocab as vocab_lib
 from sat_tf.serving import download
 from sat_tf.utils import files
 from sat_tf.utils.files import sha256_of
 from sat_tf.utils.messages import preview
+
+if TYPE_CHECKING:
+    from sat_tf.data import vocab as vocab_lib
 
 # The shipped presets: data of the package, beside its subpackages.
 PRESETS_DIR = os.path.join(os.path.dirname(os.path.abspath(sat_tf.__file__)), "presets")
@@ -174,6 +177,8 @@ def _check(directory: str, where: str | None = None):
             f"preset {where}: {name} has {size:,} bytes, {METADATA_FILE} records "
             f"{entry['bytes']:,}: the file was changed or damaged"
         )
+    from sat_tf.data import vocab as vocab_lib  # TensorFlow: not for `resolve`
+
     vocab = vocab_lib.Vocab.load(os.path.join(directory, VOCAB_FILE))
     if vocab.fingerprint != metadata["vocab_fingerprint"]:
         raise ValueError(
@@ -313,7 +318,7 @@ class Stored(NamedTuple):
 
     directory: str
     config: Config
-    vocab: vocab_lib.Vocab
+    vocab: "vocab_lib.Vocab"
     feature_shape: tuple | None
     grid: tuple | None
     encoder_in_weights: bool

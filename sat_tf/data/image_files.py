@@ -1,0 +1,24 @@
+"""What the commands check of an image file before TensorFlow loads: the admission limit
+(`image_io.admit` reads the pixel count from the header) and why a path cannot be an
+image file at all."""
+
+import os
+
+# Admission: the most pixels (width x height) an image may declare in its header.
+MAX_IMAGE_PIXELS = 50_000_000
+
+
+def path_problem(path):
+    """Why `path` cannot be an image file (missing, a directory), or None."""
+    if not os.path.exists(path):
+        return "does not exist"
+    if os.path.isdir(path):
+        return "is a directory, not a file"
+    return None
+
+
+def check_path(path):
+    """Raises ValueError naming `path` when it cannot be an image file (`path_problem`)."""
+    problem = path_problem(path)
+    if problem:
+        raise ValueError(f"image {path!r} {problem}")
