@@ -136,6 +136,8 @@ def _check_flags():
         raise ValueError("give --export or --preset / --workdir, not both")
     if not FLAGS.export and not FLAGS.workdir and not FLAGS.preset:
         FLAGS.preset = flags_lib.DEFAULT_PRESET
+    if FLAGS.export and "://" not in FLAGS.export and not os.path.isdir(FLAGS.export):
+        raise ValueError(f"--export={FLAGS.export} is not a folder (sat-export writes one)")
 
 
 def _export_model(folder):
@@ -156,17 +158,25 @@ def _export_model(folder):
     return path
 
 
-def _main(pipeline_args, argv):
+def _check(pipeline_args, argv):
+    """Checks the pipeline options, the flags and the model source before TensorFlow
+    loads (Beam's options load none)."""
+    options = pipeline_options(pipeline_args)
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])} (give photos with --input)")
     _check_flags()
-    options = pipeline_options(pipeline_args)
     runner = options.get_all_options()["runner"]
     if not FLAGS.export and runner not in LOCAL_RUNNERS:
         raise ValueError(
             f"--preset / --workdir export to a local folder, which {runner}'s "
             "workers cannot read: run sat-export and give --export=<its folder>"
         )
+    if not FLAGS.export:
+        flags_lib.check_model_source(FLAGS)
+
+
+def _main(pipeline_args, argv):
+    options = pipeline_options(pipeline_args)
     from sat_tf.serving import caption_pipeline
 
     temporary = None if FLAGS.export else tempfile.mkdtemp(prefix="sat_caption_beam_")
@@ -206,7 +216,8 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 1
     own, pipeline_args = split_args(argv)
-    return run(functools.partial(_main, pipeline_args), FLAGS, own, __doc__)
+    check = functools.partial(_check, pipeline_args)
+    return run(functools.partial(_main, pipeline_args), FLAGS, own, __doc__, check=check)
 
 
 if __name__ == "__main__":
