@@ -13,11 +13,11 @@ import tempfile
 import tensorflow as tf
 from admission_test import png_bomb
 from apache_beam.options.pipeline_options import PipelineOptions
-from fixtures import encode, run_main, scenes, tiny_model
+from fixtures import encode, run_main, scenes, tiny_workdir
 
 from sat_tf.cli import caption as caption_cli
 from sat_tf.data import image_io
-from sat_tf.serving import caption_pipeline, caption_rows, exporting, inference
+from sat_tf.serving import caption_pipeline, caption_rows, exporting
 
 OPTIONS = ["--runner=FnApiRunner", "--direct_running_mode=in_memory"]
 
@@ -27,12 +27,7 @@ def tiny_export():
     """(the tiny model's workdir, its export), made once per process."""
     root = tempfile.mkdtemp(prefix="caption_pipeline_test_")
     atexit.register(shutil.rmtree, root, ignore_errors=True)
-    model, vocab, config = tiny_model()
-    workdir = os.path.join(root, "workdir")
-    os.makedirs(workdir)
-    config.save(os.path.join(workdir, inference.CONFIG_FILE))
-    vocab.save(os.path.join(workdir, inference.VOCAB_FILE))
-    model.save_weights(os.path.join(workdir, inference.BEST_WEIGHTS))
+    workdir, model, vocab, config = tiny_workdir(root)
     export = os.path.join(root, "export")
     exporting.export(model, vocab, config, export)
     return workdir, export

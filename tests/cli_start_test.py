@@ -6,13 +6,11 @@ setup.py later are held to it too."""
 
 import json
 import os
-import re
-import runpy
 import subprocess
 import sys
-from unittest import mock
 
 import pytest
+from cli_test import declared_entry_points
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEAVY = ("tensorflow", "keras", "tensorflow_text", "tf_keras")
@@ -37,18 +35,8 @@ print("PROBE " + json.dumps([results, heavy]))
 
 
 def console_scripts():
-    """{command: module} of setup.py's console_scripts, read by running setup.py with
-    `setup` replaced."""
-    cwd = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        with mock.patch("setuptools.setup") as setup:
-            runpy.run_path(os.path.join(ROOT, "setup.py"))
-    finally:
-        os.chdir(cwd)
-    scripts = setup.call_args.kwargs["entry_points"]["console_scripts"]
-    pairs = [re.fullmatch(r"\s*(\S+)\s*=\s*(\S+):main\s*", s).groups() for s in scripts]
-    return dict(pairs)
+    """{command: module} of setup.py's console_scripts (`cli_test.declared_entry_points`)."""
+    return {name: target.split(":")[0] for name, target in declared_entry_points().items()}
 
 
 def probe(module, program, cases):

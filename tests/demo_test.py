@@ -25,7 +25,7 @@ import pytest
 import requests
 import tensorflow as tf
 from absl.testing import absltest, parameterized
-from fixtures import encode, run_main, scenes, tiny_model
+from fixtures import encode, run_main, scenes, tiny_model, tiny_workdir
 from PIL import Image
 
 from sat_tf.data import image_io
@@ -53,12 +53,7 @@ def exports():
     """(the tiny model's workdir, [greedy export, beam-3 export]), made once per process."""
     root = tempfile.mkdtemp(prefix="demo_test_")
     atexit.register(shutil.rmtree, root, ignore_errors=True)
-    model, vocab, config = tiny_model()
-    workdir = os.path.join(root, "workdir")
-    os.makedirs(workdir)
-    config.save(os.path.join(workdir, inference.CONFIG_FILE))
-    vocab.save(os.path.join(workdir, inference.VOCAB_FILE))
-    model.save_weights(os.path.join(workdir, inference.BEST_WEIGHTS))
+    workdir = tiny_workdir(root)[0]
     return workdir, demo.export_decodings(
         inference.load_workdir(workdir), os.path.join(root, "exports")
     )

@@ -193,6 +193,20 @@ def tiny_model(seed=2, **settings):
     return model, vocab_lib.Vocab(WORDS), config
 
 
+def tiny_workdir(root: str, **settings):
+    """(workdir, model, vocab, config): `tiny_model(**settings)` saved as a trained
+    workdir in root/workdir (its config, vocabulary and best weights)."""
+    from sat_tf.serving import inference
+
+    model, vocab, config = tiny_model(**settings)
+    workdir = os.path.join(root, "workdir")
+    os.makedirs(workdir)
+    config.save(os.path.join(workdir, inference.CONFIG_FILE))
+    vocab.save(os.path.join(workdir, inference.VOCAB_FILE))
+    model.save_weights(os.path.join(workdir, inference.BEST_WEIGHTS))
+    return workdir, model, vocab, config
+
+
 def coco_file_name(folder: str, image_id: int) -> str:
     """The official image file name: `COCO_val2014_000000000042.jpg` in the 2014 folders,
     `000000000042.jpg` in the 2017 ones."""

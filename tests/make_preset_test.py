@@ -5,6 +5,7 @@ summary printed, the archive's digest, and the flags a preset needs."""
 
 import json
 import os
+import tempfile
 from unittest import mock
 
 import tensorflow as tf
@@ -37,7 +38,13 @@ class CommandLineTest(tf.test.TestCase):
 class MakeTest(tf.test.TestCase):
     def setUp(self):
         super().setUp()
-        self.root = self.get_temp_dir()
+        self.root = tempfile.mkdtemp(dir=self.get_temp_dir())
+        # The folders the command checks before it runs (publish itself is stood in).
+        for folder in ("runs/w", "w", "presets/p1", "d"):
+            os.makedirs(os.path.join(self.root, folder))
+        for workdir in ("runs/w", "w"):
+            with open(os.path.join(self.root, workdir, "config.json"), "w") as f:
+                f.write("{}")
 
     def test_the_flags_go_to_publish_and_the_beam_scores_are_printed(self):
         argv = [
@@ -49,7 +56,7 @@ class MakeTest(tf.test.TestCase):
             "--description=one line",
         ]
         with mock.patch.object(publish, "make", return_value={"scores": SCORES}) as make:
-            code, out, err = run_main(make_preset.main, *argv)
+            code, out, err = run_main(make_preset.main, *argv, cwd=self.root)
         self.assertEqual(code, 0, err)
         make.assert_called_once_with(
             "runs/w",
@@ -80,7 +87,7 @@ class MakeTest(tf.test.TestCase):
             mock.patch.object(publish, "make", return_value={"scores": SCORES}) as make,
             mock.patch.object(publish, "pack", return_value="ab12") as pack,
         ):
-            code, out, err = run_main(make_preset.main, *argv)
+            code, out, err = run_main(make_preset.main, *argv, cwd=self.root)
         self.assertEqual(code, 0, err)
         self.assertTrue(make.call_args.kwargs["overwrite"])
         pack.assert_called_once_with(os.path.join(self.root, "p1"), archive)
@@ -92,7 +99,11 @@ class MakeTest(tf.test.TestCase):
             mock.patch.object(publish, "make") as make,
         ):
             code, out, err = run_main(
-                make_preset.main, "sat-make-preset", "--rescore=presets/p1", "--data_dir=d"
+                make_preset.main,
+                "sat-make-preset",
+                "--rescore=presets/p1",
+                "--data_dir=d",
+                cwd=self.root,
             )
         self.assertEqual(code, 0, err)
         rescore.assert_called_once_with(
