@@ -1,6 +1,7 @@
 """What beam search adds to the paper's decoding step for speed: each image's
 annotations read once for all its hypotheses, and the step run only on the hypotheses
-of the images that still hold a live one (`model/search.py`, `beam_search(constants=)`).
+of the images that still hold a live one (`model/search.py`: `beam_search(constants=)`,
+and every beam search for the second).
 
 Beam search keeps S hypotheses of each image (S = k, or 2k with a constraint) in rows
 b S + j. The paper's step reads its annotations `a` (B, L, D) and `W_a a` (B, L, A)

@@ -9,9 +9,9 @@ with `tokens` int32 (B,), `state` a nest of tensors whose leading dimension is B
 float32 (B, L) the attention weights that produced them (paper §3.1.2, §4). What a step
 reads of each image and never changes (the annotations, `W_a a`) may be given apart, as
 `constants` (leading dimension: images); the step is then
-`step_fn(tokens, state, constants)`, beam search keeps the constants once per image
-instead of once per hypothesis, and runs the step only on the hypotheses of the images
-that still have a live one. The decoders
+`step_fn(tokens, state, constants)` and beam search keeps the constants once per image
+instead of once per hypothesis. Beam search runs the step only on the hypotheses of the
+images that still have a live one. The decoders
 run it inside one `tf.while_loop` over time, eagerly or under `tf.function`, with buffers
 of a fixed length `max_length` (no `TensorArray`), so that the greedy loop converts to
 TFLite with builtin ops only. The rules captioning adds (blocked repeats and endings, a
@@ -253,10 +253,11 @@ def beam_search(
             hold one (a row without any: no constraint).
         constants: None, or a nest of tensors with leading dimension B (one row per
             image, never tiled) that the step reads and never changes:
-            `step_fn(tokens, state, constants)` is then called on the hypotheses of the
-            images that still hold a live one, with those images' constants, so that the
-            rows of image b's constants serve its hypotheses b*S + j (S = k, or 2k with a
-            constraint); the captions are those of a step that reads them from the state.
+            `step_fn(tokens, state, constants)` is then called with the constants of the
+            images whose hypotheses it steps (those that still hold a live one, with or
+            without constants), so that the rows of image b's constants serve its
+            hypotheses b*S + j (S = k, or 2k with a constraint); the captions are those of
+            a step that reads them from the state.
 
     Returns:
         A `DecodeResult`. For n = 1: tokens (B, T), length (B,), log_prob (B,),
@@ -281,9 +282,10 @@ def beam_search(
 
     blocking = dict(block_repeats=block_repeats, bad_ending_ids=bad_ending_ids, end_id=end_id)
 
+    step = functools.partial(_step, step_fn, num_locations)
+
     def body(t, tokens, state, finished, token_buf, attention_buf, length, log_prob):
         live = _live(finished, log_prob)
-        step = functools.partial(_step, step_fn, num_locations)
         log_probs, state, alpha = per_image.live_images_step(step, tokens, state, constants, live)
         history = tf.reshape(token_buf, [-1, max_length])  # (B*S, T)
         log_probs = decoding_rules.block(log_probs, tokens, history, t, **blocking)
