@@ -237,13 +237,21 @@ def check_model_source(flag_values):
     from sat_tf.serving import preset
 
     kind, source = model_source(flag_values)
-    if kind == "workdir" and not os.path.isfile(os.path.join(source, preset.CONFIG_FILE)):
-        raise ValueError(
-            f"--workdir={source} is not a sat_tf workdir: {preset.CONFIG_FILE} is missing"
-        )
+    if kind == "workdir":
+        check_workdir(source)
     if kind == "preset" and "://" not in source:
         preset.resolve(source)
     return kind, source
+
+
+def check_workdir(workdir):
+    """Raises ValueError, naming `--workdir`, unless the folder holds a workdir's config."""
+    from sat_tf.serving import preset
+
+    if not os.path.isfile(os.path.join(workdir, preset.CONFIG_FILE)):
+        raise ValueError(
+            f"--workdir={workdir} is not a sat_tf workdir: {preset.CONFIG_FILE} is missing"
+        )
 
 
 def check_data_dir(config):

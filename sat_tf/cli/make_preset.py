@@ -41,6 +41,7 @@ import sys
 
 from absl import flags
 
+from sat_tf.cli import flags_lib
 from sat_tf.cli.flags_lib import run
 from sat_tf.serving import preset
 
@@ -95,11 +96,7 @@ def _check(argv):
             raise ValueError(
                 f"give {', '.join(missing)} (or --rescore or --choose_decoding=<preset folder>)"
             )
-        if not os.path.isfile(os.path.join(FLAGS.workdir, preset.CONFIG_FILE)):
-            raise ValueError(
-                f"--workdir={FLAGS.workdir} is not a sat_tf workdir: "
-                f"{preset.CONFIG_FILE} is missing"
-            )
+        flags_lib.check_workdir(FLAGS.workdir)
     if FLAGS.data_dir is not None and not os.path.isdir(FLAGS.data_dir):
         raise ValueError(f"--data_dir={FLAGS.data_dir} is not a folder")
 
