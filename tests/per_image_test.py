@@ -131,6 +131,23 @@ class LiveImagesStepTest(tf.test.TestCase):
         self.assertAllEqual(new_state["row"], [100, 101, 2, 3, 104, 105])
         self.assertAllEqual(alpha, [[r] * 3 if r in (0, 1, 4, 5) else [0] * 3 for r in range(6)])
 
+    def test_groups_of_rows_each_read_their_images_constants(self):
+        seen = {}
+
+        def step(tokens, state, constants):
+            seen.update(tokens=tokens.numpy(), images=constants.numpy())
+            return tf.zeros([tf.shape(tokens)[0], 2]), state, tf.ones([tf.shape(tokens)[0], 1])
+
+        # Two images of two states of two hypotheses: image 0's first state has never
+        # started, both of image 1's hold a live one.
+        live = tf.constant([[False, False, True, False], [True, False, False, True]])
+        tokens = tf.range(8)
+        constants = tf.constant([[0.5], [1.5]])
+        _, _, alpha = per_image.live_images_step(step, tokens, tokens, constants, live, group=2)
+        self.assertAllEqual(seen["tokens"], [2, 3, 4, 5, 6, 7])
+        self.assertAllEqual(seen["images"], [[0.5], [1.5], [1.5]])
+        self.assertAllEqual(alpha[:, 0], [0, 0, 1, 1, 1, 1, 1, 1])
+
     def test_without_constants_the_step_takes_two_arguments(self):
         def step(tokens, state):
             return tf.zeros([tf.shape(tokens)[0], 2]), state * 2, tf.ones([tf.shape(tokens)[0], 1])

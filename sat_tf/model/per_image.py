@@ -1,7 +1,8 @@
 """What beam search adds to the paper's decoding step for speed: each image's
 annotations read once for all its hypotheses, and the step run only on the hypotheses
-of the images that still hold a live one (`model/search.py`: `beam_search(constants=)`,
-and every beam search for the second).
+of the beam states (an image's k, or with a constraint each of its two sets of k) that
+still hold a live one (`model/search.py`: `beam_search(constants=)`, and every beam
+search for the second).
 
 Beam search keeps S hypotheses of each image (S = k, or 2k with a constraint) in rows
 b S + j. The paper's step reads its annotations `a` (B, L, D) and `W_a a` (B, L, A)
@@ -51,23 +52,28 @@ def constants_apart(state):
     return {key: value for key, value in state.items() if key not in constants}, constants
 
 
-def live_images_step(step, tokens, state, constants, live):
-    """`step(tokens, state, constants)` on the hypotheses of the images that hold a live
-    one (`live`, bool (B, S)), with those images' `constants` gathered once each
-    (`step(tokens, state)` for constants None).
+def live_images_step(step, tokens, state, constants, live, group=None):
+    """`step(tokens, state, constants)` on the hypotheses of the groups of `group` rows
+    (`live`, bool (B, S), S a multiple of `group`: the k hypotheses of one beam state;
+    None: S, an image's) that hold a live one, with the `constants` of each such group's
+    image gathered once for it (`step(tokens, state)` for constants None).
 
-    The other rows get log-probabilities and attention 0 and keep their state: an image
-    without a live hypothesis has finished, and beam search extends its hypotheses by
-    `<pad>` alone whatever the step gives them, so skipping them changes no caption.
+    The other rows get log-probabilities and attention 0 and keep their state: a group
+    without a live hypothesis has finished, or never started (the state of a constrained
+    search that an image without constraint words skips), and beam search extends its
+    hypotheses by `<pad>` alone or not at all whatever the step gives them, so skipping
+    them changes no caption.
 
     Returns:
       (log_probs (B S, V), state of B S rows, alpha (B S, L)).
     """
     slots = tf.shape(live)[1]
     num_rows = tf.shape(live)[0] * slots
-    images = tf.cast(tf.where(tf.reduce_any(live, axis=1))[:, 0], tf.int32)  # (B',)
-    images_of = functools.partial(tf.gather, indices=images)
-    rows = tf.reshape(images[:, None] * slots + tf.range(slots)[None], [-1, 1])  # (B'S, 1)
+    group = live.shape[1] if group is None else group
+    live_groups = tf.reduce_any(tf.reshape(live, [-1, group]), axis=1)  # (B S / group,)
+    groups = tf.cast(tf.where(live_groups)[:, 0], tf.int32)  # (G',)
+    rows = tf.reshape(groups[:, None] * group + tf.range(group)[None], [-1, 1])  # (G' group, 1)
+    images_of = functools.partial(tf.gather, indices=groups // (slots // group))
     per_image = () if constants is None else (tf.nest.map_structure(images_of, constants),)
     log_probs, new_state, alpha = step(
         tf.gather_nd(tokens, rows),

@@ -11,9 +11,9 @@ reads of each image and never changes (the annotations, `W_a a`) may be given ap
 `constants` (leading dimension: images); the step is then
 `step_fn(tokens, state, constants)` and beam search keeps the constants once per image
 instead of once per hypothesis. Beam search runs the step only on the hypotheses of the
-images that still have a live one. The decoders
-run it inside one `tf.while_loop` over time, eagerly or under `tf.function`, with buffers
-of a fixed length `max_length` (no `TensorArray`), so that the greedy loop converts to
+beam states (k hypotheses of an image) that still have a live one. The decoders
+run it inside one `tf.while_loop` over time, eagerly or under `tf.function`; greedy keeps
+buffers of a fixed length `max_length` (no `TensorArray`), so that it converts to
 TFLite with builtin ops only. The rules captioning adds (blocked repeats and endings, a
 constraint on the words) are `sat_tf.model.decoding_rules`, called at one place a step.
 """
@@ -254,10 +254,10 @@ def beam_search(
         constants: None, or a nest of tensors with leading dimension B (one row per
             image, never tiled) that the step reads and never changes:
             `step_fn(tokens, state, constants)` is then called with the constants of the
-            images whose hypotheses it steps (those that still hold a live one, with or
-            without constants), so that the rows of image b's constants serve its
-            hypotheses b*S + j (S = k, or 2k with a constraint); the captions are those of
-            a step that reads them from the state.
+            image of each beam state whose hypotheses it steps (those of the k that still
+            hold a live one, with or without constants), so that the row of a state's
+            constants serves its k hypotheses, in a row; the captions are those of a step
+            that reads them from the state.
 
     Returns:
         A `DecodeResult`. For n = 1: tokens (B, T), length (B,), log_prob (B,),
@@ -277,16 +277,18 @@ def beam_search(
     def gather_beams(x, parent):
         return tf.gather(x, parent, batch_dims=1)
 
-    def cond(t, tokens, state, finished, token_buf, attention_buf, length, log_prob):
+    def cond(t, tokens, state, finished, token_buf, alphas, parents, length, log_prob):
         return tf.logical_and(t < max_length, tf.reduce_any(_live(finished, log_prob)))
 
     blocking = dict(block_repeats=block_repeats, bad_ending_ids=bad_ending_ids, end_id=end_id)
 
     step = functools.partial(_step, step_fn, num_locations)
 
-    def body(t, tokens, state, finished, token_buf, attention_buf, length, log_prob):
+    def body(t, tokens, state, finished, token_buf, alphas, parents, length, log_prob):
         live = _live(finished, log_prob)
-        log_probs, state, alpha = per_image.live_images_step(step, tokens, state, constants, live)
+        log_probs, state, alpha = per_image.live_images_step(
+            step, tokens, state, constants, live, group=k
+        )
         history = tf.reshape(token_buf, [-1, max_length])  # (B*S, T)
         log_probs = decoding_rules.block(log_probs, tokens, history, t, **blocking)
         vocab_size = tf.shape(log_probs)[-1]
@@ -307,16 +309,15 @@ def beam_search(
         next_tokens = tf.where(alive, next_tokens, PAD_ID)
         token_buf = gather_beams(token_buf, parent)
         token_buf += _time_mask(t, max_length, tf.int32)[None, None] * next_tokens[..., None]
-        alpha = tf.where(alive[..., None], gather_beams(alpha, parent), 0.0)
-        attention_buf = gather_beams(attention_buf, parent)
-        attention_buf += _time_mask(t, max_length, tf.float32)[:, None] * alpha[:, :, None]
+        alphas = alphas.write(t, tf.where(alive[..., None], gather_beams(alpha, parent), 0.0))
+        parents = parents.write(t, parent)
         length = gather_beams(length, parent)
         length += tf.cast(tf.logical_and(alive, next_tokens != end_id), tf.int32)
         finished = tf.logical_or(was_finished, next_tokens == end_id)
 
         state = _gather_hypotheses(state, parent)
         tokens = _keep_shape(tf.reshape(next_tokens, [-1]), tokens)  # (B*S,)
-        return t + 1, tokens, state, finished, token_buf, attention_buf, length, log_prob
+        return t + 1, tokens, state, finished, token_buf, alphas, parents, length, log_prob
 
     # Only the first hypothesis of a state starts (an image without constraint words
     # starts in the second), so the k of a state are distinct.
@@ -330,12 +331,15 @@ def beam_search(
         tf.nest.map_structure(lambda x: tf.repeat(x, slots, axis=0), initial_state),
         tf.zeros([batch_size, slots], tf.bool),
         tf.zeros([batch_size, slots, max_length], tf.int32),
-        tf.zeros([batch_size, slots, max_length, num_locations], tf.float32),
+        tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[None, slots, None]),
+        tf.TensorArray(tf.int32, size=0, dynamic_size=True, element_shape=[None, slots]),
         tf.zeros([batch_size, slots], tf.int32),
         initial_log_prob,  # (B, S)
     )
-    _, _, _, finished, tokens, attention, length, log_prob = tf.while_loop(cond, body, loop_vars)
-
+    steps, _, _, finished, tokens, alphas, parents, length, log_prob = tf.while_loop(
+        cond, body, loop_vars
+    )
+    attention = _attention_history(alphas, parents, steps, max_length)
     final = DecodeResult(tokens, length, log_prob, attention)
     return _best(final, finished, k, length_penalty, num_return, constrained=constraint is not None)
 
@@ -344,6 +348,36 @@ def _live(finished, log_prob):
     """The hypotheses still extended: not finished, and not at -inf (an unfilled slot,
     never extended into a caption)."""
     return tf.logical_and(tf.logical_not(finished), log_prob > float("-inf"))
+
+
+def _attention_history(alphas, parents, steps, max_length):
+    """(B, S, T, L) attention of each final hypothesis at every step, from the alpha
+    written at each step t and the parent each hypothesis came from (`alphas`, `parents`:
+    `steps` elements of (B, S, L) and (B, S)); zeros after `steps`.
+
+    Beam search keeps these instead of gathering a (B, S, T, L) history by parent at
+    every step, work that grows with T: walking the parents back from the last step
+    picks the same alphas.
+    """
+    alpha = alphas.stack()  # (steps, B, S, L)
+    parent = parents.stack()  # (steps, B, S)
+
+    def back(t, slot, history):
+        history = history.write(t, tf.gather(alpha[t], slot, batch_dims=1))
+        return t - 1, tf.gather(parent[t], slot, batch_dims=1), history
+
+    shape = tf.shape(alpha)
+    _, _, history = tf.while_loop(
+        lambda t, *unused: t >= 0,
+        back,
+        (
+            steps - 1,
+            tf.broadcast_to(tf.range(shape[2]), shape[1:3]),
+            tf.TensorArray(tf.float32, size=steps, element_shape=alpha.shape[1:]),
+        ),
+    )
+    history = tf.transpose(history.stack(), [1, 2, 0, 3])  # (B, S, steps, L)
+    return tf.pad(history, [[0, 0], [0, 0], [0, max_length - steps], [0, 0]])
 
 
 def _gather_hypotheses(state, parent):
