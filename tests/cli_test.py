@@ -1,7 +1,8 @@
 """Tests for the console commands, run in process (`main(argv)`): the entry points that
 setup.py declares, the scripts that stay shims of them, --help without log lines, the
-demo without Flask, sat-train's help (sat-caption: caption_test.py; flagfiles and a
-command run twice in one process: flags_lib_test.py; sat-table's seeds: table_test.py)."""
+demo without Flask, sat-export's length, sat-train's help (sat-caption: caption_test.py;
+flagfiles and a command run twice in one process: flags_lib_test.py; sat-table's seeds:
+table_test.py)."""
 
 import contextlib
 import importlib
@@ -145,6 +146,22 @@ def test_sat_demo_serves_the_default_preset_without_a_model_flag(tmp_path):
         )
     finally:
         demo_cli.FLAGS.unparse_flags()
+
+
+def test_sat_export_exports_with_the_max_decode_length_given(tmp_path):
+    from sat_tf.cli import export as export_cli
+
+    output = str(tmp_path / "1")
+    trained = ("model", "vocab", "config", "off-world", None)
+    with (
+        mock.patch.object(export_cli, "load_trained", return_value=trained),
+        mock.patch("sat_tf.serving.exporting.export", return_value={"max_length": 7}) as export,
+    ):
+        argv = ["sat-export", f"--preset={PRESET}", f"--output={output}"]
+        code, out, err = run_main(export_cli.main, *argv, "--max_decode_length=7")
+    assert code == 0, err
+    assert export.call_args.kwargs["max_length"] == 7
+    assert '"max_length": 7' in out
 
 
 def test_sat_train_help_reads_by_task_and_lists_each_flag_once():
