@@ -409,6 +409,14 @@ def task_help(flag_values, first):
     return "".join(text)
 
 
+def _print_help(text):
+    """Prints `text`; a reader that stops early (`sat-train --help | head`) is no error."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to say
+
+
 def run(main, flag_values=flags.FLAGS, argv=None, doc="", check=None, help_first=()):
     """Parses `argv` into `flag_values` and calls `main` with the arguments left, through
     `absl.app.run` (its --help / --helpfull, logging flags and flagfiles, with names
@@ -476,8 +484,8 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc="", check=None, help_first
     try:
         main_module.__doc__ = (doc or main_doc or "") + FLAGFILE_HELP
         if help_first and _short_help(flag_args):
-            print(main_module.__doc__ + "\nflags:\n" + task_help(flag_values, help_first))
-            print("\nTry --helpfull to get a list of all flags.")
+            text = main_module.__doc__ + "\nflags:\n" + task_help(flag_values, help_first)
+            _print_help(text + "\n\nTry --helpfull to get a list of all flags.")
             return 0
         with log_lines:
             app.run(wrapped, argv=argv, flags_parser=_parse_flags)
