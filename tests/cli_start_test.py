@@ -122,6 +122,16 @@ def test_bad_settings_and_missing_inputs_load_no_tensorflow(tmp_path):
                 f"error: --workdir={missing} is not a sat_tf workdir: config.json is missing\n",
             ),
         ],
+        # The export's length is Config's max_decode_length, under that name alone.
+        "sat-export": [
+            (
+                ["--output=x", "--max_decode_length=0"],
+                1,
+                "error: --max_decode_length=0 must be at least 1 (leave it out for the model's "
+                "own)\n",
+            ),
+            (["--output=x", "--max_length=5"], 1, UNKNOWN.replace("no_such_flag", "max_length")),
+        ],
     }
     declared = console_scripts()
     for program, cases in runs.items():

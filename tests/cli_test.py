@@ -1,7 +1,8 @@
 """Tests for the console commands, run in process (`main(argv)`): the entry points that
 setup.py declares, the scripts that stay shims of them, --help without log lines, the
-demo without Flask, sat-train's help (sat-caption: caption_test.py; flagfiles and a
-command run twice in one process: flags_lib_test.py; sat-table's seeds: table_test.py)."""
+demo without Flask, sat-export's length, sat-train's help (sat-caption: caption_test.py;
+flagfiles and a command run twice in one process: flags_lib_test.py; sat-table's seeds:
+table_test.py)."""
 
 import contextlib
 import importlib
@@ -147,13 +148,45 @@ def test_sat_demo_serves_the_default_preset_without_a_model_flag(tmp_path):
         demo_cli.FLAGS.unparse_flags()
 
 
-def test_sat_train_help_lists_the_essential_settings_and_helpfull_every_section():
+def test_sat_export_exports_with_the_max_decode_length_given(tmp_path):
+    from sat_tf.cli import export as export_cli
+
+    output = str(tmp_path / "1")
+    trained = ("model", "vocab", "config", "off-world", None)
+    with (
+        mock.patch.object(export_cli, "load_trained", return_value=trained),
+        mock.patch("sat_tf.serving.exporting.export", return_value={"max_length": 7}) as export,
+    ):
+        argv = ["sat-export", f"--preset={PRESET}", f"--output={output}"]
+        code, out, err = run_main(export_cli.main, *argv, "--max_decode_length=7")
+    assert code == 0, err
+    assert export.call_args.kwargs["max_length"] == 7
+    assert '"max_length": 7' in out
+
+
+def test_sat_train_help_reads_by_task_and_lists_each_flag_once():
     code, out, _ = run_main(train_cli.main, "sat-train", "--help")
     assert code == 0
-    listed = re.findall(r"^  --(?:\[no\])?(\w+)", out, flags=re.MULTILINE)
-    assert sorted(listed) == sorted([*config.ESSENTIAL, "workdir", "verbose"])
+    assert run_main(train_cli.main, "sat-train", "-h")[1] == out
+    first_lines = "\n".join(out.splitlines()[:25])
+    for name in ("dataset", "data_dir", "workdir"):
+        assert f"\n  --{name}: " in first_lines, name
+    listed = re.findall(r"^  --(?:\[no\])?(\w+):", out, flags=re.MULTILINE)
+    assert sorted(listed) == sorted([*train_cli.FLAGS, "verbose"])
+    head = ["dataset", "data_dir", "workdir", "captions", "init_from", "epochs", "encoder"]
+    head += ["attention", "batch_size", "learning_rate", "beam_size", "verbose"]
+    rest = [name for names in config.SECTIONS.values() for name in names if name not in head]
+    assert listed == head + rest
+    program = os.path.basename(sys.argv[0])
+    headings = re.findall(r"^(\S.*):$", out.split("\nflags:\n", 1)[1], flags=re.MULTILINE)
+    numbered = [f"{program} settings, {i}. {s}" for i, s in enumerate(config.SECTIONS, 1)]
+    assert headings == [program, *numbered]
+    assert out.endswith("\nTry --helpfull to get a list of all flags.\n")
+
+
+def test_sat_train_helpfull_is_absls_list_with_a_heading_per_section():
     code, out, _ = run_main(train_cli.main, "sat-train", "--helpfull")
-    assert code == 0
+    assert code == 0 and "absl.flags:" in out
     headings = re.findall(r"^\S+ settings, \d+\. (.+):$", out, flags=re.MULTILINE)
     assert headings == list(config.SECTIONS)
     for section, names in config.SECTIONS.items():

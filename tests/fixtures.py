@@ -1,7 +1,7 @@
 """What several test modules share: tiny images and models, the tiny training settings,
 one tiny training run per test process, the layer round-trip check, official COCO
 caption files and TFDS `coco_captions` served through `tfds.testing.mock_data`, dataset
-files for the readers (JPEGs, Karpathy's JSON)."""
+files for the readers (JPEGs, Karpathy's JSON), a user's photo folder."""
 
 import atexit
 import contextlib
@@ -205,6 +205,26 @@ def tiny_workdir(root: str, **settings):
     vocab.save(os.path.join(workdir, inference.VOCAB_FILE))
     model.save_weights(os.path.join(workdir, inference.BEST_WEIGHTS))
     return workdir, model, vocab, config
+
+
+# The captions of `write_photo_folder`'s photos: photo i has the i-th and the next.
+FOLDER_CAPTIONS = ("a red square", "a blue square on top", "a big circle", "a small red circle")
+
+
+def write_photo_folder(folder: str, count: int = 12) -> str:
+    """A user's folder (`--dataset=folder`): `count` JPEGs of `scenes` in images/ and a
+    Kaggle-style captions.txt (image,caption), two captions a photo. The split by the
+    hash of the names gives 12 photos 9 train, 2 val and 1 test. Returns `folder`."""
+    os.makedirs(os.path.join(folder, "images"))
+    rows = ["image,caption"]
+    for i, pixels in enumerate(scenes(0, count)):
+        name = f"p{i}.jpg"
+        Image.fromarray(pixels).save(os.path.join(folder, "images", name))
+        for k in (i, i + 1):
+            rows.append(f"{name},{FOLDER_CAPTIONS[k % len(FOLDER_CAPTIONS)]}")
+    with open(os.path.join(folder, "captions.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(rows) + "\n")
+    return folder
 
 
 def coco_file_name(folder: str, image_id: int) -> str:

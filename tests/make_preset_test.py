@@ -1,7 +1,8 @@
 """Tests for sat_tf.cli.make_preset (sat-make-preset), the command around
 `training.publish` (whose making and rescoring of a preset publish_test.py and
 preset_test.py test): the command line recorded as typed, the flags passed on, the
-summary printed, the archive's digest, and the flags a preset needs."""
+summary printed, the archive's digest, the flags a preset needs; and end to end, a run
+fine-tuned on a user's folder made a preset that sat-caption and the API caption with."""
 
 import json
 import os
@@ -9,10 +10,15 @@ import tempfile
 from unittest import mock
 
 import tensorflow as tf
-from fixtures import run_main
+from fixtures import run_main, tiny_workdir, without_java, write_photo_folder
 
+import sat_tf
+from sat_tf.cli import caption as caption_cli
 from sat_tf.cli import make_preset
+from sat_tf.cli import train as train_cli
+from sat_tf.serving import preset
 from sat_tf.training import publish
+from sat_tf.training import workdir as workdir_lib
 
 # What publish.make and publish.rescore give back: the scores of every split and beam.
 SCORES = {
@@ -127,6 +133,45 @@ class MakeTest(tf.test.TestCase):
             self.assertEqual(code, 1)
             self.assertIn("error: unexpected arguments: extra", err)
         make.assert_not_called()
+
+
+class FolderPresetTest(tf.test.TestCase):
+    def test_a_run_fine_tuned_on_a_folder_makes_a_preset_that_captions(self):
+        root = without_java(self)
+        source, _, vocab, _ = tiny_workdir(root)
+        workdir_lib.write_best_info(source, vocab, epoch=1)
+        data_dir = write_photo_folder(os.path.join(root, "photos"))
+        workdir = os.path.join(root, "run")
+        train = ["sat-train", "--dataset=folder", f"--data_dir={data_dir}", f"--workdir={workdir}"]
+        train += [f"--init_from={source}", "--epochs=1", "--steps_per_epoch=1", "--batch_size=4"]
+        train += ["--eval_images=2", "--nochoose_decoding"]
+        code, _, err = run_main(train_cli.main, *train)
+        self.assertEqual(code, 0, err[-3000:])
+
+        argv = ["sat-make-preset", f"--workdir={workdir}", "--name=my_photos"]
+        argv += [f"--train_command={' '.join(train)}", f"--output_root={root}"]
+        code, out, err = run_main(make_preset.main, *argv)
+        self.assertEqual(code, 0, err[-3000:])
+        folder = os.path.join(root, "my_photos")
+        self.assertEqual(json.loads(out)["preset"], folder)
+        stored = preset.read(folder)
+        self.assertEqual((stored.config.dataset, stored.config.data_dir), ("folder", data_dir))
+        # The source's words and the one new word seen three times or more (`on`, 5 times).
+        self.assertEqual(stored.vocab.words, [*vocab.words, "on"])
+
+        photo = os.path.join(data_dir, "images", "p3.jpg")
+        output = os.path.join(root, "captions.jsonl")
+        code, _, err = run_main(
+            caption_cli.main, "sat-caption", f"--preset={folder}", f"--output={output}", photo
+        )
+        self.assertEqual(code, 0, err[-3000:])
+        with open(output, encoding="utf-8") as f:
+            (line,) = [json.loads(text) for text in f]
+        (caption,) = sat_tf.Captioner.from_preset(folder).caption([photo])
+        self.assertEqual(line["path"], photo)
+        self.assertEqual((line["caption"], line["tokens"]), (caption.text, caption.tokens.tolist()))
+        self.assertAllClose(line["score"], caption.score, atol=1e-5)
+        self.assertNotEmpty(caption.words)
 
 
 if __name__ == "__main__":

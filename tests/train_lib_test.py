@@ -1,4 +1,5 @@
-"""train_and_evaluate on a tiny shapes set, resume after a kill, divergence, optimizers."""
+"""train_and_evaluate on a tiny shapes set, resume after a kill, divergence, optimizers, a
+folder read once."""
 
 import dataclasses
 import errno
@@ -13,7 +14,7 @@ from unittest import mock
 import keras
 import pytest
 import tensorflow as tf
-from fixtures import TINY, TRAINED, run_main, trained_run
+from fixtures import TINY, TRAINED, run_main, trained_run, without_java, write_photo_folder
 
 from sat_tf.cli import train as train_cli
 from sat_tf.config import Config
@@ -367,6 +368,40 @@ def _epochs_printed(text):
     return [
         w.split("/")[0] for p, w in zip(words, words[1:], strict=False) if p == "Epoch" and "/" in w
     ]
+
+
+class FolderRunTest(tf.test.TestCase):
+    def test_a_folder_is_read_once_when_its_features_are_extracted_first(self):
+        # The extraction's records are the run's: the folder's summary line shows once.
+        root = without_java(self)
+        data_dir = write_photo_folder(os.path.join(root, "photos"))
+        settings = dict(
+            use_feature_cache=True,
+            encoder="shapes_cnn",
+            encoder_weights="",
+            image_size=32,
+            embed_dim=8,
+            hidden_dim=16,
+            attention_dim=8,
+            batch_size=4,
+            epochs=1,
+            steps_per_epoch=1,
+            eval_images=2,
+            max_decode_length=4,
+            choose_decoding=False,
+        )
+        code, _, err = run_main(
+            train_cli.main,
+            "sat-train",
+            "--dataset=folder",
+            f"--data_dir={data_dir}",
+            f"--workdir={os.path.join(root, 'run')}",
+            f"--cache_dir={os.path.join(root, 'cache')}",
+            *(f"--{k}={v}" for k, v in settings.items()),
+        )
+        self.assertEqual(code, 0, err[-3000:])
+        self.assertIn("extracting them once", err)
+        self.assertEqual(err.count("folder: read "), 1, err)
 
 
 class TrainJitTest(tf.test.TestCase):

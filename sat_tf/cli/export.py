@@ -36,12 +36,7 @@ flags.DEFINE_string(
     flag_values=FLAGS,
 )
 define_override("beam_size", "Beam size fixed in the graph (1 = greedy)", FLAGS)
-flags.DEFINE_integer(
-    "max_length",
-    None,
-    "Most tokens per exported caption; left out: the trained model's own --max_decode_length.",
-    flag_values=FLAGS,
-)
+define_override("max_decode_length", "Most tokens per exported caption (<end> included)", FLAGS)
 flags.DEFINE_bool(
     "tflite",
     False,
@@ -70,7 +65,7 @@ def _check(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
     override(FLAGS, "beam_size")
-    override(FLAGS, "max_length")
+    override(FLAGS, "max_decode_length")
     if FLAGS.max_image_pixels < 1:
         raise ValueError(f"--max_image_pixels={FLAGS.max_image_pixels} must be at least 1")
     check_model_source(FLAGS)
@@ -86,7 +81,7 @@ def _main(argv):
         config,
         FLAGS.output,
         beam_size=override(FLAGS, "beam_size"),
-        max_length=override(FLAGS, "max_length"),
+        max_length=override(FLAGS, "max_decode_length"),
         tflite=FLAGS.tflite,
         quantize=FLAGS.quantize,
         overwrite=FLAGS.overwrite,

@@ -24,6 +24,7 @@ and absl's format as they are.
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -358,7 +359,65 @@ def _plain_log_lines():
         handler.setFormatter(formatter)
 
 
-def run(main, flag_values=flags.FLAGS, argv=None, doc="", check=None):
+def _help_modules(flag_values):
+    """{absl module: names} of a command's own `flag_values`: --help lists the flags of
+    the main module (absl keys it by sys.argv[0]), the command's own and the essential
+    settings; --helpfull adds the other settings, a heading per section (absl sorts the
+    headings), in the order of `config_lib.SECTIONS`."""
+    settings = {f.name for f in dataclasses.fields(config_lib.Config)}
+    key = [name for name in flag_values if name not in settings or name in config_lib.ESSENTIAL]
+    modules = {sys.argv[0]: key}
+    for number, (section, names) in enumerate(config_lib.SECTIONS.items(), 1):
+        module = f"{os.path.basename(sys.argv[0])} settings, {number}. {section}"
+        modules[module] = [n for n in names if n in flag_values and n not in config_lib.ESSENTIAL]
+    return {module: names for module, names in modules.items() if names}
+
+
+def _short_help(flag_args):
+    """Whether the first help flag of `flag_args` asks for --help (not --helpfull)."""
+    asked = [arg.split("=", 1)[0] for arg in flag_args if arg.split("=", 1)[0] in HELP_FLAGS]
+    return bool(asked) and asked[0] in ("-?", "-h", "-help", "--help", "--helpshort")
+
+
+def _flag_help(flag, indent="  "):
+    """A flag's lines of help, as absl writes them."""
+    name = f"--[no]{flag.name}" if flag.boolean else f"--{flag.name}"
+    short = f"-{flag.short_name}," if flag.short_name else ""
+    wrap = functools.partial(flags.text_wrap, indent=indent + "  ")
+    lines = [wrap(f"{short}{name}: {flag.help or ''}", firstline_indent=indent)]
+    if flag.default_as_str:
+        lines.append(wrap(f"(default: {flag.default_as_str})"))
+    if flag.parser.syntactic_help:
+        lines.append(wrap(f"({flag.parser.syntactic_help})"))
+    return "\n".join(lines)
+
+
+def task_help(flag_values, first):
+    """--help of a command with its own `flag_values` that reads by task: under the
+    command's heading the flags named in `first` (what a user sets first, in that order),
+    the essential settings (`config_lib.ESSENTIAL`, in its order) and the command's other
+    flags (--verbose last); then the other settings, a heading per section of
+    `config_lib.SECTIONS` in its order; each flag once. --helpfull keeps absl's list."""
+    modules = _help_modules(flag_values)
+    order = [*first, *config_lib.ESSENTIAL, *sorted(flag_values)]
+    key = sorted(modules.pop(sys.argv[0], ()), key=order.index)
+    blocks = {
+        os.path.basename(sys.argv[0]): [flag_values[n] for n in key] + [flags.FLAGS["verbose"]]
+    }
+    blocks.update({m: [flag_values[n] for n in names] for m, names in modules.items()})
+    text = (f"\n{head}:\n" + "\n".join(map(_flag_help, shown)) for head, shown in blocks.items())
+    return "".join(text)
+
+
+def _print_help(text):
+    """Prints `text`; a reader that stops early (`sat-train --help | head`) is no error."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to say
+
+
+def run(main, flag_values=flags.FLAGS, argv=None, doc="", check=None, help_first=()):
     """Parses `argv` into `flag_values` and calls `main` with the arguments left, through
     `absl.app.run` (its --help / --helpfull, logging flags and flagfiles, with names
     looked up by `expand_flagfiles`). TensorFlow loads (`cli.quiet_tensorflow`) after
@@ -380,6 +439,8 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc="", check=None):
       check: a function of the remaining argv that checks the settings and inputs
         without TensorFlow, raising ValueError; what it returns, unless None, is the
         exit status, and `main` does not run.
+      help_first: for a command with its own `flag_values`, the flags its --help
+        lists first, in that order (`task_help`); left out: absl's --help.
 
     Returns:
       the exit status: main's, 0 after --help, 1 for a ValueError or for flags absl
@@ -415,22 +476,17 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc="", check=None):
         for name in flag_values:
             flag_values[name].unparse()  # its default, not given
         flags.FLAGS.append_flag_values(flag_values)
-        settings = {f.name for f in dataclasses.fields(config_lib.Config)}
-        sections = list(config_lib.SECTIONS)
-        for name in flag_values:
-            # --help lists the flags of the main module (absl keys it by sys.argv[0]): a
-            # command's own and the essential settings; --helpfull adds the other
-            # settings, a heading per section (absl sorts the headings).
-            module = sys.argv[0]
-            if name in settings and name not in config_lib.ESSENTIAL:
-                section = config_lib.section_of(name)
-                number = sections.index(section) + 1
-                module = f"{os.path.basename(sys.argv[0])} settings, {number}. {section}"
-            flags.FLAGS.register_flag_by_module(module, flag_values[name])
+        for module, names in _help_modules(flag_values).items():
+            for name in names:
+                flags.FLAGS.register_flag_by_module(module, flag_values[name])
     if flags.FLAGS["verbose"] not in flags.FLAGS.get_flags_for_module(sys.argv[0]):
         flags.FLAGS.register_flag_by_module(sys.argv[0], flags.FLAGS["verbose"])
     try:
         main_module.__doc__ = (doc or main_doc or "") + FLAGFILE_HELP
+        if help_first and _short_help(flag_args):
+            text = main_module.__doc__ + "\nflags:\n" + task_help(flag_values, help_first)
+            _print_help(text + "\n\nTry --helpfull to get a list of all flags.")
+            return 0
         with log_lines:
             app.run(wrapped, argv=argv, flags_parser=_parse_flags)
     except SystemExit as e:

@@ -18,6 +18,8 @@ flags.DEFINE_string(
     "workdir", "runs/shapes", "Where checkpoints, logs and results go.", flag_values=FLAGS
 )
 define_config_flags(FLAGS)
+# What --help lists first: the data, where the run goes, the model it starts from, how long.
+HELP_FIRST = ("dataset", "data_dir", "workdir", "captions", "init_from", "epochs")
 
 
 def _check(argv):
@@ -41,7 +43,7 @@ def main(argv=None):
     Returns:
       the exit status.
     """
-    return run(_main, FLAGS, argv, __doc__, check=_check)
+    return run(_main, FLAGS, argv, __doc__, check=_check, help_first=HELP_FIRST)
 
 
 if __name__ == "__main__":

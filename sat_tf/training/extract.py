@@ -249,7 +249,7 @@ def extract_features(
     return index
 
 
-def extract_for_config(config, **kwargs) -> dict:
+def extract_for_config(config, records=None, **kwargs) -> dict:
     """Extracts features of every image of `config.dataset` into
     `feature_cache.feature_dir_of(config)`.
 
@@ -258,15 +258,18 @@ def extract_for_config(config, **kwargs) -> dict:
 
     Args:
       config: a `sat_tf.config.Config`.
+      records: the dataset's records (`datasets.load_records` of the config) when the
+        caller has read them already; None reads them.
       **kwargs: passed to `extract_features` (shard_size, batch_size, progress,
         skip_bad_images).
 
     Returns:
       the index.
     """
-    records = datasets.load_records(
-        config.dataset, config.data_dir, captions=config.captions, on_missing=config.on_missing
-    )
+    if records is None:
+        records = datasets.load_records(
+            config.dataset, config.data_dir, captions=config.captions, on_missing=config.on_missing
+        )
     records = sorted(records, key=lambda r: feature_cache.SPLIT_ORDER[r.split])
     return extract_features(
         records,

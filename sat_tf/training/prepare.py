@@ -59,7 +59,17 @@ def grown_vocab(config: Config, train_records) -> vocab_lib.Vocab:
     return vocab
 
 
-def prepare_data(config: Config, workdir: str, vocab: vocab_lib.Vocab | None = None) -> Data:
+def read_records(config: Config):
+    """The records of `config.dataset` (`datasets.load_records`; shapes must have been
+    generated)."""
+    return datasets.load_records(
+        config.dataset, config.data_dir, captions=config.captions, on_missing=config.on_missing
+    )
+
+
+def prepare_data(
+    config: Config, workdir: str, vocab: vocab_lib.Vocab | None = None, records=None
+) -> Data:
     """Reads (for shapes: first generates) the dataset and loads or builds the vocabulary.
 
     With `--use_feature_cache`, images that feature extraction skipped are left out.
@@ -70,6 +80,9 @@ def prepare_data(config: Config, workdir: str, vocab: vocab_lib.Vocab | None = N
         training words', or with `--init_from` the source's grown by them,
         `grown_vocab`).
       vocab: the model's vocabulary (a preset's); then none is read or written.
+      records: the dataset's records (`read_records`) when the caller has read them
+        already, so that they are read once (not for shapes, which is generated here);
+        None reads them.
     """
     objects = None
     if config.dataset == "shapes":
@@ -82,9 +95,8 @@ def prepare_data(config: Config, workdir: str, vocab: vocab_lib.Vocab | None = N
             image_size=config.image_size,
         )
         objects = shapes.load_objects(json_path)
-    records = datasets.load_records(
-        config.dataset, config.data_dir, captions=config.captions, on_missing=config.on_missing
-    )
+    if records is None:
+        records = read_records(config)
     if config.use_feature_cache:
         if config.fine_tune_encoder:
             raise ValueError(

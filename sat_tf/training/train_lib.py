@@ -23,7 +23,7 @@ from sat_tf.serving import inference, tags
 from sat_tf.training import callbacks as callbacks_lib
 from sat_tf.training import decoding_choice, extract, optimizers
 from sat_tf.training import workdir as workdir_lib
-from sat_tf.training.prepare import cached_features, prepare_data
+from sat_tf.training.prepare import cached_features, prepare_data, read_records
 from sat_tf.training.scoring import evaluate
 from sat_tf.utils import files
 
@@ -149,7 +149,7 @@ def _set_up(config: Config, workdir: str):
     """The run's data, training dataset and model, checked before anything is written
     but the workdir's `config.json` and `vocab.txt`; with `--use_feature_cache`, the
     features are extracted first where their folder has none (`extract.extract_for_config`,
-    undecodable images skipped and counted).
+    undecodable images skipped and counted), from the records the run then trains on.
 
     Returns:
       (data, steps per epoch, training dataset, compiled model, epochs backed up).
@@ -160,13 +160,15 @@ def _set_up(config: Config, workdir: str):
     missing = feature_dir and not os.path.exists(
         os.path.join(feature_dir, feature_cache.INDEX_FILE)
     )
+    records = None  # read once: the extraction's are the run's
     if missing and config.dataset != "shapes":
         logging.info("features: none in %s yet; extracting them once", feature_dir)
-        extract.extract_for_config(config, skip_bad_images=True)
+        records = read_records(config)
+        extract.extract_for_config(config, records, skip_bad_images=True)
     keras.utils.set_random_seed(config.seed)
     if config.mixed_precision:
         keras.mixed_precision.set_global_policy(config.mixed_precision)
-    data = prepare_data(config, workdir)
+    data = prepare_data(config, workdir, records=records)
     if config.dataset == "folder":
         _warn_about_small_splits(data.splits)
     train = data.splits["train"]
