@@ -52,11 +52,12 @@ def constants_apart(state):
     return {key: value for key, value in state.items() if key not in constants}, constants
 
 
-def live_images_step(step, tokens, state, constants, live, group=None):
+def live_images_step(step, tokens, state, constants, live, group=None, images=None):
     """`step(tokens, state, constants)` on the hypotheses of the groups of `group` rows
     (`live`, bool (B, S), S a multiple of `group`: the k hypotheses of one beam state;
     None: S, an image's) that hold a live one, with the `constants` of each such group's
-    image gathered once for it (`step(tokens, state)` for constants None).
+    image gathered once for it (`step(tokens, state)` for constants None). `images`
+    (int (B,)): the index in `constants` of each row of `live` (None: its own).
 
     The other rows get log-probabilities and attention 0 and keep their state: a group
     without a live hypothesis has finished, or never started (the state of a constrained
@@ -73,7 +74,10 @@ def live_images_step(step, tokens, state, constants, live, group=None):
     live_groups = tf.reduce_any(tf.reshape(live, [-1, group]), axis=1)  # (B S / group,)
     groups = tf.cast(tf.where(live_groups)[:, 0], tf.int32)  # (G',)
     rows = tf.reshape(groups[:, None] * group + tf.range(group)[None], [-1, 1])  # (G' group, 1)
-    images_of = functools.partial(tf.gather, indices=groups // (slots // group))
+    owner = groups // (slots // group)
+    images_of = functools.partial(
+        tf.gather, indices=owner if images is None else tf.gather(images, owner)
+    )
     per_image = () if constants is None else (tf.nest.map_structure(images_of, constants),)
     log_probs, new_state, alpha = step(
         tf.gather_nd(tokens, rows),

@@ -284,24 +284,28 @@ def beam_search(
 
     step = functools.partial(_step, step_fn, num_locations)
 
-    def body(t, tokens, state, finished, token_buf, alphas, parents, length, log_prob):
+    def advance(t, images, tokens, state, finished, token_buf, length, log_prob, constraint):
+        """One step of the B' images `images` (B',) that hold a live hypothesis, their
+        rows gathered: (tokens, state, finished, token_buf, length, log_prob, alpha
+        (B', S, L), parent (B', S)) after it."""
+        count = tf.shape(images)[0]
         live = _live(finished, log_prob)
         log_probs, state, alpha = per_image.live_images_step(
-            step, tokens, state, constants, live, group=k
+            step, tokens, state, constants, live, group=k, images=images
         )
-        history = tf.reshape(token_buf, [-1, max_length])  # (B*S, T)
+        history = tf.reshape(token_buf, [-1, max_length])  # (B'S, T)
         log_probs = decoding_rules.block(log_probs, tokens, history, t, **blocking)
         vocab_size = tf.shape(log_probs)[-1]
-        log_probs = tf.reshape(log_probs, [batch_size, slots, vocab_size])  # (B, S, V)
-        alpha = tf.reshape(alpha, [batch_size, slots, num_locations])  # (B, S, L)
+        log_probs = tf.reshape(log_probs, [count, slots, vocab_size])  # (B', S, V)
+        alpha = tf.reshape(alpha, [count, slots, num_locations])  # (B', S, L)
         pad_only = tf.where(tf.range(vocab_size) == PAD_ID, 0.0, neg_inf)
-        step_log_probs = tf.where(finished[..., None], pad_only, log_probs)  # (B, S, V)
-        candidates = log_prob[..., None] + step_log_probs  # (B, S, V)
+        step_log_probs = tf.where(finished[..., None], pad_only, log_probs)  # (B', S, V)
+        candidates = log_prob[..., None] + step_log_probs  # (B', S, V)
         scores = candidates / _length_penalty(length + 1, length_penalty)[..., None]
         kept, best = _top_k(scores, k, constraint)
         parent = best // vocab_size
         next_tokens = best % vocab_size
-        log_prob = gather_beams(tf.reshape(candidates, [batch_size, slots * vocab_size]), best)
+        log_prob = gather_beams(tf.reshape(candidates, [count, slots * vocab_size]), best)
         log_prob = tf.where(kept > neg_inf, log_prob, neg_inf)
 
         was_finished = gather_beams(finished, parent)
@@ -309,14 +313,43 @@ def beam_search(
         next_tokens = tf.where(alive, next_tokens, PAD_ID)
         token_buf = gather_beams(token_buf, parent)
         token_buf += _time_mask(t, max_length, tf.int32)[None, None] * next_tokens[..., None]
-        alphas = alphas.write(t, tf.where(alive[..., None], gather_beams(alpha, parent), 0.0))
-        parents = parents.write(t, parent)
+        alpha = tf.where(alive[..., None], gather_beams(alpha, parent), 0.0)
         length = gather_beams(length, parent)
         length += tf.cast(tf.logical_and(alive, next_tokens != end_id), tf.int32)
         finished = tf.logical_or(was_finished, next_tokens == end_id)
-
         state = _gather_hypotheses(state, parent)
-        tokens = _keep_shape(tf.reshape(next_tokens, [-1]), tokens)  # (B*S,)
+        tokens = _keep_shape(tf.reshape(next_tokens, [-1]), tokens)  # (B'S,)
+        return tokens, state, finished, token_buf, length, log_prob, alpha, parent
+
+    def body(t, tokens, state, finished, token_buf, alphas, parents, length, log_prob):
+        # The images whose hypotheses have all finished are left as they are: each step
+        # would extend them by `<pad>` alone, each in its own slot.
+        images = tf.cast(tf.where(tf.reduce_any(_live(finished, log_prob), 1))[:, 0], tf.int32)
+        at, rows = images[:, None], tf.reshape(images[:, None] * slots + tf.range(slots), [-1, 1])
+        per_row = [tokens, state]
+        per_image = [finished, token_buf, length, log_prob]
+        out = advance(
+            t,
+            images,
+            *tf.nest.map_structure(lambda x: tf.gather_nd(x, rows), per_row),
+            *(tf.gather(x, images) for x in per_image),
+            None if constraint is None else tf.gather(constraint, images),
+        )
+        tokens, state = tf.nest.map_structure(
+            lambda old, new: _keep_shape(tf.tensor_scatter_nd_update(old, rows, new), old),
+            per_row,
+            list(out[:2]),
+        )
+        finished, token_buf, length, log_prob = (
+            tf.tensor_scatter_nd_update(old, at, new)
+            for old, new in zip(per_image, out[2:6], strict=True)
+        )
+        alpha, parent = out[6:]
+        shape = [batch_size, slots]
+        alphas = alphas.write(t, tf.scatter_nd(at, alpha, [*shape, num_locations]))
+        parents = parents.write(
+            t, tf.tensor_scatter_nd_update(tf.broadcast_to(tf.range(slots), shape), at, parent)
+        )
         return t + 1, tokens, state, finished, token_buf, alphas, parents, length, log_prob
 
     # Only the first hypothesis of a state starts (an image without constraint words
