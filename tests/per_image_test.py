@@ -93,11 +93,12 @@ class BeamSearchTest(parameterized.TestCase, tf.test.TestCase):
         want = search.beam_search(step_fn, state, **common)
         rest, constants = per_image.constants_apart(state)
         self.assertEqual(constants is None, attention == "none")
-        got = search.beam_search(step_fn, rest, constants=constants, **common)
-        self.assertAllEqual(got.tokens, want.tokens)
-        self.assertAllEqual(got.length, want.length)
-        self.assertAllClose(got.log_prob, want.log_prob, atol=1e-5)
-        self.assertAllClose(got.attention, want.attention, atol=1e-6)
+        for compact in (True, False):
+            got = search.beam_search(step_fn, rest, constants=constants, compact=compact, **common)
+            self.assertAllEqual(got.tokens, want.tokens)
+            self.assertAllEqual(got.length, want.length)
+            self.assertAllClose(got.log_prob, want.log_prob, atol=1e-5)
+            self.assertAllClose(got.attention, want.attention, atol=1e-6)
         # And what `decode` runs for beam search is that path.
         decoded = model.decode(state, max_length=7, beam_size=3, block_repeats=True)
         plain = search.beam_search(step_fn, state, **{**common, "constraint": None})

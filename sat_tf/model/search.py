@@ -204,6 +204,7 @@ def beam_search(
     bad_ending_ids: Sequence[int] = (),
     constraint: tf.Tensor | None = None,
     constants: Any = None,
+    compact: bool = True,
 ) -> DecodeResult:
     """Batched beam search keeping `beam_size` hypotheses per image, optionally
     constrained to captions that hold one of some given words.
@@ -258,6 +259,10 @@ def beam_search(
             hold a live one, with or without constants), so that the row of a state's
             constants serves its k hypotheses, in a row; the captions are those of a step
             that reads them from the state.
+        compact: step and keep the books of only the images that hold a live
+            hypothesis, in tensors whose size is known only when the graph runs; False
+            keeps every tensor at B rows, as XLA needs (`jit_compile`). The captions are
+            the same.
 
     Returns:
         A `DecodeResult`. For n = 1: tokens (B, T), length (B,), log_prob (B,),
@@ -286,9 +291,9 @@ def beam_search(
 
     def advance(t, images, tokens, state, finished, token_buf, length, log_prob, constraint):
         """One step of the B' images `images` (B',) that hold a live hypothesis, their
-        rows gathered: (tokens, state, finished, token_buf, length, log_prob, alpha
-        (B', S, L), parent (B', S)) after it."""
-        count = tf.shape(images)[0]
+        rows gathered (None: all B): (tokens, state, finished, token_buf, length,
+        log_prob, alpha (B', S, L), parent (B', S)) after it."""
+        count = tf.shape(finished)[0]
         live = _live(finished, log_prob)
         log_probs, state, alpha = per_image.live_images_step(
             step, tokens, state, constants, live, group=k, images=images
@@ -324,6 +329,12 @@ def beam_search(
     def body(t, tokens, state, finished, token_buf, alphas, parents, length, log_prob):
         # The images whose hypotheses have all finished are left as they are: each step
         # would extend them by `<pad>` alone, each in its own slot.
+        if not compact:
+            *out, alpha, parent = advance(
+                t, None, tokens, state, finished, token_buf, length, log_prob, constraint
+            )
+            alphas, parents = alphas.write(t, alpha), parents.write(t, parent)
+            return (t + 1, *out[:4], alphas, parents, *out[4:])
         images = tf.cast(tf.where(tf.reduce_any(_live(finished, log_prob), 1))[:, 0], tf.int32)
         at, rows = images[:, None], tf.reshape(images[:, None] * slots + tf.range(slots), [-1, 1])
         per_row = [tokens, state]
@@ -364,8 +375,8 @@ def beam_search(
         tf.nest.map_structure(lambda x: tf.repeat(x, slots, axis=0), initial_state),
         tf.zeros([batch_size, slots], tf.bool),
         tf.zeros([batch_size, slots, max_length], tf.int32),
-        tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[None, slots, None]),
-        tf.TensorArray(tf.int32, size=0, dynamic_size=True, element_shape=[None, slots]),
+        tf.TensorArray(tf.float32, max_length, element_shape=[None, slots, num_locations]),
+        tf.TensorArray(tf.int32, max_length, clear_after_read=False, element_shape=[None, slots]),
         tf.zeros([batch_size, slots], tf.int32),
         initial_log_prob,  # (B, S)
     )
@@ -385,32 +396,36 @@ def _live(finished, log_prob):
 
 def _attention_history(alphas, parents, steps, max_length):
     """(B, S, T, L) attention of each final hypothesis at every step, from the alpha
-    written at each step t and the parent each hypothesis came from (`alphas`, `parents`:
-    `steps` elements of (B, S, L) and (B, S)); zeros after `steps`.
+    written at each step t < `steps` and the parent each hypothesis came from (`alphas`,
+    `parents`: TensorArrays of (B, S, L) and (B, S)); zeros from `steps` on.
 
     Beam search keeps these instead of gathering a (B, S, T, L) history by parent at
     every step, work that grows with T: walking the parents back from the last step
-    picks the same alphas.
+    picks the same alphas. Every array has `max_length` elements, so that XLA compiles it.
     """
-    alpha = alphas.stack()  # (steps, B, S, L)
-    parent = parents.stack()  # (steps, B, S)
 
     def back(t, slot, history):
-        history = history.write(t, tf.gather(alpha[t], slot, batch_dims=1))
-        return t - 1, tf.gather(parent[t], slot, batch_dims=1), history
+        def walked():
+            alpha = tf.gather(alphas.read(t), slot, batch_dims=1)
+            return alpha, tf.gather(parents.read(t), slot, batch_dims=1)
 
-    shape = tf.shape(alpha)
+        def after_the_end():
+            return tf.zeros(tf.concat([tf.shape(slot), [alphas.element_shape[-1]]], 0)), slot
+
+        alpha, slot = tf.cond(t < steps, walked, after_the_end)
+        return t - 1, slot, history.write(t, alpha)
+
+    shape = tf.shape(parents.read(0))
     _, _, history = tf.while_loop(
         lambda t, *unused: t >= 0,
         back,
         (
-            steps - 1,
-            tf.broadcast_to(tf.range(shape[2]), shape[1:3]),
-            tf.TensorArray(tf.float32, size=steps, element_shape=alpha.shape[1:]),
+            tf.constant(max_length - 1),
+            tf.broadcast_to(tf.range(shape[1]), shape),
+            tf.TensorArray(tf.float32, size=max_length, element_shape=alphas.element_shape),
         ),
     )
-    history = tf.transpose(history.stack(), [1, 2, 0, 3])  # (B, S, steps, L)
-    return tf.pad(history, [[0, 0], [0, 0], [0, max_length - steps], [0, 0]])
+    return tf.transpose(history.stack(), [1, 2, 0, 3])  # (B, S, T, L)
 
 
 def _gather_hypotheses(state, parent):

@@ -305,6 +305,7 @@ class ShowAttendTell(ResumableModel):
         constraint=None,
         sample_seed=None,
         hard_decoding=None,
+        compact=True,
     ):
         """Captions from the decoder's state: greedy for beam_size 1, else beam search.
 
@@ -314,6 +315,8 @@ class ShowAttendTell(ResumableModel):
         (`search.beam_search`; with beam_size 1, a beam of one per state). `sample_seed`
         draws each word instead of taking the most likely (greedy only). `hard_decoding`
         ("argmax", "expected"; None: the decoder's own) is hard attention's context.
+        `compact=False` keeps beam search's tensors at B rows, as XLA needs
+        (`search.beam_search`).
 
         Args:
           state: `AttentionDecoder.initial_state` of (B, L, D) annotation vectors.
@@ -345,6 +348,7 @@ class ShowAttendTell(ResumableModel):
             length_penalty=length_penalty,
             constraint=constraint,
             constants=constants,
+            compact=compact,
             **common,
         )
 

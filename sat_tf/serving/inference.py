@@ -219,7 +219,7 @@ def make_caption_fn(model, config: Config, beam_size=None, encoder=None, vocab=N
     def caption(batch):
         if encoder is not None:
             batch = {"features": encoder(batch["image"], training=False)}
-        return model.generate(batch, **decoding)
+        return model.generate(batch, **decoding, compact=not config.jit_compile)
 
     return caption
 
