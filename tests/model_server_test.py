@@ -108,7 +108,7 @@ class ModelServerTest(tf.test.TestCase):
     def test_concurrent_requests_share_calls(self):
         rest_client = client("rest_client")
         servable = self.manager.servable
-        before = servable._run["serving_default"].calls
+        before = servable.batchers["serving_default"].calls
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             answers = list(
                 pool.map(
@@ -118,7 +118,7 @@ class ModelServerTest(tf.test.TestCase):
             )
         for i, answer in enumerate(answers):
             self.assertRowsMatch(answer["predictions"], self.want([self.images[i % 4]]))
-        self.assertLess(servable._run["serving_default"].calls - before, 6)
+        self.assertLess(servable.batchers["serving_default"].calls - before, 6)
 
     def test_status_and_metadata(self):
         status = requests.get(self.url, timeout=10).json()
