@@ -231,3 +231,18 @@ class ModelServerTest(tf.test.TestCase):
         inputs = {"image_bytes": np.array(self.images[:1], dtype=object)}
         got = manager.get("sat").predict("", inputs)
         self.assertEqual(got["caption"][0], self.want(self.images[:1])["caption"][0])
+
+
+class ErrorLineTest(tf.test.TestCase):
+    def test_an_assertion_gives_its_text_and_others_their_first_line(self):
+        @tf.function
+        def refuse(n):
+            with tf.control_dependencies([tf.debugging.Assert(n > 0, ["image_bytes[0] is empty"])]):
+                return n + 1
+
+        with self.assertRaises(tf.errors.InvalidArgumentError) as raised:
+            refuse(tf.constant(0))
+        self.assertStartsWith(raised.exception.message, "Graph execution error:")
+        self.assertEqual(model_server.error_line(raised.exception), "image_bytes[0] is empty")
+        self.assertEqual(model_server.error_line(ValueError("bad shape\n  more")), "bad shape")
+        self.assertEqual(model_server.error_line(ValueError("")), "")

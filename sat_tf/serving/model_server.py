@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import threading
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -576,6 +577,14 @@ class Server:
         done = self._grpc.stop(grace_seconds)
         with self._idle:
             self._idle.wait_for(lambda: self._in_flight == 0, grace_seconds)
+        # Waitress's threads hand the last answers to its loop, which writes them out; only
+        # then may its wake-up pipe close (a thread pulling it after would fail).
+        self._rest.task_dispatcher.shutdown(cancel_pending=False, timeout=grace_seconds)
+        deadline = time.monotonic() + grace_seconds
+        while time.monotonic() < deadline and any(
+            c.total_outbufs_len for c in list(self._rest.active_channels.values())
+        ):
+            time.sleep(0.01)
         self._rest.close()
         done.wait(grace_seconds)
         self.manager.stop()
