@@ -30,7 +30,7 @@ from PIL import Image
 
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
-from sat_tf.serving import inference, off_world
+from sat_tf.serving import batching, inference, model_server, off_world
 
 # The `demo` extra (pip install -e ".[demo]"): without Flask these tests are skipped.
 pytest.importorskip("flask")
@@ -277,6 +277,64 @@ class DemoTest(tf.test.TestCase, parameterized.TestCase):
     def test_busy_port_is_a_one_line_error(self):
         with self.assertRaisesRegex(ValueError, f"cannot serve on 127.0.0.1:{self.server.port}: "):
             demo.serve(self.app, self.server.port)
+
+
+@pytest.mark.long(1)
+@pytest.mark.scope_group("exports")
+class BatchedDemoTest(tf.test.TestCase):
+    """The page's captions through sat-serve's batcher: concurrent uploads share calls of
+    the signature, each getting what it gets alone, and the export's warm-up runs first."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        _, cls.export_dirs = exports()
+        # A batch waits up to 2 s for 8 uploads: the 8 sent together share one call.
+        cls.parameters = batching.BatchingParameters(
+            max_batch_size=8, batch_timeout_micros=2_000_000
+        )
+        cls.captioners = demo.load_captioners(cls.export_dirs[:1], cls.parameters)
+        cls.server, cls.url = start_server(demo.create_app(cls.captioners))
+        cls.addClassCleanup(cls.server.shutdown)
+
+    def test_warm_up_requests_run_at_load(self):
+        (captioner,) = self.captioners
+        warmup = model_server.read_warmup(os.path.join(captioner.path, model_server.WARMUP_FILE))
+        self.assertEqual([len(r.inputs["image_bytes"].string_val) for r in warmup], [1, 16])
+        self.assertEqual(captioner.warmup_requests, 2)
+        fresh = demo.ExportedCaptioner(captioner.path, self.parameters)
+        self.addCleanup(fresh.close)
+        # 1 image, then 16 in batches of at most 8
+        self.assertEqual(fresh.servable.batchers["serving_default"].calls, 3)
+
+    def test_concurrent_uploads_share_calls_and_get_what_they_get_alone(self):
+        good = [encode(x, "PNG") for x in scenes(11, 7, 96, 128)]
+        truncated = ("cut.png", good[0][: len(good[0]) // 2])
+        uploads = [(f"p{i}.png", data) for i, data in enumerate(good)]
+        uploads.insert(3, truncated)
+        batcher = self.captioners[0].servable.batchers["serving_default"]
+        before = batcher.calls
+        barrier = threading.Barrier(len(uploads))
+
+        def send(upload):
+            barrier.wait(10)
+            return post(self.url, *upload)
+
+        with concurrent.futures.ThreadPoolExecutor(len(uploads)) as pool:
+            responses = list(pool.map(send, uploads))
+        self.assertBetween(batcher.calls - before, 1, len(uploads) - 1)
+        for (name, data), response in zip(uploads, responses, strict=True):
+            if name == "cut.png":
+                self.assertEqual(response.status_code, 400)
+                self.assertStartsWith(response.json()["error"], "cut.png (")
+                self.assertIn("is a truncated or corrupt PNG", response.json()["error"])
+                continue
+            self.assertEqual(response.status_code, 200, response.text[:300])
+            page, alone = response.json(), signature_outputs(self.export_dirs[0], data)
+            self.assertEqual(page["caption"], alone["caption"].decode(), name)
+            self.assertEqual(page["length"], int(alone["length"]))
+            # float32 matmuls of another batch size round differently (batching_test)
+            self.assertAllClose(page["log_prob"], alone["log_prob"], atol=1e-5)
 
 
 def snapshot(folder):

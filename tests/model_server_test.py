@@ -108,7 +108,7 @@ class ModelServerTest(tf.test.TestCase):
     def test_concurrent_requests_share_calls(self):
         rest_client = client("rest_client")
         servable = self.manager.servable
-        before = servable._run["serving_default"].calls
+        before = servable.batchers["serving_default"].calls
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             answers = list(
                 pool.map(
@@ -118,7 +118,7 @@ class ModelServerTest(tf.test.TestCase):
             )
         for i, answer in enumerate(answers):
             self.assertRowsMatch(answer["predictions"], self.want([self.images[i % 4]]))
-        self.assertLess(servable._run["serving_default"].calls - before, 6)
+        self.assertLess(servable.batchers["serving_default"].calls - before, 6)
 
     def test_status_and_metadata(self):
         status = requests.get(self.url, timeout=10).json()
@@ -231,3 +231,18 @@ class ModelServerTest(tf.test.TestCase):
         inputs = {"image_bytes": np.array(self.images[:1], dtype=object)}
         got = manager.get("sat").predict("", inputs)
         self.assertEqual(got["caption"][0], self.want(self.images[:1])["caption"][0])
+
+
+class ErrorLineTest(tf.test.TestCase):
+    def test_an_assertion_gives_its_text_and_others_their_first_line(self):
+        @tf.function
+        def refuse(n):
+            with tf.control_dependencies([tf.debugging.Assert(n > 0, ["image_bytes[0] is empty"])]):
+                return n + 1
+
+        with self.assertRaises(tf.errors.InvalidArgumentError) as raised:
+            refuse(tf.constant(0))
+        self.assertStartsWith(raised.exception.message, "Graph execution error:")
+        self.assertEqual(model_server.error_line(raised.exception), "image_bytes[0] is empty")
+        self.assertEqual(model_server.error_line(ValueError("bad shape\n  more")), "bad shape")
+        self.assertEqual(model_server.error_line(ValueError("")), "")

@@ -11,7 +11,8 @@ serves (`sat-caption`'s default too). With --preset or --workdir the trained mod
 exported twice (greedy and beam 3) into a temporary folder, removed when the demo stops;
 with --export (one or two SavedModel folders of export/export.py, repeated or
 comma-separated) the page offers the decodings they were exported with. Captions come
-from each SavedModel's serving_default signature.
+from each SavedModel's serving_default signature, concurrent uploads batched into one call
+as sat-serve batches them, after the export's warm-up requests.
 """
 
 import os

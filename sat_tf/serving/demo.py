@@ -6,7 +6,10 @@ The page is driven by exported SavedModels (`exporting`), each loaded once with
 outputs TF Serving would return — and never from a second path through the Python
 model. Beam size is fixed in a SavedModel when it is exported, so the page offers one
 decoding per export (`export_decodings` writes a greedy and a beam-3 export of a
-trained model). Per-word pictures are `visualize.upsample_attention` and
+trained model). Each export is a `model_server.Servable`, as sat-serve loads it:
+concurrent requests for one decoding run as one call of the signature
+(`batching.Batcher`, sat-serve's `batching.SERVE_DEFAULTS`), and the export's warm-up
+requests run before the page is served. Per-word pictures are `visualize.upsample_attention` and
 `visualize.overlay_attention` of the signature's `attention` over the centre crop the
 model saw (`image_io.decode_image`).
 
@@ -15,15 +18,12 @@ threaded server. Nothing here reads flags or writes files.
 """
 
 import base64
-import contextlib
 import dataclasses
 import io
 import json
 import logging
 import os
-import re
 import socket
-import threading
 import time
 from collections.abc import Sequence
 from importlib import resources
@@ -36,7 +36,7 @@ from werkzeug import exceptions, serving
 
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
-from sat_tf.serving import exporting
+from sat_tf.serving import batching, exporting, model_server
 
 HOST = "127.0.0.1"
 ASSETS = {"index.html": "text/html", "demo.js": "text/javascript", "demo.css": "text/css"}
@@ -47,11 +47,11 @@ DISPLAY_SIZE = 224
 # Room for the multipart headers around the image in an upload.
 _FORM_OVERHEAD = 64 * 1024
 # A first call of a signature (or of the eager decoding of the page's pictures) is several
-# times slower than later ones, so each export captions this 1 x 1 PNG once at load.
+# times slower than later ones, so an export without warm-up requests captions this 1 x 1
+# PNG once at load.
 _WARM_UP_IMAGE = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGNgYGAAAAAEAAH2FzhVAAAAAElFTkSuQmCC"
 )
-_ASSERTION = re.compile(r"assertion failed: \[(.*?)\]\n", re.S)
 
 _log = logging.getLogger(__name__)
 
@@ -89,17 +89,26 @@ def decoding_name(beam_size: int) -> str:
 
 
 class ExportedCaptioner:
-    """The `serving_default` signature of one export, loaded once.
+    """The `serving_default` signature of one export, loaded once and batched.
 
     Attributes:
       path: the export directory.
       info: its `sat_tf_export.json` (`exporting.export` returns the same dict).
       beam_size: the beam size fixed in the graph; 1 is greedy.
       name: `decoding_name(beam_size)`.
+      warmup_requests: how many of the export's warm-up requests ran at load (0 for an
+        export without them: it captions a 1 x 1 PNG instead).
+      servable: the `model_server.Servable` (its `batchers` count the signature's calls).
     """
 
-    def __init__(self, path: str):
-        """Loads the SavedModel in `path`.
+    def __init__(
+        self, path: str, parameters: batching.BatchingParameters = batching.SERVE_DEFAULTS
+    ):
+        """Loads the SavedModel in `path` and warms it up.
+
+        Args:
+          path: the export directory.
+          parameters: how concurrent requests are batched (sat-serve's defaults).
 
         Raises:
           ValueError: when `path` is not a directory written by `exporting.export`.
@@ -117,9 +126,13 @@ class ExportedCaptioner:
             self.info = json.load(f)
         self.beam_size = int(self.info["beam_size"])
         self.name = decoding_name(self.beam_size)
-        self._saved_model = tf.saved_model.load(self.path)
-        self._serve = self._saved_model.signatures["serving_default"]
-        self(_WARM_UP_IMAGE, "the warm-up image")
+        self.servable = model_server.Servable(self.path, 1, parameters)
+        try:
+            self.warmup_requests = self.servable.warm_up()
+        except ImportError:  # the file is read with tensorflow-serving-api (the export extra)
+            self.warmup_requests = 0
+        if not self.warmup_requests:
+            self(_WARM_UP_IMAGE, "the warm-up image")
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -153,30 +166,39 @@ class ExportedCaptioner:
             truncated or corrupt, too many pixels.
         """
         try:
-            out = self._serve(image_bytes=tf.constant([data]))
-        except tf.errors.InvalidArgumentError as e:
-            found = _ASSERTION.search(e.message)
-            reason = found.group(1) if found else e.message.strip().splitlines()[0]
-            raise ImageError(reason.replace("image_bytes[0]", name, 1)) from None
+            out = self.servable.predict(
+                model_server.DEFAULT_SIGNATURE, {"image_bytes": np.array([data], dtype=object)}
+            )
+        except model_server.ServingError as e:
+            if e.code != "INVALID_ARGUMENT":
+                raise
+            raise ImageError(e.message.replace("image_bytes[0]", name, 1)) from None
         if "status" in out and int(out["status"][0]) != 0:  # exports since the status output
-            reason = out["error"].numpy()[0].decode("utf-8")
+            reason = out["error"][0].decode("utf-8")
             raise ImageError(reason.replace("image_bytes[0]", name, 1))
         return {
-            "caption": out["caption"].numpy()[0].decode("utf-8"),
-            "tokens": out["tokens"].numpy()[0],
-            "length": int(out["length"].numpy()[0]),
-            "log_prob": float(out["log_prob"].numpy()[0]),
-            "attention": out["attention"].numpy()[0],
-            "tag": out["tag"].numpy()[0].decode("utf-8") if "tag" in out else "",
-            **{k: out[k].numpy()[0].item() for k in ("off_world_score", "off_world") if k in out},
+            "caption": out["caption"][0].decode("utf-8"),
+            "tokens": out["tokens"][0],
+            "length": int(out["length"][0]),
+            "log_prob": float(out["log_prob"][0]),
+            "attention": out["attention"][0],
+            "tag": out["tag"][0].decode("utf-8") if "tag" in out else "",
+            **{k: out[k][0].item() for k in ("off_world_score", "off_world") if k in out},
         }
 
+    def close(self) -> None:
+        """Stops the batch threads (after what is queued)."""
+        self.servable.close()
 
-def load_captioners(paths: Sequence[str]) -> list[ExportedCaptioner]:
+
+def load_captioners(
+    paths: Sequence[str], parameters: batching.BatchingParameters = batching.SERVE_DEFAULTS
+) -> list[ExportedCaptioner]:
     """Loads one or two exports, each offering the decoding it was exported with.
 
     Args:
       paths: export directories.
+      parameters: how each one batches concurrent requests.
 
     Returns:
       their `ExportedCaptioner`s, by beam size.
@@ -187,7 +209,9 @@ def load_captioners(paths: Sequence[str]) -> list[ExportedCaptioner]:
     """
     if not 1 <= len(paths) <= 2:
         raise ValueError(f"give one or two export folders, got {len(paths)}: {list(paths)}")
-    captioners = sorted((ExportedCaptioner(p) for p in paths), key=lambda c: c.beam_size)
+    captioners = sorted(
+        (ExportedCaptioner(p, parameters) for p in paths), key=lambda c: c.beam_size
+    )
     if len(captioners) == 2:
         first, second = captioners
         if first.beam_size == second.beam_size:
@@ -324,9 +348,7 @@ def attention_panels(pixels: np.ndarray, result: dict, hard: bool) -> dict:
     return {"words": titles, "attention": overlays, "cells": cells}
 
 
-def caption_page(
-    captioner: ExportedCaptioner, data: bytes, name: str, limits: Limits, model_lock=None
-) -> dict:
+def caption_page(captioner: ExportedCaptioner, data: bytes, name: str, limits: Limits) -> dict:
     """Everything the page shows for one upload.
 
     Args:
@@ -334,25 +356,22 @@ def caption_page(
       data: the image file's bytes.
       name: its file name, for messages.
       limits: the `Limits` to check first.
-      model_lock: optional context manager held while the model runs (bounds how many
-        requests decode at once).
 
     Returns:
       a JSON-able dict: file, decoding, beam_size, caption, log_prob, length, tag,
       off_world_score, off_world and off_world_threshold (None for an export without
       off-world statistics), image (the
       crop as a data URL), grid, words, attention, cells (see `attention_panels`),
-      model_ms (the signature call) and total_ms.
+      model_ms (the signature call, with its wait for a batch) and total_ms.
 
     Raises:
       ImageError: naming `name` and what is wrong with it.
     """
     start = time.perf_counter()
     check_image(data, name, limits)
-    with model_lock or contextlib.nullcontext():
-        model_start = time.perf_counter()
-        result = captioner(data, name)
-        model_ms = 1e3 * (time.perf_counter() - model_start)
+    model_start = time.perf_counter()
+    result = captioner(data, name)
+    model_ms = 1e3 * (time.perf_counter() - model_start)
     pixels = display_pixels(data, captioner)
     page = {
         "file": name,
@@ -411,12 +430,16 @@ def _info(captioners, limits, samples):
 
 def _handle_errors(app, limits):
     """Makes every error of `app` one JSON line with a 4xx or 5xx status: a refused
-    image 400, an upload over `limits.max_bytes` 413, other HTTP errors their own, and
-    anything else 500 (logged)."""
+    image 400, an upload over `limits.max_bytes` 413, a full batch queue 503, other HTTP
+    errors their own, and anything else 500 (logged)."""
 
     @app.errorhandler(ImageError)
     def bad_image(e):
         return _error(str(e), 400)
+
+    @app.errorhandler(model_server.ServingError)
+    def busy(e):
+        return _error(e.message, e.http_status)
 
     @app.errorhandler(exceptions.RequestEntityTooLarge)
     def too_large(e):
@@ -442,7 +465,6 @@ def create_app(
     samples: Sequence[str] = (),
     *,
     limits: Limits = Limits(),
-    parallel: int = 2,
 ) -> flask.Flask:
     """The demo as a Flask app.
 
@@ -456,7 +478,6 @@ def create_app(
       captioners: the loaded exports, one per decoding (`load_captioners`).
       samples: image files to offer as samples (`find_samples`).
       limits: what an upload may be.
-      parallel: requests that run the model at once; more wait their turn.
 
     Returns:
       the app.
@@ -467,7 +488,6 @@ def create_app(
     samples = list(samples)
     display_pixels(_WARM_UP_IMAGE, captioners[0])
     assets = {name: _asset(name) for name in ASSETS}
-    model_lock = threading.BoundedSemaphore(parallel)
     app = flask.Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = limits.max_bytes + _FORM_OVERHEAD
 
@@ -503,7 +523,7 @@ def create_app(
             offered = ", ".join(f"{c.name} (beam_size={k})" for k, c in sorted(by_beam.items()))
             raise ImageError(f"beam_size={beam!r} is not offered; this demo has {offered}")
         name = _upload_name(upload.filename)
-        page = caption_page(by_beam[int(beam)], upload.read(), name, limits, model_lock)
+        page = caption_page(by_beam[int(beam)], upload.read(), name, limits)
         return flask.jsonify(page)
 
     _handle_errors(app, limits)

@@ -20,7 +20,9 @@ import concurrent.futures
 import json
 import logging
 import os
+import re
 import threading
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -29,6 +31,8 @@ from sat_tf.serving import batching
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 DEFAULT_SIGNATURE = "serving_default"
+# How a failed tf.debugging.Assert reads inside TensorFlow's error message.
+_ASSERTION = re.compile(r"assertion failed: \[(.*?)\]\n", re.S)
 
 _log = logging.getLogger(__name__)
 
@@ -41,6 +45,14 @@ class ServingError(Exception):
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code, self.message, self.http_status = code, message, self.HTTP[code]
+
+
+def error_line(e: Exception) -> str:
+    """One line for a refused call: the text of a failed assertion (how exports made
+    before `serving_default`'s `status` output refuse a bad image), else the first line."""
+    message = getattr(e, "message", str(e))
+    found = _ASSERTION.search(message)
+    return ((found.group(1) if found else message).strip().splitlines() or [""])[0]
 
 
 def find_versions(base_path: str) -> list[int]:
@@ -92,7 +104,8 @@ def write_warmup(export_dir: str, batch_sizes=(1, batching.SERVE_DEFAULTS.max_ba
 
 
 class Servable:
-    """One loaded version: its signatures, their `SignatureDef`s, their batchers.
+    """One loaded version: its signatures, their `SignatureDef`s, their batchers
+    (`batchers`: {signature: `batching.Batcher`}, empty without batching).
 
     Args:
       path: the version folder.
@@ -111,11 +124,12 @@ class Servable:
         self.signature_defs = {
             k: v for k, v in saved.meta_graphs[0].signature_def.items() if not k.startswith("__")
         }
-        self._run = {}
+        self._run, self.batchers = {}, {}
         for name, fn in self._loaded.signatures.items():
             call = self._caller(fn)
             if parameters is not None:
                 call = batching.Batcher(call, parameters, rebase=batching.rename_errors)
+                self.batchers[name] = call
             self._run[name] = call
 
     @staticmethod
@@ -155,8 +169,7 @@ class Servable:
         except batching.QueueFullError as e:
             raise ServingError("UNAVAILABLE", str(e)) from None
         except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
-            message = getattr(e, "message", str(e)).strip().splitlines()[0]
-            raise ServingError("INVALID_ARGUMENT", message) from None
+            raise ServingError("INVALID_ARGUMENT", error_line(e)) from None
 
     def warm_up(self) -> int:
         """Runs the version's warm-up requests (if any); returns how many ran."""
@@ -170,9 +183,9 @@ class Servable:
         return len(requests)
 
     def close(self):
-        for run in self._run.values():
-            if isinstance(run, batching.Batcher):
-                run.close()
+        """Runs what is queued, then stops the batch threads."""
+        for batcher in self.batchers.values():
+            batcher.close()
 
 
 class ModelManager:
@@ -564,6 +577,14 @@ class Server:
         done = self._grpc.stop(grace_seconds)
         with self._idle:
             self._idle.wait_for(lambda: self._in_flight == 0, grace_seconds)
+        # Waitress's threads hand the last answers to its loop, which writes them out; only
+        # then may its wake-up pipe close (a thread pulling it after would fail).
+        self._rest.task_dispatcher.shutdown(cancel_pending=False, timeout=grace_seconds)
+        deadline = time.monotonic() + grace_seconds
+        while time.monotonic() < deadline and any(
+            c.total_outbufs_len for c in list(self._rest.active_channels.values())
+        ):
+            time.sleep(0.01)
         self._rest.close()
         done.wait(grace_seconds)
         self.manager.stop()
