@@ -28,6 +28,7 @@ setup(
                 "off_world",
                 "serve",
                 "caption_beam",
+                "extract_features_beam",
             )
         ]
     },

@@ -15,6 +15,7 @@ from cli_test import declared_entry_points
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEAVY = ("tensorflow", "keras", "tensorflow_text", "tf_keras")
 UNKNOWN = "error: Unknown command line flag 'no_such_flag' (--helpfull lists the flags)"
+BEAM_COMMANDS = ("sat-caption-beam", "sat-extract-features-beam")
 
 # Runs one command's main on each argv of argv[2] (JSON) in this process, each with its
 # stdout and stderr caught, and prints them with the heavy modules imported by the end.
@@ -75,10 +76,10 @@ def test_help_and_an_unknown_flag_load_no_tensorflow(program, module):
         assert stdout.startswith(first_line), stdout[:300]
         assert "--[no]verbose" in stdout
     assert "absl.flags:" in full[1]
-    # sat-caption-beam hands flags it does not define to Beam, which knows no such one.
-    beam = "error: unknown flag --no_such_flag: not a flag of sat-caption-beam nor a Beam "
+    # The Beam commands hand flags they do not define to Beam, which knows no such one.
+    beam = f"error: unknown flag --no_such_flag: not a flag of {program} nor a Beam "
     beam += "pipeline option (--helpfull lists this command's)"
-    assert unknown == (1, "", (beam if program == "sat-caption-beam" else UNKNOWN) + "\n")
+    assert unknown == (1, "", (beam if program in BEAM_COMMANDS else UNKNOWN) + "\n")
     assert bad[0] == 1 and bad[2].startswith("error: flag --verbose=maybe: "), bad
     assert len(bad[2].splitlines()) == 1
 

@@ -37,6 +37,7 @@ COMMANDS = {
     "off_world": "scripts/off_world.py",
     "serve": "scripts/serve.py",
     "caption_beam": "scripts/caption_beam.py",
+    "extract_features_beam": "scripts/extract_features_beam.py",
 }
 
 

@@ -72,11 +72,11 @@ define_model_source(FLAGS)
 define_override("beam_size", "With --preset / --workdir: beam size of the export", FLAGS)
 
 
-def split_args(argv):
+def split_args(argv, flag_values=FLAGS):
     """(this command's arguments, the Beam pipeline options) of a command line (program
-    name first, flagfiles expanded): a flag this command or absl defines goes to the first
-    list, with its value when that is the next argument; every other flag and its value
-    to the second."""
+    name first, flagfiles expanded): a flag this command (`flag_values`; another Beam
+    command passes its own) or absl defines goes to the first list, with its value when
+    that is the next argument; every other flag and its value to the second."""
     own, pipeline = [argv[0]], []
     args = list(argv[1:])
     while args:
@@ -85,8 +85,11 @@ def split_args(argv):
             own += [arg, *args]
             break
         name = arg.lstrip("-").split("=", 1)[0]
-        flag = FLAGS[name] if name in FLAGS else flags.FLAGS[name] if name in flags.FLAGS else None
-        negated = name.startswith("no") and name[2:] in FLAGS and FLAGS[name[2:]].boolean
+        known = flag_values if name in flag_values else flags.FLAGS
+        flag = known[name] if name in known else None
+        negated = (
+            name.startswith("no") and name[2:] in flag_values and flag_values[name[2:]].boolean
+        )
         if not arg.startswith("-") or flag is not None or negated or arg in flags_lib.HELP_FLAGS:
             takes_next = flag is not None and not flag.boolean and "=" not in arg
             own += [arg, args.pop(0)] if takes_next and args else [arg]
@@ -96,9 +99,9 @@ def split_args(argv):
     return own, pipeline
 
 
-def pipeline_options(args):
+def pipeline_options(args, program="sat-caption-beam"):
     """`PipelineOptions` of the arguments, `DEFAULT_OPTIONS` first when no --runner is
-    among them.
+    among them; `program` names the command in the error.
 
     Raises:
       ValueError: naming an argument that is no Beam pipeline option (with the closest).
@@ -117,7 +120,7 @@ def pipeline_options(args):
             close = difflib.get_close_matches(arg.split("=", 1)[0], known, 1)
             hint = f"; did you mean {close[0]}?" if close else ""
             raise ValueError(
-                f"unknown flag {arg}: not a flag of sat-caption-beam nor a Beam "
+                f"unknown flag {arg}: not a flag of {program} nor a Beam "
                 f"pipeline option{hint} (--helpfull lists this command's)"
             )
     return beam_options.PipelineOptions(args)

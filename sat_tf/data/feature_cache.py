@@ -150,6 +150,13 @@ def encode_example(image_id: str, features: np.ndarray) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
+def shard_image_ids(path: str) -> list[str]:
+    """The image ids of a shard file, in its order."""
+    spec = {"image_id": tf.io.FixedLenFeature([], tf.string)}
+    ds = tf.data.TFRecordDataset(path).map(lambda s: tf.io.parse_single_example(s, spec))
+    return [example["image_id"].decode() for example in ds.as_numpy_iterator()]
+
+
 def drop_skipped(records, feature_dir: str) -> list:
     """`records` without the images that extraction skipped as undecodable (logged)."""
     index = read_index(feature_dir)

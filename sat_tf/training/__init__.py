@@ -1,3 +1,4 @@
 """Training: where data and model meet. The workdir, the data of a run, feature
-extraction into the cache, the optimizers, captioning and scoring a split, the callbacks,
-the training loop `train_and_evaluate`, and publishing a trained model as a preset."""
+extraction into the cache (in one process, or as a Beam pipeline), the optimizers,
+captioning and scoring a split, the callbacks, the training loop `train_and_evaluate`,
+and publishing a trained model as a preset."""

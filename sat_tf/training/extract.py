@@ -4,7 +4,9 @@ the cache's format and reads it back; this module is where the images meet the m
 
 Each shard is written under a temporary name and renamed when complete, and the index
 is rewritten (atomically) after each shard, so a run that is killed loses at most the
-shard it was writing: the same command again skips the finished shards.
+shard it was writing: the same command again skips the finished shards. The per-shard
+step (`ShardEncoder`) is also the one of `sat-extract-features-beam`'s pipeline
+(`extract_pipeline`).
 """
 
 import os
@@ -39,7 +41,7 @@ def _write_shard(path, records, encode, image_size, crop_fraction, batch_size, s
     """Encodes `records` into the TFRecord file `path` (temp file, then rename).
 
     Images that cannot be read or decoded are left out; unless `skip_bad`, the shard is
-    then not written at all and `_Undecodable` names them.
+    then not written at all and `Undecodable` names them.
 
     Returns:
       (image ids written, [(record, reason)] of the images left out, number of values
@@ -76,16 +78,34 @@ def _write_shard(path, records, encode, image_size, crop_fraction, batch_size, s
         if bad:  # an add after the last image would print the finished bar again
             progbar.add(len(bad))
         if bad and not skip_bad:
-            raise _Undecodable(bad)
+            raise Undecodable(bad)
     return [records[i].image_id for i in written], bad, overflow
 
 
-class _Undecodable(Exception):
+class Undecodable(Exception):
     """Images of a shard that cannot be decoded, when they may not be skipped."""
 
     def __init__(self, bad):
         super().__init__(len(bad))
         self.bad = bad
+
+
+def undecodable_error(refused, out_dir, done) -> ValueError:
+    """The error of the shards left unwritten for images that cannot be decoded.
+
+    Args:
+      refused: {shard file name: [why each of its images cannot be decoded]}.
+      out_dir: the feature folder.
+      done: how many shards of it are finished (and kept).
+    """
+    reasons = [why for name in sorted(refused) for why in refused[name]]
+    shards = f"shard{'s' if len(refused) > 1 else ''} {', '.join(sorted(refused))}"
+    return ValueError(
+        f"{len(reasons)} image(s) of {shards} cannot be decoded:\n  "
+        + "\n  ".join(reasons)
+        + f"\nthe {done} finished shard(s) in {out_dir} are kept; replace or remove the "
+        "file(s) (or pass --skip_bad_images) and run again to resume"
+    )
 
 
 def _check_records(records) -> None:
@@ -100,50 +120,128 @@ def _check_records(records) -> None:
         raise ValueError(f"image ids listed more than once: {preview(dupes)}")
 
 
-def _extract_shard(out_dir, index, shard, records, encode, geometry, skip_bad, progbar):
-    """Writes shard `shard` of `records` and records it in the index (`_write_shard`).
+def start(records, encoder_name, encoder_weights, image_size, out_dir, shard_size):
+    """Begins an extraction into `out_dir`, or resumes the one there: the records checked,
+    the index started (`feature_cache.start_index`: one made with other settings or
+    records refuses), the temporary files of a killed run removed.
 
-    Args:
-      geometry: (image size, crop fraction, images per encoder call).
+    Returns:
+      (the index, the shards not finished in it).
 
     Raises:
-      ValueError: naming the images that cannot be decoded (unless `skip_bad`).
+      ValueError: on no records, duplicate ids, or a cache made with other settings.
     """
-    start = time.time()
-    name = feature_cache.shard_name(shard, index["num_shards"])
-    try:
+    _check_records(records)
+    settings = {
+        "format": feature_cache.FORMAT_VERSION,
+        "encoder": encoder_name,
+        "encoder_weights": encoder_weights or "",
+        "image_size": image_size,
+        "shard_size": shard_size,
+    }
+    os.makedirs(out_dir, exist_ok=True)
+    index = feature_cache.start_index(out_dir, settings, records)
+    for name in os.listdir(out_dir):
+        # Temporary files of a killed run; `<name>.tmp<pid>` is how earlier versions named them.
+        if files.is_temporary(name) or re.fullmatch(r".*\.tmp\d+", name):
+            os.remove(os.path.join(out_dir, name))
+    todo = [i for i in range(index["num_shards"]) if not feature_cache.is_done(out_dir, index, i)]
+    return index, todo
+
+
+def set_geometry(index, out_dir, geometry) -> None:
+    """Puts the encoder's `ShardEncoder.geometry` into the index and writes it.
+
+    Raises:
+      ValueError: when the index holds another (a cache of another encoder grid).
+    """
+    feature_cache.check_settings(
+        index, out_dir, **{k: v for k, v in geometry.items() if k in index}
+    )
+    index.update(geometry)
+    feature_cache.write_index(out_dir, index)
+
+
+class ShardEncoder:
+    """The frozen encoder of an extraction, loaded once, and the shards it writes: the one
+    step per shard of `extract_features` and of its Beam pipeline (`extract_pipeline`).
+
+    Args:
+      encoder_name, encoder_weights, image_size, crop_fraction: as for `extract_features`
+        (crop_fraction resolved: not 0).
+      batch_size: images per encoder call.
+    """
+
+    def __init__(self, encoder_name, encoder_weights, image_size, crop_fraction, batch_size):
+        encoder = ImageEncoder(encoder_name, image_size, encoder_weights or None)
+        height, width, depth = encoder.feature_grid()
+        self.geometry = {
+            "crop_fraction": crop_fraction,
+            "feature_shape": [height * width, depth],
+            "grid": [height, width],
+            "dtype": "float16",
+        }
+        self.encode = tf.function(lambda x: encoder(x, training=False), reduce_retracing=True)
+        self._image = (image_size, crop_fraction)
+        self._batch_size = batch_size
+
+    def write(self, out_dir, shard, num_shards, records, skip_bad, progbar) -> dict:
+        """Writes shard `shard` of `num_shards` (its `records`) into `out_dir` (`_write_shard`).
+
+        Returns:
+          its index entry: {"file", "image_ids", "skipped": [{"image_id", "reason"}]}.
+
+        Raises:
+          Undecodable: naming the images that cannot be decoded (unless `skip_bad`).
+        """
+        started = time.time()
+        name = feature_cache.shard_name(shard, num_shards)
+        path = os.path.join(out_dir, name)
         ids, bad, overflow = _write_shard(
-            os.path.join(out_dir, name), records, encode, *geometry, skip_bad, progbar
+            path, records, self.encode, *self._image, self._batch_size, skip_bad, progbar
         )
-    except _Undecodable as e:
-        reasons = "\n  ".join(reason for _, reason in e.bad)
-        done = sum(entry is not None for entry in index["shards"])
-        raise ValueError(
-            f"{len(e.bad)} image(s) of shard {name} cannot be decoded:\n  {reasons}\n"
-            f"the {done} finished shard(s) in {out_dir} are kept; replace or remove the "
-            "file(s) (or pass --skip_bad_images) and run again to resume"
-        ) from None
-    if bad:
-        logging.warning(
-            "features: skipped %d undecodable image(s) in %s: %s",
-            *(len(bad), name, preview(r.image_path for r, _ in bad)),
+        if bad:
+            logging.warning(
+                "features: skipped %d undecodable image(s) in %s: %s",
+                *(len(bad), name, preview(r.image_path for r, _ in bad)),
+            )
+        if overflow:
+            logging.warning(
+                "features: %d value(s) in %s exceeded the float16 range and were clipped",
+                *(overflow, name),
+            )
+        seconds = time.time() - started
+        logging.info(
+            "features: %s done, %d images in %.1fs (%.1f images/s)",
+            *(name, len(records), seconds, len(records) / max(seconds, 1e-9)),
         )
-    if overflow:
-        logging.warning(
-            "features: %d value(s) in %s exceeded the float16 range and were clipped",
-            *(overflow, name),
-        )
-    index["shards"][shard] = {
+        return _entry(name, ids, bad)
+
+    def entry_of_file(self, out_dir, shard, num_shards, records):
+        """The index entry of shard `shard` from its file, complete (files are renamed into
+        place whole) but not in the index (the run that wrote it did not finish): its image
+        ids read back, its other records skipped, each with the reason. None when there is
+        no such file, or it holds ids that are not `records`' in their order."""
+        name = feature_cache.shard_name(shard, num_shards)
+        path = os.path.join(out_dir, name)
+        if not os.path.exists(path):
+            return None
+        ids = feature_cache.shard_image_ids(path)
+        written = set(ids)
+        if ids != [r.image_id for r in records if r.image_id in written]:
+            return None
+        bad = [
+            (r, _why_bad(r.image_path, *self._image)) for r in records if r.image_id not in written
+        ]
+        return _entry(name, ids, bad)
+
+
+def _entry(name, ids, bad) -> dict:
+    return {
         "file": name,
         "image_ids": ids,
         "skipped": [{"image_id": r.image_id, "reason": why} for r, why in bad],
     }
-    feature_cache.write_index(out_dir, index)
-    seconds = time.time() - start
-    logging.info(
-        "features: %s done, %d images in %.1fs (%.1f images/s)",
-        *(name, len(records), seconds, len(records) / max(seconds, 1e-9)),
-    )
 
 
 def extract_features(
@@ -189,25 +287,11 @@ def extract_features(
         finished before it stay.
     """
     records = list(records)
-    _check_records(records)
     if shard_size < 1 or batch_size < 1:
         raise ValueError(f"shard_size={shard_size} and batch_size={batch_size} must be >= 1")
     crop_fraction = crop_fraction or config_lib.encoder_crop_fraction(encoder_name)
-    settings = {
-        "format": feature_cache.FORMAT_VERSION,
-        "encoder": encoder_name,
-        "encoder_weights": encoder_weights or "",
-        "image_size": image_size,
-        "shard_size": shard_size,
-    }
-    os.makedirs(out_dir, exist_ok=True)
-    index = feature_cache.start_index(out_dir, settings, records)
-    for name in os.listdir(out_dir):
-        # Temporary files of a killed run; `<name>.tmp<pid>` is how earlier versions named them.
-        if files.is_temporary(name) or re.fullmatch(r".*\.tmp\d+", name):
-            os.remove(os.path.join(out_dir, name))
+    index, todo = start(records, encoder_name, encoder_weights, image_size, out_dir, shard_size)
     num_shards = index["num_shards"]
-    todo = [i for i in range(num_shards) if not feature_cache.is_done(out_dir, index, i)]
     if not todo:
         logging.info("features: all %d shards in %s are complete", num_shards, out_dir)
         return index
@@ -215,20 +299,8 @@ def extract_features(
         logging.info("features: resuming; %d of %d shards done", num_shards - len(todo), num_shards)
     if not encoder_weights:
         logging.warning("features: the %s encoder has random weights", encoder_name)
-    encoder = ImageEncoder(encoder_name, image_size, encoder_weights or None)
-    height, width, depth = encoder.feature_grid()
-    geometry = {
-        "crop_fraction": crop_fraction,
-        "feature_shape": [height * width, depth],
-        "grid": [height, width],
-        "dtype": "float16",
-    }
-    feature_cache.check_settings(
-        index, out_dir, **{k: v for k, v in geometry.items() if k in index}
-    )
-    index.update(geometry)
-    feature_cache.write_index(out_dir, index)
-    encode = tf.function(lambda x: encoder(x, training=False), reduce_retracing=True)
+    encoder = ShardEncoder(encoder_name, encoder_weights, image_size, crop_fraction, batch_size)
+    set_geometry(index, out_dir, encoder.geometry)
     total = sum(len(records[i * shard_size : (i + 1) * shard_size]) for i in todo)
     # Off a terminal, one plain line when done: Keras draws the bar with escapes and
     # carriage returns wherever it runs (POSIX).
@@ -236,25 +308,33 @@ def extract_features(
     progbar = keras.utils.Progbar(total, unit_name="image", verbose=shown if progress else 0)
     for shard in todo:
         shard_records = records[shard * shard_size : (shard + 1) * shard_size]
-        _extract_shard(
-            out_dir,
-            index,
-            shard,
-            shard_records,
-            encode,
-            (image_size, crop_fraction, batch_size),
-            skip_bad_images,
-            progbar,
-        )
+        try:
+            entry = encoder.write(
+                out_dir, shard, num_shards, shard_records, skip_bad_images, progbar
+            )
+        except Undecodable as e:
+            name = feature_cache.shard_name(shard, num_shards)
+            done = sum(s is not None for s in index["shards"])
+            raise undecodable_error({name: [why for _, why in e.bad]}, out_dir, done) from None
+        index["shards"][shard] = entry
+        feature_cache.write_index(out_dir, index)
     return index
 
 
-def extract_for_config(config, records=None, **kwargs) -> dict:
-    """Extracts features of every image of `config.dataset` into
-    `feature_cache.feature_dir_of(config)`.
+def records_of(config, records=None) -> list:
+    """The records of `config.dataset` (or `records`, when read already) in extraction
+    order: val, test, train (each in file order), so that the validation images the
+    training loop captions every epoch sit in the first shards."""
+    if records is None:
+        records = datasets.load_records(
+            config.dataset, config.data_dir, captions=config.captions, on_missing=config.on_missing
+        )
+    return sorted(records, key=lambda r: feature_cache.SPLIT_ORDER[r.split])
 
-    Records are ordered val, test, train (each in file order), so that the validation
-    images the training loop captions every epoch sit in the first shards.
+
+def extract_for_config(config, records=None, **kwargs) -> dict:
+    """Extracts features of every image of `config.dataset` (`records_of`; `records`:
+    those read already) into `feature_cache.feature_dir_of(config)`.
 
     Args:
       config: a `sat_tf.config.Config`.
@@ -266,13 +346,8 @@ def extract_for_config(config, records=None, **kwargs) -> dict:
     Returns:
       the index.
     """
-    if records is None:
-        records = datasets.load_records(
-            config.dataset, config.data_dir, captions=config.captions, on_missing=config.on_missing
-        )
-    records = sorted(records, key=lambda r: feature_cache.SPLIT_ORDER[r.split])
     return extract_features(
-        records,
+        records_of(config, records),
         config.encoder,
         config.encoder_weights,
         config.image_size,
