@@ -95,3 +95,74 @@ def live_images_step(step, tokens, state, constants, live, group=None, images=No
         tf.nest.map_structure(scattered, state, new_state),
         tf.scatter_nd(rows, alpha, [num_rows, tf.shape(alpha)[1]]),
     )
+
+
+def on_live_images(advance, live, per_row, books, constraint):
+    """`advance(images, per_row, books, constraint)`, beam search's step of some images
+    (`search.beam_search`), on the B' images that hold a live hypothesis (`live`, bool
+    (B, S)), their rows of `per_row` (tensors of B S rows) and `books` (of B) gathered,
+    and its results put back: the other images are left as they are, as each step would
+    only extend their hypotheses by `<pad>`, each in its own slot.
+
+    Returns:
+      (per_row, books, alpha (B, S, L): 0 for the others, parent (B, S): each its own).
+    """
+    shape = tf.shape(live)
+    images = tf.cast(tf.where(tf.reduce_any(live, axis=1))[:, 0], tf.int32)  # (B',)
+    at = images[:, None]
+    rows = tf.reshape(images[:, None] * shape[1] + tf.range(shape[1])[None], [-1, 1])
+    new_rows, new_books, alpha, parent = advance(
+        images,
+        tf.nest.map_structure(lambda x: tf.gather_nd(x, rows), per_row),
+        tf.nest.map_structure(lambda x: tf.gather(x, images), books),
+        None if constraint is None else tf.gather(constraint, images),
+    )
+
+    def put(where):
+        def update(old, new):
+            merged = tf.tensor_scatter_nd_update(old, where, new)
+            merged.set_shape(old.shape)
+            return merged
+
+        return update
+
+    return (
+        tf.nest.map_structure(put(rows), per_row, new_rows),
+        tf.nest.map_structure(put(at), books, new_books),
+        tf.scatter_nd(at, alpha, tf.concat([shape, tf.shape(alpha)[2:]], 0)),
+        put(at)(tf.broadcast_to(tf.range(shape[1]), shape), parent),
+    )
+
+
+def attention_history(alphas, parents, steps, max_length):
+    """(B, S, T, L) attention of each final hypothesis at every step, from the alpha
+    written at each step t < `steps` and the parent each hypothesis came from (`alphas`,
+    `parents`: TensorArrays of (B, S, L) and (B, S)); zeros from `steps` on.
+
+    Beam search keeps these instead of gathering a (B, S, T, L) history by parent at
+    every step, work that grows with T: walking the parents back from the last step
+    picks the same alphas. Every array has `max_length` elements, so that XLA compiles it.
+    """
+
+    def back(t, slot, history):
+        def walked():
+            alpha = tf.gather(alphas.read(t), slot, batch_dims=1)
+            return alpha, tf.gather(parents.read(t), slot, batch_dims=1)
+
+        def after_the_end():
+            return tf.zeros(tf.concat([tf.shape(slot), [alphas.element_shape[-1]]], 0)), slot
+
+        alpha, slot = tf.cond(t < steps, walked, after_the_end)
+        return t - 1, slot, history.write(t, alpha)
+
+    shape = tf.shape(parents.read(0))
+    _, _, history = tf.while_loop(
+        lambda t, *unused: t >= 0,
+        back,
+        (
+            tf.constant(max_length - 1),
+            tf.broadcast_to(tf.range(shape[1]), shape),
+            tf.TensorArray(tf.float32, size=max_length, element_shape=alphas.element_shape),
+        ),
+    )
+    return tf.transpose(history.stack(), [1, 2, 0, 3])  # (B, S, T, L)

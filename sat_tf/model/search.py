@@ -279,88 +279,29 @@ def beam_search(
     slots = k if constraint is None else 2 * k
     neg_inf = tf.constant(float("-inf"), tf.float32)
 
-    def gather_beams(x, parent):
-        return tf.gather(x, parent, batch_dims=1)
-
     def cond(t, tokens, state, finished, token_buf, alphas, parents, length, log_prob):
         return tf.logical_and(t < max_length, tf.reduce_any(_live(finished, log_prob)))
 
     blocking = dict(block_repeats=block_repeats, bad_ending_ids=bad_ending_ids, end_id=end_id)
-
-    step = functools.partial(_step, step_fn, num_locations)
-
-    def advance(t, images, tokens, state, finished, token_buf, length, log_prob, constraint):
-        """One step of the B' images `images` (B',) that hold a live hypothesis, their
-        rows gathered (None: all B): (tokens, state, finished, token_buf, length,
-        log_prob, alpha (B', S, L), parent (B', S)) after it."""
-        count = tf.shape(finished)[0]
-        live = _live(finished, log_prob)
-        log_probs, state, alpha = per_image.live_images_step(
-            step, tokens, state, constants, live, group=k, images=images
-        )
-        history = tf.reshape(token_buf, [-1, max_length])  # (B'S, T)
-        log_probs = decoding_rules.block(log_probs, tokens, history, t, **blocking)
-        vocab_size = tf.shape(log_probs)[-1]
-        log_probs = tf.reshape(log_probs, [count, slots, vocab_size])  # (B', S, V)
-        alpha = tf.reshape(alpha, [count, slots, num_locations])  # (B', S, L)
-        pad_only = tf.where(tf.range(vocab_size) == PAD_ID, 0.0, neg_inf)
-        step_log_probs = tf.where(finished[..., None], pad_only, log_probs)  # (B', S, V)
-        candidates = log_prob[..., None] + step_log_probs  # (B', S, V)
-        scores = candidates / _length_penalty(length + 1, length_penalty)[..., None]
-        kept, best = _top_k(scores, k, constraint)
-        parent = best // vocab_size
-        next_tokens = best % vocab_size
-        log_prob = gather_beams(tf.reshape(candidates, [count, slots * vocab_size]), best)
-        log_prob = tf.where(kept > neg_inf, log_prob, neg_inf)
-
-        was_finished = gather_beams(finished, parent)
-        alive = tf.logical_not(was_finished)
-        next_tokens = tf.where(alive, next_tokens, PAD_ID)
-        token_buf = gather_beams(token_buf, parent)
-        token_buf += _time_mask(t, max_length, tf.int32)[None, None] * next_tokens[..., None]
-        alpha = tf.where(alive[..., None], gather_beams(alpha, parent), 0.0)
-        length = gather_beams(length, parent)
-        length += tf.cast(tf.logical_and(alive, next_tokens != end_id), tf.int32)
-        finished = tf.logical_or(was_finished, next_tokens == end_id)
-        state = _gather_hypotheses(state, parent)
-        tokens = _keep_shape(tf.reshape(next_tokens, [-1]), tokens)  # (B'S,)
-        return tokens, state, finished, token_buf, length, log_prob, alpha, parent
+    advance = functools.partial(
+        _advance,
+        functools.partial(_step, step_fn, num_locations),
+        constants,
+        dict(k=k, slots=slots, max_length=max_length, num_locations=num_locations),
+        dict(length_penalty=length_penalty, end_id=end_id, blocking=blocking),
+    )
 
     def body(t, tokens, state, finished, token_buf, alphas, parents, length, log_prob):
-        # The images whose hypotheses have all finished are left as they are: each step
-        # would extend them by `<pad>` alone, each in its own slot.
-        if not compact:
-            *out, alpha, parent = advance(
-                t, None, tokens, state, finished, token_buf, length, log_prob, constraint
+        books = (finished, token_buf, length, log_prob)
+        if compact:
+            live = _live(finished, log_prob)
+            advanced = per_image.on_live_images(
+                functools.partial(advance, t), live, (tokens, state), books, constraint
             )
-            alphas, parents = alphas.write(t, alpha), parents.write(t, parent)
-            return (t + 1, *out[:4], alphas, parents, *out[4:])
-        images = tf.cast(tf.where(tf.reduce_any(_live(finished, log_prob), 1))[:, 0], tf.int32)
-        at, rows = images[:, None], tf.reshape(images[:, None] * slots + tf.range(slots), [-1, 1])
-        per_row = [tokens, state]
-        per_image = [finished, token_buf, length, log_prob]
-        out = advance(
-            t,
-            images,
-            *tf.nest.map_structure(lambda x: tf.gather_nd(x, rows), per_row),
-            *(tf.gather(x, images) for x in per_image),
-            None if constraint is None else tf.gather(constraint, images),
-        )
-        tokens, state = tf.nest.map_structure(
-            lambda old, new: _keep_shape(tf.tensor_scatter_nd_update(old, rows, new), old),
-            per_row,
-            list(out[:2]),
-        )
-        finished, token_buf, length, log_prob = (
-            tf.tensor_scatter_nd_update(old, at, new)
-            for old, new in zip(per_image, out[2:6], strict=True)
-        )
-        alpha, parent = out[6:]
-        shape = [batch_size, slots]
-        alphas = alphas.write(t, tf.scatter_nd(at, alpha, [*shape, num_locations]))
-        parents = parents.write(
-            t, tf.tensor_scatter_nd_update(tf.broadcast_to(tf.range(slots), shape), at, parent)
-        )
+        else:
+            advanced = advance(t, None, (tokens, state), books, constraint)
+        (tokens, state), (finished, token_buf, length, log_prob), alpha, parent = advanced
+        alphas, parents = alphas.write(t, alpha), parents.write(t, parent)
         return t + 1, tokens, state, finished, token_buf, alphas, parents, length, log_prob
 
     # Only the first hypothesis of a state starts (an image without constraint words
@@ -383,49 +324,65 @@ def beam_search(
     steps, _, _, finished, tokens, alphas, parents, length, log_prob = tf.while_loop(
         cond, body, loop_vars
     )
-    attention = _attention_history(alphas, parents, steps, max_length)
+    attention = per_image.attention_history(alphas, parents, steps, max_length)
     final = DecodeResult(tokens, length, log_prob, attention)
     return _best(final, finished, k, length_penalty, num_return, constrained=constraint is not None)
+
+
+_SIZES = ("k", "slots", "max_length", "num_locations")
+
+
+def _gather_beams(x, parent):
+    return tf.gather(x, parent, batch_dims=1)
+
+
+def _advance(step, constants, sizes, rules, t, images, per_row, books, constraint):
+    """One step of `beam_search` for B' images (`images`, (B',), their index among the
+    B; None: all B), their rows gathered: per_row (tokens, state), books (finished,
+    token_buf, length, log_prob) -> (per_row, books, alpha (B', S, L), parent (B', S)).
+    `sizes`: k, slots (S), max_length, num_locations; `rules`: length_penalty, end_id
+    and the `decoding_rules.block` arguments."""
+    (tokens, state), (finished, token_buf, length, log_prob) = per_row, books
+    k, slots, max_length, num_locations = (sizes[key] for key in _SIZES)
+    neg_inf = tf.constant(float("-inf"), tf.float32)
+    count = tf.shape(finished)[0]
+    live = _live(finished, log_prob)
+    log_probs, state, alpha = per_image.live_images_step(
+        step, tokens, state, constants, live, group=k, images=images
+    )
+    history = tf.reshape(token_buf, [-1, max_length])  # (B'S, T)
+    log_probs = decoding_rules.block(log_probs, tokens, history, t, **rules["blocking"])
+    vocab_size = tf.shape(log_probs)[-1]
+    log_probs = tf.reshape(log_probs, [count, slots, vocab_size])  # (B', S, V)
+    alpha = tf.reshape(alpha, [count, slots, num_locations])  # (B', S, L)
+    pad_only = tf.where(tf.range(vocab_size) == PAD_ID, 0.0, neg_inf)
+    step_log_probs = tf.where(finished[..., None], pad_only, log_probs)  # (B', S, V)
+    candidates = log_prob[..., None] + step_log_probs  # (B', S, V)
+    scores = candidates / _length_penalty(length + 1, rules["length_penalty"])[..., None]
+    kept, best = _top_k(scores, k, constraint)
+    parent = best // vocab_size
+    next_tokens = best % vocab_size
+    log_prob = _gather_beams(tf.reshape(candidates, [count, slots * vocab_size]), best)
+    log_prob = tf.where(kept > neg_inf, log_prob, neg_inf)
+
+    was_finished = _gather_beams(finished, parent)
+    alive = tf.logical_not(was_finished)
+    next_tokens = tf.where(alive, next_tokens, PAD_ID)
+    token_buf = _gather_beams(token_buf, parent)
+    token_buf += _time_mask(t, max_length, tf.int32)[None, None] * next_tokens[..., None]
+    alpha = tf.where(alive[..., None], _gather_beams(alpha, parent), 0.0)
+    length = _gather_beams(length, parent)
+    length += tf.cast(tf.logical_and(alive, next_tokens != rules["end_id"]), tf.int32)
+    finished = tf.logical_or(was_finished, next_tokens == rules["end_id"])
+    state = _gather_hypotheses(state, parent)
+    tokens = _keep_shape(tf.reshape(next_tokens, [-1]), tokens)  # (B'S,)
+    return (tokens, state), (finished, token_buf, length, log_prob), alpha, parent
 
 
 def _live(finished, log_prob):
     """The hypotheses still extended: not finished, and not at -inf (an unfilled slot,
     never extended into a caption)."""
     return tf.logical_and(tf.logical_not(finished), log_prob > float("-inf"))
-
-
-def _attention_history(alphas, parents, steps, max_length):
-    """(B, S, T, L) attention of each final hypothesis at every step, from the alpha
-    written at each step t < `steps` and the parent each hypothesis came from (`alphas`,
-    `parents`: TensorArrays of (B, S, L) and (B, S)); zeros from `steps` on.
-
-    Beam search keeps these instead of gathering a (B, S, T, L) history by parent at
-    every step, work that grows with T: walking the parents back from the last step
-    picks the same alphas. Every array has `max_length` elements, so that XLA compiles it.
-    """
-
-    def back(t, slot, history):
-        def walked():
-            alpha = tf.gather(alphas.read(t), slot, batch_dims=1)
-            return alpha, tf.gather(parents.read(t), slot, batch_dims=1)
-
-        def after_the_end():
-            return tf.zeros(tf.concat([tf.shape(slot), [alphas.element_shape[-1]]], 0)), slot
-
-        alpha, slot = tf.cond(t < steps, walked, after_the_end)
-        return t - 1, slot, history.write(t, alpha)
-
-    shape = tf.shape(parents.read(0))
-    _, _, history = tf.while_loop(
-        lambda t, *unused: t >= 0,
-        back,
-        (
-            tf.constant(max_length - 1),
-            tf.broadcast_to(tf.range(shape[1]), shape),
-            tf.TensorArray(tf.float32, size=max_length, element_shape=alphas.element_shape),
-        ),
-    )
-    return tf.transpose(history.stack(), [1, 2, 0, 3])  # (B, S, T, L)
 
 
 def _gather_hypotheses(state, parent):
