@@ -118,30 +118,12 @@ def train_step_flops(shape: Shape, batch: int, steps: int, optimizer_flops_per_p
       dict of FLOP counts: "forward_matmul", "forward_elementwise", "forward",
       "backward", "optimizer", "total".
     """
-    L, D, m, n, A, V = shape._sizes()
+    L, _, m, n, _, _ = shape._sizes()
     T = steps
-    attend = shape.attention != "none"
-    additive = attend and shape.score == "additive"
-
-    once_mm = 2 * 2 * D * n + 2 * T * m * 4 * n
-    once_ew = L * D + 4 * n
-    if attend:
-        once_mm += 2 * L * D * (A if additive else n)
-        once_ew += L * A if additive else 0
-
-    step_mm = 2 * n * shape.hidden_projection_width() + 2 * D * 4 * n
-    step_ew = 2 * 4 * n + 9 * n
-    if attend:
-        step_mm += (2 * L * A if additive else 2 * L * n) + 2 * L * D
-        step_ew += (2 * L * A if additive else 0) + 4 * L
-        if shape.attention == "hard":
-            step_ew += 2 * L + D + 3 * L
-        if shape.gated():
-            step_ew += D + 1
-
-    out_mm = 2 * n * m + 2 * D * m + 2 * m * V
-    out_ew = 4 * m + V + 4 * V
-
+    once_mm, once_ew = _per_image(shape)
+    once_mm += 2 * T * m * 4 * n
+    step_mm, step_ew = _recurrent_step(shape)
+    out_mm, out_ew = _deep_output(shape)
     loss_ew = 2 * T + (2 * T * L + 3 * L if shape.attention == "soft" else 0)
 
     forward_mm = batch * (once_mm + T * (step_mm + out_mm))
@@ -156,6 +138,120 @@ def train_step_flops(shape: Shape, batch: int, steps: int, optimizer_flops_per_p
         "optimizer": optimizer,
         "total": 3 * forward + optimizer,
     }
+
+
+def _per_image(shape: Shape):
+    """(matmul, elementwise) FLOPs of a caption's start, once: init_h, init_c, the mean
+    of a, and the score's W_a a (`train_step_flops` lists them)."""
+    L, D, _, n, A, _ = shape._sizes()
+    matmul, elementwise = 2 * 2 * D * n, L * D + 4 * n
+    if shape.attention != "none":
+        additive = shape.score == "additive"
+        matmul += 2 * L * D * (A if additive else n)
+        elementwise += L * A if additive else 0
+    return matmul, elementwise
+
+
+def _recurrent_step(shape: Shape):
+    """(matmul, elementwise) FLOPs of a step's recurrence on one caption, from h_{t-1}
+    and the word half of the gates to h_t (`train_step_flops` lists them)."""
+    L, D, _, n, A, _ = shape._sizes()
+    matmul = 2 * n * shape.hidden_projection_width() + 2 * D * 4 * n
+    elementwise = 2 * 4 * n + 9 * n
+    if shape.attention != "none":
+        additive = shape.score == "additive"
+        matmul += (2 * L * A if additive else 2 * L * n) + 2 * L * D
+        elementwise += (2 * L * A if additive else 0) + 4 * L
+        if shape.attention == "hard":
+            elementwise += 2 * L + D + 3 * L
+        if shape.gated():
+            elementwise += D + 1
+    return matmul, elementwise
+
+
+def _deep_output(shape: Shape):
+    """(matmul, elementwise) FLOPs of a step's deep output (eq. 7) and its normalisation
+    over V on one caption (`train_step_flops` lists them)."""
+    _, D, m, n, _, V = shape._sizes()
+    return 2 * n * m + 2 * D * m + 2 * m * V, 4 * m + V + 4 * V
+
+
+def decode_flops(shape: Shape):
+    """FLOPs of captioning: `AttentionDecoder.initial_state` once per image, and
+    `AttentionDecoder.step` once per hypothesis and step (greedy: a caption; beam
+    search: each of the hypotheses it steps).
+
+    Per image: the start of `train_step_flops` without the embedding half of the gates
+    (init_h, init_c, mean of a, W_a a). Per hypothesis-step: the train step's forward
+    recurrence and deep output, with the embedding half of the gates made at the step
+    (teacher forcing makes it once for all t), 2 m 4n + 4n for its bias, and the
+    log-softmax over V (max, subtract, exp, sum, log) counted as the cross-entropy's 4 V.
+    Beam search's bookkeeping (the never-emitted penalty, blocking, top-k, gathers by
+    parent) is not counted: O(V) comparisons and adds a hypothesis, under 1 % of a step
+    at the shipped sizes.
+
+    Returns:
+      dict: "per_image_matmul", "per_image_elementwise", "per_image", "step_matmul",
+      "step_elementwise", "step" (per hypothesis-step).
+    """
+    _, _, m, n, _, _ = shape._sizes()
+    image_mm, image_ew = _per_image(shape)
+    step_mm, step_ew = _recurrent_step(shape)
+    out_mm, out_ew = _deep_output(shape)
+    step_mm += out_mm + 2 * m * 4 * n
+    step_ew += out_ew + 4 * n
+    return {
+        "per_image_matmul": image_mm,
+        "per_image_elementwise": image_ew,
+        "per_image": image_mm + image_ew,
+        "step_matmul": step_mm,
+        "step_elementwise": step_ew,
+        "step": step_mm + step_ew,
+    }
+
+
+def encoder_flops(model):
+    """FLOPs of a Keras convolutional network on one image, counted from its layers'
+    shapes: a `Conv2D` 2 H W Cout k_h k_w Cin / groups, a `DepthwiseConv2D` 2 H W C M
+    k_h k_w (M the depth multiplier), H x W the layer's output grid (strides and
+    dilation change the grid, not the count per output). Elementwise layers (batch
+    norm, activations, additions, biases) are not counted; nested models are walked.
+
+    Args:
+      model: a built functional `keras.Model` (e.g. `ImageEncoder.net`).
+
+    Returns:
+      dict: "conv_1x1", "conv_other", "depthwise", "total" FLOPs per image.
+
+    Raises:
+      ValueError: for a layer with weights that is not counted (Dense, separable or
+        transposed convolutions), rather than leaving it out silently.
+    """
+    import keras
+
+    counts = {"conv_1x1": 0, "conv_other": 0, "depthwise": 0}
+
+    def walk(layers):
+        for layer in layers:
+            if isinstance(layer, keras.Model):
+                walk(layer.layers)
+                continue
+            kind = type(layer)
+            if kind not in (keras.layers.Conv2D, keras.layers.DepthwiseConv2D):
+                if layer.weights and kind is not keras.layers.BatchNormalization:
+                    raise ValueError(f"layer {layer.name} ({kind.__name__}) is not counted")
+                continue
+            height, width, channels = layer.output.shape[1:]
+            taps = layer.kernel_size[0] * layer.kernel_size[1]
+            if kind is keras.layers.DepthwiseConv2D:
+                counts["depthwise"] += 2 * height * width * channels * taps
+            else:
+                inputs = layer.input.shape[-1] // layer.groups
+                key = "conv_1x1" if taps == 1 else "conv_other"
+                counts[key] += 2 * height * width * channels * taps * inputs
+
+    walk(model.layers)
+    return {**counts, "total": sum(counts.values())}
 
 
 def train_step_products(shape: Shape, batch: int, steps: int):

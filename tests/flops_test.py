@@ -1,10 +1,12 @@
 """Tests for bench/flops.py's count of the per-word passes and its share bound: against
 hand-computed values, and the fused recurrence's count against the passes its traced
-while loops make, enumerated op by op."""
+while loops make, enumerated op by op; and its decoding and encoder FLOP counts against
+hand counts."""
 
 import os
 import sys
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -85,6 +87,37 @@ def test_step_products_by_hand():
     assert listed["L_o dX"] == (BATCH * STEPS, VOCAB, EMBED, False, True, 1)
     none = {p[0] for p in flops.train_step_products(_shape("none"), BATCH, STEPS)}
     assert "W_a a" not in none and "context gates" in none
+
+
+def test_decode_flops_by_hand():
+    # L=7, D=11, m=2, n=4, A=13, V=17, soft additive (gated): W = 4n + A + 1 = 30.
+    got = flops.decode_flops(_shape())
+    # Per image: init_h, init_c 2*2*11*4 = 176, W_a a 2*7*11*13 = 2002; mean of a 77,
+    # init 4n = 16, W_a bias 91.
+    assert (got["per_image_matmul"], got["per_image_elementwise"]) == (2178, 184)
+    # Per step: h [U | U_a | w_beta] 2*4*30 = 240, Z z 2*11*16 = 352, v^T tanh 2*7*13 = 182,
+    # context 2*7*11 = 154, L_h 16, L_z 44, L_o 68, embedding gates 2*2*16 = 64.
+    assert got["step_matmul"] == 240 + 352 + 182 + 154 + 16 + 44 + 68 + 64
+    # Gate sums 32 and cell 36, score add + tanh 182, softmax 28, beta 12, deep output
+    # 8 + 17 + 4*17 = 93, embedding gates' bias 16.
+    assert got["step_elementwise"] == 32 + 36 + 182 + 28 + 12 + 93 + 16
+    assert got["step"] == got["step_matmul"] + got["step_elementwise"]
+
+
+def test_encoder_flops_by_hand():
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.Conv2D(4, 3, strides=2, padding="same")(inputs)  # (4, 4, 4)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    x = keras.layers.DepthwiseConv2D(3, padding="same", depth_multiplier=2)(x)  # (4, 4, 8)
+    x = keras.Sequential([keras.layers.Conv2D(5, 1)])(x)  # nested: (4, 4, 5)
+    x = keras.layers.Conv2D(10, 3, groups=5)(x)  # (2, 2, 10)
+    got = flops.encoder_flops(keras.Model(inputs, x))
+    # 1x1: 2*4*4*5*8 = 1280. Others: 2*4*4*4*9*3 = 3456 and, 1 input channel per group,
+    # 2*2*2*10*9*1 = 720. Depthwise: 2*4*4*8*9 = 2304 (4 channels, multiplier 2).
+    assert got == {"conv_1x1": 1280, "conv_other": 4176, "depthwise": 2304, "total": 7760}
+    dense = keras.Model(inputs, keras.layers.Dense(3)(inputs))
+    with pytest.raises(ValueError, match="Dense"):
+        flops.encoder_flops(dense)
 
 
 def _loop_bodies(graph_def):
