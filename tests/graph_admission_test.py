@@ -48,6 +48,24 @@ class DecodeImagesAdmittedTest(tf.test.TestCase):
             ],
         )
 
+    def test_an_image_that_resizes_past_the_limit_is_decoded_apart_as_alone(self):
+        # 4 x 200 resizes to 18 x 914 before its 16 x 16 crop: past a limit of 10,000
+        # pixels that its 800 are within.
+        long, good = encode("PNG", 200, 4), encode("PNG", 12, 10)
+        apart = graph_admission._resized_pixels(
+            {"width": tf.constant([200, 12], tf.int64), "height": tf.constant([4, 10], tf.int64)},
+            16,
+            0.875,
+        )
+        self.assertAllEqual(apart, [18 * 914, 18 * 22])
+        batch = [long, good, long[:60]]
+        pixels, status, _ = tf.function(
+            lambda b: graph_admission.decode_images_admitted(b, 16, 0.875, 10_000)
+        )(tf.constant(batch))
+        self.assertAllEqual(status, [0, 0, 3])
+        for i in (0, 1):
+            self.assertAllEqual(pixels[i], image_io.decode_image(tf.constant(batch[i]), 16, 0.875))
+
 
 class AdmitsTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.parameters(10_000, 9_999)

@@ -307,6 +307,48 @@ def _decodable(index, image_bytes, admitted):
     return decoded.reduce(tf.zeros([count], tf.bool), collect)
 
 
+def _decoded_apart(index, image_bytes, chosen, image_size, crop_fraction):
+    """(pixels (N, S, S, 3), read (N,)) of the `chosen` images, decoded by `decode_image`
+    in a `tf.data` pipeline that skips those whose decoding fails: for an image whose
+    resize alone may fail (`_resized_pixels`), at the cost of instantiating the whole
+    decoding as a `tf.data` function."""
+    count = tf.size(image_bytes)
+    decoded = (
+        tf.data.Dataset.from_tensor_slices((index, image_bytes, chosen))
+        .filter(lambda i, data, ok: ok)
+        .map(lambda i, data, ok: (i, decode_image(data, image_size, crop_fraction)))
+        .ignore_errors()
+        .batch(tf.cast(tf.maximum(count, 1), tf.int64))
+    )
+
+    def collect(state, batch):
+        pixels, read = state
+        where = batch[0][:, None]
+        return (
+            tf.tensor_scatter_nd_update(pixels, where, batch[1]),
+            tf.tensor_scatter_nd_update(read, where, tf.ones_like(batch[0], tf.bool)),
+        )
+
+    shape = [count, image_size, image_size, 3]
+    return decoded.reduce((tf.zeros(shape), tf.zeros([count], tf.bool)), collect)
+
+
+def _merged(decoded, apart):
+    """The pixels and read flags of `decoded`, with those read by `_decoded_apart`."""
+    (pixels, read), (pixels_apart, read_apart) = decoded, apart
+    return tf.where(read_apart[:, None, None, None], pixels_apart, pixels), read | read_apart
+
+
+def _resized_pixels(header, image_size, crop_fraction):
+    """float64 (N,): the pixels of each image once resized by `decode_image` before its
+    crop (`image_io.crop_window`), from its header's width and height."""
+    if crop_fraction >= 1.0:
+        return tf.fill(tf.shape(header["width"]), float(image_size**2))
+    sides = tf.cast(tf.stack([header["height"], header["width"]], 1), tf.float64)
+    scale = (image_size / crop_fraction) / tf.maximum(tf.reduce_min(sides, 1), 1.0)
+    return tf.reduce_prod(tf.maximum(tf.round(sides * scale[:, None]), image_size), 1)
+
+
 def decode_images_admitted(
     image_bytes,
     image_size: int,
@@ -342,7 +384,12 @@ def decode_images_admitted(
     status = tf.where(too_many, TOO_MANY_PIXELS, tf.cast(header["status"], tf.int32))
     index = tf.range(count, dtype=tf.int64)
     shape = [image_size, image_size, 3]
-    read = _decodable(index, image_bytes, tf.equal(status, OK))
+    # An image that resizes to more pixels than the limit is decoded apart, where a
+    # resize that fails refuses it alone.
+    apart = tf.equal(status, OK) & (
+        _resized_pixels(header, image_size, crop_fraction) > max_image_pixels
+    )
+    read = _decodable(index, image_bytes, tf.equal(status, OK) & ~apart)
     pixels = tf.map_fn(
         lambda args: tf.cond(
             args[1],
@@ -352,6 +399,13 @@ def decode_images_admitted(
         (image_bytes, read),
         fn_output_signature=tf.TensorSpec(shape, tf.float32),
         parallel_iterations=_DECODE_PARALLEL,
+    )
+    pixels, read = tf.cond(
+        tf.reduce_any(apart),
+        lambda: _merged(
+            (pixels, read), _decoded_apart(index, image_bytes, apart, image_size, crop_fraction)
+        ),
+        lambda: (pixels, read),
     )
     status = tf.where(tf.equal(status, OK) & ~read, CORRUPT, status)
 
