@@ -447,8 +447,15 @@ class BeamSearchTest(tf.test.TestCase, parameterized.TestCase):
     def test_finished_hypothesis_not_extended(self):
         fn = TableStep(LENGTH_ROWS, num_images=1, max_length=4)
         beam = _beam(fn, fn.initial_state([0]), batch_size=1, max_length=4, beam_size=2)
+        loose = _beam(
+            fn, fn.initial_state([0]), batch_size=1, max_length=4, beam_size=2, compact=False
+        )
 
-        self.assertEqual(fn.calls, 3)
+        # Settled after the first step: the live hypothesis scores below the finished
+        # one divided by the least penalty it could meet; the loop without that stop
+        # runs to the end and returns the same.
+        self.assertEqual(fn.calls, 1 + 3)
+        self.assertAllEqual(loose.tokens, beam.tokens)
         self.assertAllEqual(beam.tokens, [[END, 0, 0, 0]])
         self.assertEqual(beam.log_prob[0], fn.log_table[0, 0, START, END])
         self.assertAllClose(beam.attention[0, 0], fn.alpha_table[0, 0, START])
