@@ -1,8 +1,8 @@
 """What beam search adds to the paper's decoding step for speed: each image's
 annotations read once for all its hypotheses, and the step run only on the hypotheses
 of the beam states (an image's k, or with a constraint each of its two sets of k) that
-still hold a live one (`model/search.py`: `beam_search(constants=)`, and every beam
-search for the second).
+still hold a live one, until an image's captions are settled (`model/search.py`:
+`beam_search(constants=)`, and every beam search for the others).
 
 Beam search keeps S hypotheses of each image (S = k, or 2k with a constraint) in rows
 b S + j. The paper's step reads its annotations `a` (B, L, D) and `W_a a` (B, L, A)
@@ -166,3 +166,23 @@ def attention_history(alphas, parents, steps, max_length):
         ),
     )
     return tf.transpose(history.stack(), [1, 2, 0, 3])  # (B, S, T, L)
+
+
+def settled(finished, length, log_prob, live, penalty, max_length, num_return, constrained):
+    """bool (B,): the images whose returned captions no further step can change: their
+    `num_return` best finished hypotheses (of the second state with a constraint,
+    `constrained` = k: `search._best` returns from it once it holds one) score more than any
+    caption a live one can end in. A live hypothesis only loses log-probability, so
+    none of its captions scores more than `log_prob / penalty(max_length)`, the least
+    penalty a caption can meet; an image whose every hypothesis has finished is
+    settled too. Stepping them further would change no caption (`compact` in
+    `search.beam_search`). `live`: the hypotheses still extended; `penalty(n)`: the length
+    penalty of n tokens."""
+    neg_inf = tf.constant(float("-inf"), tf.float32)
+    final = tf.where(finished, log_prob / penalty(length + 1), neg_inf)
+    if constrained is not None:
+        final = tf.where(tf.range(tf.shape(final)[1])[None] >= constrained, final, neg_inf)
+    best = tf.where(live, log_prob / penalty(max_length), neg_inf)
+    beaten = tf.reduce_max(best, axis=1, keepdims=True)  # (B, 1)
+    fixed = tf.reduce_sum(tf.cast(final > beaten, tf.int32), axis=1) >= num_return
+    return tf.logical_or(fixed, ~tf.reduce_any(live, axis=1))

@@ -261,7 +261,7 @@ def beam_search(
             constants serves its k hypotheses, in a row; the captions are those of a step
             that reads them from the state.
         compact: step and keep the books of only the images that hold a live
-            hypothesis and are not settled (`_settled`), in tensors whose size is known
+            hypothesis and are not settled (`per_image.settled`), in tensors whose size is known
             only when the graph runs; False keeps every tensor at B rows and steps every
             live hypothesis, as XLA needs (`jit_compile`). The captions are the same.
 
@@ -282,13 +282,14 @@ def beam_search(
 
     def open_(finished, length, log_prob):
         """bool (B, S): the hypotheses still extended, those of the images whose caption
-        is not yet settled (`_settled`; with compact=False, every live one)."""
+        is not yet settled (`per_image.settled`; with compact=False, every live one)."""
         live = _live(finished, log_prob)
         if not compact:
             return live
-        ranked = finished, length, log_prob, max_length, length_penalty, num_return
-        constrained = None if constraint is None else k
-        return tf.logical_and(live, ~_settled(*ranked, constrained)[:, None])
+        penalty = functools.partial(_length_penalty, alpha=length_penalty)
+        ranked = finished, length, log_prob, live, penalty, max_length, num_return
+        settled = per_image.settled(*ranked, None if constraint is None else k)
+        return tf.logical_and(live, ~settled[:, None])
 
     def cond(t, tokens, state, finished, token_buf, alphas, parents, length, log_prob):
         return tf.logical_and(t < max_length, tf.reduce_any(open_(finished, length, log_prob)))
@@ -388,26 +389,6 @@ def _advance(step, constants, sizes, rules, t, images, per_row, books, constrain
     state = _gather_hypotheses(state, parent)
     tokens = _keep_shape(tf.reshape(next_tokens, [-1]), tokens)  # (B'S,)
     return (tokens, state), (finished, token_buf, length, log_prob), alpha, parent
-
-
-def _settled(finished, length, log_prob, max_length, length_penalty, num_return, constrained):
-    """bool (B,): the images whose returned captions no further step can change: their
-    `num_return` best finished hypotheses (of the second state with a constraint,
-    `constrained` = k: `_best` returns from it once it holds one) score more than any
-    caption a live one can end in. A live hypothesis only loses log-probability, so
-    none of its captions scores more than `log_prob / penalty(max_length)`, the least
-    penalty a caption can meet; an image whose every hypothesis has finished is
-    settled too. Stepping them further would change no caption (`compact` in
-    `beam_search`)."""
-    neg_inf = tf.constant(float("-inf"), tf.float32)
-    live = _live(finished, log_prob)
-    final = tf.where(finished, log_prob / _length_penalty(length + 1, length_penalty), neg_inf)
-    if constrained is not None:
-        final = tf.where(tf.range(tf.shape(final)[1])[None] >= constrained, final, neg_inf)
-    best = tf.where(live, log_prob / _length_penalty(max_length, length_penalty), neg_inf)
-    beaten = tf.reduce_max(best, axis=1, keepdims=True)  # (B, 1)
-    fixed = tf.reduce_sum(tf.cast(final > beaten, tf.int32), axis=1) >= num_return
-    return tf.logical_or(fixed, ~tf.reduce_any(live, axis=1))
 
 
 def _live(finished, log_prob):
