@@ -31,7 +31,6 @@ Flickr8k copy are 224 x 224 (its README). Never run as a test.
 """
 
 import argparse
-import glob
 import json
 import os
 import statistics
@@ -123,6 +122,7 @@ def main():
     args = parser.parse_args()
 
     import flops
+    import serving_speed
     import tensorflow as tf
 
     from sat_tf import Captioner
@@ -130,13 +130,7 @@ def main():
     from sat_tf.serving import exporting, inference
     from sat_tf.utils import machine
 
-    paths = sorted(glob.glob(args.images))[: args.count]
-    if not paths:
-        raise SystemExit(f"--images={args.images!r} matches no file")
-    data = []
-    for path in paths:
-        with open(path, "rb") as f:
-            data.append(f.read())
+    data = serving_speed.photo_bytes(args.images, args.count)
     captioner = Captioner.from_preset(args.preset)
     model, config, vocab = captioner.model, captioner.config, captioner.vocab
     decoder = model.decoder

@@ -23,6 +23,18 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT]
 
 
+def photo_bytes(pattern, count):
+    """The bytes of the first `count` files (sorted) that `pattern` matches."""
+    paths = sorted(glob.glob(pattern))[:count]
+    if not paths:
+        raise SystemExit(f"--images={pattern!r} matches no file")
+    data = []
+    for path in paths:
+        with open(path, "rb") as f:
+            data.append(f.read())
+    return data
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--export", required=True)
@@ -39,13 +51,7 @@ def main():
 
     from sat_tf.utils import machine
 
-    paths = sorted(glob.glob(args.images))[: args.count]
-    if not paths:
-        raise SystemExit(f"--images={args.images!r} matches no file")
-    data = []
-    for path in paths:
-        with open(path, "rb") as f:
-            data.append(f.read())
+    data = photo_bytes(args.images, args.count)
     batches = [data[i : i + args.batch] for i in range(0, len(data), args.batch)]
     signatures = {
         name: tf.saved_model.load(path).signatures["serving_default"]

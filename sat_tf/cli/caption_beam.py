@@ -212,15 +212,22 @@ def main(argv=None):
       the exit status: 0, 1 when nothing could start, `REFUSED` when some photos were
       refused.
     """
+    return run_beam_command(_main, _check, FLAGS, __doc__, argv)
+
+
+def run_beam_command(main, check, flag_values, doc, argv=None):
+    """`flags_lib.run` for a Beam command: its flagfiles expanded, its own flags
+    (`flag_values`) parsed apart from the pipeline options, which `check(pipeline_args)`
+    and `main(pipeline_args)` take first; 1 for a flagfile that cannot be read."""
     argv = list(sys.argv if argv is None else argv)
     try:
         argv = [argv[0], *flags_lib.expand_flagfiles(argv[1:])]
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    own, pipeline_args = split_args(argv)
-    check = functools.partial(_check, pipeline_args)
-    return run(functools.partial(_main, pipeline_args), FLAGS, own, __doc__, check=check)
+    own, pipeline_args = split_args(argv, flag_values)
+    check = functools.partial(check, pipeline_args)
+    return run(functools.partial(main, pipeline_args), flag_values, own, doc, check=check)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,10 @@ local setting. The feature folder is a local path: a remote runner's workers mus
 mounted.
 """
 
-import functools
-import sys
-
 from absl import flags
 
-from sat_tf.cli import caption_beam, extract_features, flags_lib
-from sat_tf.cli.flags_lib import config_from_flags, run
+from sat_tf.cli import caption_beam, extract_features
+from sat_tf.cli.flags_lib import config_from_flags
 
 PROGRAM = "sat-extract-features-beam"
 
@@ -77,15 +74,7 @@ def main(argv=None):
     Returns:
       the exit status: 0, or 1 when nothing could start or images could not be decoded.
     """
-    argv = list(sys.argv if argv is None else argv)
-    try:
-        argv = [argv[0], *flags_lib.expand_flagfiles(argv[1:])]
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    own, pipeline_args = caption_beam.split_args(argv, FLAGS)
-    check = functools.partial(_check, pipeline_args)
-    return run(functools.partial(_main, pipeline_args), FLAGS, own, __doc__, check=check)
+    return caption_beam.run_beam_command(_main, _check, FLAGS, __doc__, argv)
 
 
 if __name__ == "__main__":
