@@ -276,61 +276,63 @@ def _grouped(values):
 _DECODE_PARALLEL = 2
 
 
-def _decodable(index, image_bytes, admitted):
-    """bool (N,): which admitted images TensorFlow's decoder reads without an error.
-
-    A graph cannot catch an op's error, `tf.data` can skip the element that raised it, so
-    the decoder runs here in a pipeline that keeps only a flag per image. Only the
-    decoding op that can fail runs in it: a `tf.data` function is instantiated every time
-    the graph runs, at a cost that grows with its ops (the whole of `decode_image` costs
-    about 0.1 s a batch this way against 3 ms in the graph itself), so the pixels are made
-    by `decode_image` in the graph once the flags are known. The decoding it repeats is the
-    same op on the same bytes: an image flagged here decodes there.
-    """
-    count = tf.size(image_bytes)
-    decoded = (
-        tf.data.Dataset.from_tensor_slices((index, image_bytes, admitted))
-        .filter(lambda i, data, ok: ok)
-        .map(
-            lambda i, data, ok: (
-                i,
-                tf.size(tf.io.decode_image(data, expand_animations=False, dtype=tf.uint8)) > 0,
-            )
-        )
-        .ignore_errors()
-        .batch(tf.cast(tf.maximum(count, 1), tf.int64))
-    )
-
-    def collect(read, batch):
-        return tf.tensor_scatter_nd_update(read, batch[0][:, None], batch[1])
-
-    return decoded.reduce(tf.zeros([count], tf.bool), collect)
-
-
-def _decoded_apart(index, image_bytes, chosen, image_size, crop_fraction):
-    """(pixels (N, S, S, 3), read (N,)) of the `chosen` images, decoded by `decode_image`
-    in a `tf.data` pipeline that skips those whose decoding fails: for an image whose
-    resize alone may fail (`_resized_pixels`), at the cost of instantiating the whole
-    decoding as a `tf.data` function."""
+def _skipping_failures(index, image_bytes, chosen, decode, spec):
+    """(values (N, *spec.shape), read bool (N,)) of `decode(bytes)` on the `chosen`
+    images, in a `tf.data` pipeline that skips an image whose decoding raises: a graph
+    cannot catch an op's error, `tf.data` can skip the element that raised it. Zeros and
+    False where not chosen or skipped."""
     count = tf.size(image_bytes)
     decoded = (
         tf.data.Dataset.from_tensor_slices((index, image_bytes, chosen))
         .filter(lambda i, data, ok: ok)
-        .map(lambda i, data, ok: (i, decode_image(data, image_size, crop_fraction)))
+        .map(lambda i, data, ok: (i, decode(data)))
         .ignore_errors()
         .batch(tf.cast(tf.maximum(count, 1), tf.int64))
     )
 
     def collect(state, batch):
-        pixels, read = state
+        values, read = state
         where = batch[0][:, None]
         return (
-            tf.tensor_scatter_nd_update(pixels, where, batch[1]),
+            tf.tensor_scatter_nd_update(values, where, batch[1]),
             tf.tensor_scatter_nd_update(read, where, tf.ones_like(batch[0], tf.bool)),
         )
 
-    shape = [count, image_size, image_size, 3]
-    return decoded.reduce((tf.zeros(shape), tf.zeros([count], tf.bool)), collect)
+    initial = (
+        tf.zeros(tf.concat([[count], spec.shape], 0), spec.dtype),
+        tf.zeros([count], tf.bool),
+    )
+    return decoded.reduce(initial, collect)
+
+
+def _decodable(index, image_bytes, admitted):
+    """bool (N,): which admitted images TensorFlow's decoder reads without an error.
+
+    Only the decoding op that can fail runs in the pipeline (`_skipping_failures`): a
+    `tf.data` function is instantiated every time the graph runs, at a cost that grows
+    with its ops (the whole of `decode_image` costs about 0.1 s a batch this way against
+    3 ms in the graph itself), so the pixels are made by `decode_image` in the graph once
+    the flags are known. The decoding it repeats is the same op on the same bytes: an
+    image flagged here decodes there.
+    """
+
+    def size(data):
+        return tf.size(tf.io.decode_image(data, expand_animations=False, dtype=tf.uint8))
+
+    sizes, read = _skipping_failures(
+        index, image_bytes, admitted, size, tf.TensorSpec([], tf.int32)
+    )
+    return read & (sizes > 0)
+
+
+def _decoded_apart(index, image_bytes, chosen, image_size, crop_fraction):
+    """(pixels (N, S, S, 3), read (N,)) of the `chosen` images, decoded by `decode_image`
+    whole in the pipeline (`_skipping_failures`): for an image whose resize alone may
+    fail (`_resized_pixels`), at the cost of instantiating the whole decoding as a
+    `tf.data` function."""
+    spec = tf.TensorSpec([image_size, image_size, 3], tf.float32)
+    decode = functools.partial(decode_image, image_size=image_size, crop_fraction=crop_fraction)
+    return _skipping_failures(index, image_bytes, chosen, decode, spec)
 
 
 def _merged(decoded, apart):
