@@ -280,29 +280,31 @@ def _skipping_failures(index, image_bytes, chosen, decode, spec):
     """(values (N, *spec.shape), read bool (N,)) of `decode(bytes)` on the `chosen`
     images, in a `tf.data` pipeline that skips an image whose decoding raises: a graph
     cannot catch an op's error, `tf.data` can skip the element that raised it. Zeros and
-    False where not chosen or skipped."""
-    count = tf.size(image_bytes)
-    decoded = (
-        tf.data.Dataset.from_tensor_slices((index, image_bytes, chosen))
-        .filter(lambda i, data, ok: ok)
-        .map(lambda i, data, ok: (i, decode(data)))
-        .ignore_errors()
-        .batch(tf.cast(tf.maximum(count, 1), tf.int64))
-    )
+    False where not chosen or skipped.
 
-    def collect(state, batch):
-        values, read = state
-        where = batch[0][:, None]
-        return (
-            tf.tensor_scatter_nd_update(values, where, batch[1]),
-            tf.tensor_scatter_nd_update(read, where, tf.ones_like(batch[0], tf.bool)),
+    The pipeline holds one function, `decode`: each is instantiated every time the graph
+    runs, so the chosen images are picked before it and its output is taken whole as one
+    batch, ended by a marker element (index -1) so that the batch exists when every image
+    is skipped.
+    """
+    count = tf.size(image_bytes, out_type=tf.int64)
+    marker = (tf.constant(-1, tf.int64), tf.zeros(spec.shape, spec.dtype))
+    where, values = (
+        tf.data.Dataset.from_tensor_slices(
+            (tf.boolean_mask(index, chosen), tf.boolean_mask(image_bytes, chosen))
         )
-
-    initial = (
-        tf.zeros(tf.concat([[count], spec.shape], 0), spec.dtype),
-        tf.zeros([count], tf.bool),
+        .map(lambda i, data: (i, decode(data)))
+        .ignore_errors()
+        .concatenate(tf.data.Dataset.from_tensors(marker))
+        .batch(count + 1)
+        .get_single_element()
     )
-    return decoded.reduce(initial, collect)
+    where = where[:-1, None]  # (K, 1), the marker left out
+    shape = tf.concat([[count], tf.constant(spec.shape.as_list(), tf.int64)], 0)
+    return (
+        tf.scatter_nd(where, values[:-1], shape),
+        tf.scatter_nd(where, tf.ones_like(where[:, 0], tf.bool), [count]),
+    )
 
 
 def _decodable(index, image_bytes, admitted):

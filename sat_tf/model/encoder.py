@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 
 from sat_tf.backbones.registry import get_spec, layer_name
+from sat_tf.model.fast import folded_encoder
 
 
 @keras.saving.register_keras_serializable(package="sat_tf")
@@ -51,8 +52,13 @@ class ImageEncoder(keras.layers.Layer):
         return tuple(self.net.output.shape[1:])
 
     def call(self, images, training=False):
-        """(B, S, S, 3) float pixels in [0, 255] -> (B, L, D)."""
-        x = self.net(self._preprocess(tf.cast(images, tf.float32)), training=training)
+        """(B, S, S, 3) float pixels in [0, 255] -> (B, L, D).
+
+        In inference the batch norms run folded into their convolutions
+        (`folded_encoder`), the same features within float32 rounding.
+        """
+        pixels = self._preprocess(tf.cast(images, tf.float32))
+        x = folded_encoder.call(self.net, pixels, training=training)
         height, width, depth = self.feature_grid()
         return tf.reshape(x, [-1, height * width, depth])  # (B, L, D)
 
