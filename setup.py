@@ -55,6 +55,7 @@ setup(
         "demo": ["flask>=3.1,<4"],
         "serve": [
             "waitress>=3.0,<4",
+            "orjson>=3.10,<4",
             "grpcio>=1.60",
             "tensorflow-serving-api>=2.21,<2.22",
         ],

@@ -246,3 +246,26 @@ class ErrorLineTest(tf.test.TestCase):
         self.assertEqual(model_server.error_line(raised.exception), "image_bytes[0] is empty")
         self.assertEqual(model_server.error_line(ValueError("bad shape\n  more")), "bad shape")
         self.assertEqual(model_server.error_line(ValueError("")), "")
+
+
+class AnswerJsonTest(tf.test.TestCase):
+    def test_outputs_read_back_as_the_signature_gave_them(self):
+        rng = np.random.default_rng(0)
+        attention = rng.random((2, 3, 4, 5), dtype=np.float32) ** 8  # down to ~1e-9
+        outputs = {
+            "attention": attention[:, :, :, ::2],  # not contiguous
+            "log_prob": np.array([-1.25, -3.0e-7], np.float32),
+            "tokens": np.array([[3, 4], [5, 0]], np.int32),
+            "off_world": np.array([True, False]),
+            "caption": np.array([b"a dog", b"\xff\xfe"], dtype=object),
+        }
+        rows = {k: model_server._jsonable(v) for k, v in outputs.items()}
+        answer = {"predictions": [{k: v[i] for k, v in rows.items()} for i in range(2)]}
+        got = json.loads(model_server._dumps(answer))["predictions"]
+        for i in range(2):
+            self.assertAllEqual(np.float32(got[i]["attention"]), outputs["attention"][i])
+            self.assertEqual(np.float32(got[i]["log_prob"]), outputs["log_prob"][i])
+            self.assertEqual(got[i]["tokens"], outputs["tokens"][i].tolist())
+            self.assertIs(got[i]["off_world"], bool(outputs["off_world"][i]))
+        self.assertEqual(got[0]["caption"], "a dog")
+        self.assertEqual(got[1]["caption"], {"b64": base64.b64encode(b"\xff\xfe").decode()})
