@@ -333,8 +333,9 @@ class BatchedDemoTest(tf.test.TestCase):
             page, alone = response.json(), signature_outputs(self.export_dirs[0], data)
             self.assertEqual(page["caption"], alone["caption"].decode(), name)
             self.assertEqual(page["length"], int(alone["length"]))
-            # float32 matmuls of another batch size round differently (batching_test)
-            self.assertAllClose(page["log_prob"], alone["log_prob"], atol=1e-5)
+            # float32 products of another batch size round differently (batching_test), the
+            # folded encoder's convolutions among them: a few units in 1e-6 of each feature
+            self.assertAllClose(page["log_prob"], alone["log_prob"], rtol=1e-5, atol=1e-5)
 
 
 def snapshot(folder):

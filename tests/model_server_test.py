@@ -74,7 +74,7 @@ class ModelServerTest(tf.test.TestCase):
             for name in ("tokens", "length", "status"):
                 self.assertAllEqual(row[name], want[name][i], msg=name)
             self.assertAllClose(row["attention"], want["attention"][i], atol=1e-5)
-            self.assertAllClose(row["log_prob"], want["log_prob"][i], atol=1e-5)
+            self.assertAllClose(row["log_prob"], want["log_prob"][i], rtol=1e-5, atol=1e-5)
 
     def post(self, body, path=":predict"):
         return requests.post(self.url + path, data=json.dumps(body), timeout=60)
