@@ -22,7 +22,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]
 FLICKR8K = os.path.join(os.path.dirname(ROOT), "shared", "data", "flickr8k")
 BAD = ("empty.jpg", "notes.jpg", "cut.jpg")
 
@@ -93,8 +93,9 @@ def main():
         k: round((counts[-1] - counts[0]) / (high["wall_s"][k] - low["wall_s"][k]), 2)
         for k in low["wall_s"]
     }
-    cpu = report["machine"]["cpu_id"]
-    name = f"beam_{os.cpu_count()}core_f{cpu['family']}m{cpu['model']}.json"
+    import serve_load
+
+    name = f"beam_{serve_load.machine_name(report['machine'])}.json"
     with open(os.path.join(ROOT, "bench", "results", name), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
     json.dump(report, sys.stdout, indent=2)
