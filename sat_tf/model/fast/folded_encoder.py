@@ -51,8 +51,8 @@ def applies(net: keras.Model, training) -> bool:
     something to fold."""
     return (
         not training
-        and net.compute_dtype == "float32"
         and isinstance(net, keras.Model)
+        and net.compute_dtype == "float32"
         and bool(folding_plan(net))
     )
 
