@@ -46,15 +46,18 @@ def folding_plan(net: keras.Model) -> dict:
     return plan
 
 
+def _inference_plan(net, training) -> dict:
+    """`folding_plan(net)` where `run` computes `net(x, training=training)`: in
+    inference, float32; else {}."""
+    if training or not isinstance(net, keras.Model) or net.compute_dtype != "float32":
+        return {}
+    return folding_plan(net)
+
+
 def applies(net: keras.Model, training) -> bool:
     """Whether `run` computes `net(x, training=training)`: in inference, float32, with
     something to fold."""
-    return (
-        not training
-        and isinstance(net, keras.Model)
-        and net.compute_dtype == "float32"
-        and bool(folding_plan(net))
-    )
+    return bool(_inference_plan(net, training))
 
 
 def _folded(conv, norm):
@@ -121,25 +124,25 @@ def _relu6(layer):
     )
 
 
-def run(net: keras.Model, x):
+def run(net: keras.Model, x, plan=None):
     """`net(x, training=False)` with its batch norms folded (see the module's docstring).
 
     Args:
       net: a functional Keras model; layers that fold are replaced, the others run as
         they are (dropout as the identity).
       x: its input.
+      plan: `folding_plan(net)`, if the caller has it.
 
     Returns:
       what `net` returns, within float32 rounding.
     """
-    plan = folding_plan(net)
+    plan = folding_plan(net) if plan is None else plan
+    norms = {norm.name for norm in plan.values()}
     replaced = {}
     for layer in net.layers:
         if layer.name in plan:
             replaced[layer.name] = _folded(layer, plan[layer.name])
-        elif any(norm is layer for norm in plan.values()) or isinstance(
-            layer, keras.layers.Dropout
-        ):
+        elif layer.name in norms or isinstance(layer, keras.layers.Dropout):
             replaced[layer.name] = lambda x, *args, **kwargs: x
         elif isinstance(layer, keras.layers.ReLU) and _relu6(layer):
             replaced[layer.name] = lambda x, *args, **kwargs: tf.nn.relu6(x)
@@ -149,4 +152,5 @@ def run(net: keras.Model, x):
 
 def call(net: keras.Model, x, training=False):
     """`net(x, training=training)`, through `run` where it `applies`."""
-    return run(net, x) if applies(net, training) else net(x, training=training)
+    plan = _inference_plan(net, training)
+    return run(net, x, plan) if plan else net(x, training=training)
