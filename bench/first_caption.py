@@ -66,7 +66,8 @@ def _commands(photo, preset, count):
             start = time.perf_counter()
             done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
             seconds[name].append(time.perf_counter() - start)
-            printed = done.stdout.splitlines()[0] if name == "sat_caption" else printed
+            if name == "sat_caption":
+                printed = done.stdout.splitlines()[0]
     return seconds, printed
 
 
