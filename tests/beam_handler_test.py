@@ -1,4 +1,4 @@
-"""Tests for sat_tf.serving.beam_handler: `SavedModelHandler` on a tiny SavedModel of
+"""Tests for sat_tf.pipelines.beam_handler: `SavedModelHandler` on a tiny SavedModel of
 tensor and string signatures, alone, under `KeyedModelHandler` and in a pipeline on the
 DirectRunner's batch engine."""
 
@@ -14,8 +14,8 @@ from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 
-from sat_tf.serving import beam_handler
-from sat_tf.serving.beam_handler import SavedModelHandler
+from sat_tf.pipelines import beam_handler
+from sat_tf.pipelines.beam_handler import SavedModelHandler
 
 OPTIONS = ["--runner=FnApiRunner", "--direct_running_mode=in_memory"]
 

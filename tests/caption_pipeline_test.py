@@ -1,4 +1,4 @@
-"""Tests for sat_tf.serving.caption_pipeline on the DirectRunner's batch engine: the rows
+"""Tests for sat_tf.pipelines.caption_pipeline on the DirectRunner's batch engine: the rows
 of a tiny export equal its signature called directly and sat-caption's lines, every
 kind of bad file is a row with its status and reason, and the counts are Beam metrics."""
 
@@ -17,7 +17,8 @@ from fixtures import encode, run_main, scenes, tiny_workdir
 
 from sat_tf.cli import caption as caption_cli
 from sat_tf.data import image_io
-from sat_tf.serving import caption_pipeline, caption_rows, exporting
+from sat_tf.pipelines import caption_pipeline, caption_rows
+from sat_tf.serving import exporting
 
 OPTIONS = ["--runner=FnApiRunner", "--direct_running_mode=in_memory"]
 

@@ -1,11 +1,11 @@
-"""Tests for sat_tf.serving.caption_rows: the row of a caption from its fields and from the
+"""Tests for sat_tf.pipelines.caption_rows: the row of a caption from its fields and from the
 export's outputs, the row of a refused photo."""
 
 import json
 
 import numpy as np
 
-from sat_tf.serving import caption_rows
+from sat_tf.pipelines import caption_rows
 
 
 def outputs(**changes):

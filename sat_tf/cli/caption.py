@@ -42,7 +42,7 @@ from sat_tf.cli.flags_lib import (
     run,
 )
 from sat_tf.data import image_files
-from sat_tf.serving import caption_rows
+from sat_tf.pipelines import caption_rows
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
 # The exit status when some images were skipped.

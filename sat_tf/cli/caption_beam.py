@@ -180,7 +180,7 @@ def _check(pipeline_args, argv):
 
 def _main(pipeline_args, argv):
     options = pipeline_options(pipeline_args)
-    from sat_tf.serving import caption_pipeline
+    from sat_tf.pipelines import caption_pipeline
 
     temporary = None if FLAGS.export else tempfile.mkdtemp(prefix="sat_caption_beam_")
     try:

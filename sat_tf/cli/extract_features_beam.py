@@ -45,7 +45,8 @@ def _check(pipeline_args, argv):
 def _main(pipeline_args, argv):
     options = caption_beam.pipeline_options(pipeline_args, PROGRAM)
     from sat_tf.data import feature_cache
-    from sat_tf.training import extract, extract_pipeline
+    from sat_tf.pipelines import extract_pipeline
+from sat_tf.training import extract
 
     config = config_from_flags(FLAGS)
     feature_dir = feature_cache.feature_dir_of(config)

@@ -21,8 +21,8 @@ from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 
-from sat_tf.serving import caption_rows
-from sat_tf.serving.beam_handler import SavedModelHandler
+from sat_tf.pipelines import caption_rows
+from sat_tf.pipelines.beam_handler import SavedModelHandler
 
 NAMESPACE = "sat_caption"
 _CAPTIONED = Metrics.counter(NAMESPACE, "captioned")
