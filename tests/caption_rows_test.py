@@ -69,3 +69,10 @@ def test_export_row_of_a_refused_photo_names_the_file():
         "error": "dir/e.jpg is empty (0 bytes)",
         "status": 1,
     }
+
+
+def test_a_path_with_backslashes_is_named_as_it_is():
+    # A replacement template would read `\1` as a group and `\x` as an escape.
+    for path in (r"C:\photos\1\x.jpg", r"s3://bucket/a\g<0>.jpg", "dir/\\"):
+        refused = outputs(status=np.int32(2), error=np.bytes_(b"image_bytes[0] is not an image"))
+        assert caption_rows.export_row(path, refused)["error"] == f"{path} is not an image"

@@ -6,15 +6,18 @@ out) and score (log p of the caption, `<end>` included when emitted); with a mod
 has a tag table also tag (None when no tag was used) and tag_prob; with off-world
 statistics also off_world_score and off_world. A photo that got no caption has a row
 {path, error, status}: the status of `image_io` (1 empty, 2 not an image, 3 truncated or
-corrupt, 4 too many pixels) or `MISSING` for a file that cannot be read, and a one-line
-reason that names the file. Importing this module loads no TensorFlow.
+corrupt, 4 too many pixels), `MISSING` for a file that cannot be read or `TOO_LARGE` for
+one over the byte limit, and a one-line reason that names the file. Importing this module
+loads no TensorFlow.
 """
 
 import re
 
-# The status of a file that cannot be read (missing, a folder, no permission); 1-4 are
-# the export's (`sat_tf.data.image_io`).
+# The status of a file that cannot be read (missing, a folder, no permission), and of
+# one larger than the pipeline reads (never read); 1-4 are the export's
+# (`sat_tf.data.image_io`).
 MISSING = 5
+TOO_LARGE = 6
 _BATCH_INDEX = re.compile(r"^image_bytes\[\d+\]")
 
 
@@ -42,11 +45,12 @@ def export_row(path, outputs) -> dict:
 
     The export gives tag_prob 0 for a model without a tag table (and a softmax
     probability, never 0, for one with it), so tag fields are written where it is > 0;
-    an error names the file in place of its place in the batch.
+    an error names the file in place of its place in the batch (the path as it is, never
+    read as a replacement template).
     """
     status = int(outputs["status"])
     if status:
-        return error_row(path, status, _BATCH_INDEX.sub(path, _text(outputs["error"])))
+        return error_row(path, status, _BATCH_INDEX.sub(lambda _: path, _text(outputs["error"])))
     tag_prob = float(outputs["tag_prob"]) if float(outputs["tag_prob"]) > 0 else None
     return caption_row(
         path,
