@@ -498,3 +498,41 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc="", check=None, help_first
         if own:
             flags.FLAGS.remove_flag_values(flag_values)
     return 0
+
+
+def run_beam_command(main, check, flag_values, doc, argv=None):
+    """`run` for a Beam command: its flagfiles expanded, its own flags (`flag_values`)
+    parsed apart from the pipeline options (`launch.split_args`), which
+    `check(pipeline_args)` and `main(pipeline_args)` take first; 1 for a flagfile that
+    cannot be read."""
+    from sat_tf.pipelines import launch
+
+    argv = list(sys.argv if argv is None else argv)
+    try:
+        argv = [argv[0], *expand_flagfiles(argv[1:])]
+    except ValueError as e:
+        return _error(e)
+    own, pipeline_args = launch.split_args(argv, flag_values, keep=HELP_FLAGS)
+    check = functools.partial(check, pipeline_args)
+    return run(functools.partial(main, pipeline_args), flag_values, own, doc, check=check)
+
+
+def run_with_filesystem_options(main, flag_values, argv=None, doc="", **kwargs):
+    """`run` for a command that reads or writes a folder elsewhere (`s3://`, `hdfs://`):
+    Beam's options of those filesystems (`--s3_endpoint_url=...`, `--hdfs_host=...`, on
+    the command line or in a flagfile) are taken apart and given to them
+    (`filesystem.set_options`) before `main(argv)` runs; `kwargs` as for `run`."""
+    from sat_tf.utils import filesystem
+
+    argv = list(sys.argv if argv is None else argv)
+    try:
+        argv = [argv[0], *expand_flagfiles(argv[1:])]
+    except ValueError as e:
+        return _error(e)
+    argv, options = filesystem.split_options(argv)
+
+    def with_options(args):
+        filesystem.set_options(options)
+        return main(args)
+
+    return run(with_options, flag_values, argv, doc, **kwargs)
