@@ -413,3 +413,49 @@ def karpathy_entry(filename, imgid, split, captions, **extra):
 
 def write_karpathy(path: str, entries, name="flickr8k") -> str:
     return write_file(path, json.dumps({"dataset": name, "images": entries}, indent=1))
+
+
+# An object store for the tests of the filesystem layer: S3 as moto fakes it in this
+# process (the slow tests use a moto server, tests/object_store_test.py).
+S3_OPTIONS = ["--s3_access_key_id=k", "--s3_secret_access_key=s", "--s3_region_name=us-east-1"]
+
+
+@contextlib.contextmanager
+def fake_s3(bucket="photos"):
+    """A bucket of moto's in-process S3, with Beam's `FileSystems` set to reach it;
+    yields its address `s3://<bucket>`. Both are undone when the block ends."""
+    import boto3
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from moto import mock_aws
+
+    with mock_aws():
+        client = boto3.session.Session().client(
+            "s3", region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
+        )
+        client.create_bucket(Bucket=bucket)
+        FileSystems.set_options(PipelineOptions(S3_OPTIONS))
+        try:
+            yield f"s3://{bucket}"
+        finally:
+            FileSystems.set_options(None)
+
+
+def upload_folder(folder, address):
+    """Copies every file under the local `folder` to `address` (`s3://...`) through
+    Beam's `FileSystems`; returns the addresses written."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    written = []
+    for parent, _, names in os.walk(folder):
+        for name in sorted(names):
+            relative = os.path.relpath(os.path.join(parent, name), folder).replace(os.sep, "/")
+            written.append(f"{address.rstrip('/')}/{relative}")
+            as_is = CompressionTypes.UNCOMPRESSED
+            with (
+                open(os.path.join(parent, name), "rb") as f,
+                FileSystems.create(written[-1], compression_type=as_is) as out,
+            ):
+                out.write(f.read())
+    return written
