@@ -420,20 +420,30 @@ def write_karpathy(path: str, entries, name="flickr8k") -> str:
 S3_OPTIONS = ["--s3_access_key_id=k", "--s3_secret_access_key=s", "--s3_region_name=us-east-1"]
 
 
+def s3_client(endpoint_url=None):
+    """A boto3 S3 client with the tests' keys: the store's own side, which makes buckets
+    and puts what a user's photos and models would be."""
+    import boto3
+
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+    )
+
+
 @contextlib.contextmanager
 def fake_s3(bucket="photos"):
     """A bucket of moto's in-process S3, with Beam's `FileSystems` set to reach it;
     yields its address `s3://<bucket>`. Both are undone when the block ends."""
-    import boto3
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import PipelineOptions
     from moto import mock_aws
 
     with mock_aws():
-        client = boto3.session.Session().client(
-            "s3", region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
-        )
-        client.create_bucket(Bucket=bucket)
+        s3_client().create_bucket(Bucket=bucket)
         FileSystems.set_options(PipelineOptions(S3_OPTIONS))
         try:
             yield f"s3://{bucket}"
@@ -441,21 +451,17 @@ def fake_s3(bucket="photos"):
             FileSystems.set_options(None)
 
 
-def upload_folder(folder, address):
-    """Copies every file under the local `folder` to `address` (`s3://...`) through
-    Beam's `FileSystems`; returns the addresses written."""
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
+def upload_folder(folder, address, client=None):
+    """Puts every file under the local `folder` at `address` (`s3://bucket/prefix`) with
+    the store's own client (`s3_client()` by default); returns the addresses written."""
+    client = client or s3_client()
+    bucket, _, prefix = address[len("s3://") :].partition("/")
     written = []
     for parent, _, names in os.walk(folder):
         for name in sorted(names):
             relative = os.path.relpath(os.path.join(parent, name), folder).replace(os.sep, "/")
-            written.append(f"{address.rstrip('/')}/{relative}")
-            as_is = CompressionTypes.UNCOMPRESSED
-            with (
-                open(os.path.join(parent, name), "rb") as f,
-                FileSystems.create(written[-1], compression_type=as_is) as out,
-            ):
-                out.write(f.read())
+            key = f"{prefix.rstrip('/')}/{relative}" if prefix else relative
+            with open(os.path.join(parent, name), "rb") as f:
+                client.put_object(Bucket=bucket, Key=key, Body=f.read())
+            written.append(f"s3://{bucket}/{key}")
     return written
