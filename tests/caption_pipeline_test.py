@@ -161,7 +161,7 @@ class CaptionPipelineTest(tf.test.TestCase):
 
 class SizeFirstTest(tf.test.TestCase):
     """A file's listed size decides before its bytes: one over the limit is a row naming
-    its size and is never opened; one that grew past it since it was listed is cut off."""
+    its size and is never opened; one that grew past it since it was listed is refused."""
 
     def test_a_file_over_the_limit_is_refused_unread(self):
         path = os.path.join(self.get_temp_dir(), "huge.jpg")

@@ -79,7 +79,7 @@ class ReadFiles(beam.DoFn):
             return
         try:
             with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-                data = f.read(self._max_bytes + 1)  # a file grown since it was listed
+                data = f.read()
         except Exception as e:  # missing since matched, a folder, no permission
             row = caption_rows.error_row(path, caption_rows.MISSING, f"{path} cannot be read: {e}")
             yield beam.pvalue.TaggedOutput("refused", row)
