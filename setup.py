@@ -60,8 +60,10 @@ setup(
             "tensorflow-serving-api>=2.21,<2.22",
         ],
         # Beam 2.77 caps protobuf < 7 and pillow < 13 (TensorFlow 2.21 takes protobuf 6);
-        # the range is the one tested here.
-        "beam": ["apache-beam>=2.77,<2.78"],
+        # the range is the one tested here. [aws] brings boto3 for s3://; gs:// takes Beam's
+        # [gcp] (Google's client libraries, not installed or tested here).
+        "beam": ["apache-beam[aws]>=2.77,<2.78"],
+        "gcp": ["apache-beam[gcp]>=2.77,<2.78"],
         "test": [
             "pytest>=8",
             "pytest-xdist>=3.5",
@@ -72,6 +74,7 @@ setup(
             "selenium>=4.20",
             "requests>=2.31",
             "cryptography>=42",
+            "moto[server]>=5,<6",
         ],
     },
 )
