@@ -26,7 +26,7 @@ from sat_tf.training import decoding_choice, extract, optimizers
 from sat_tf.training import workdir as workdir_lib
 from sat_tf.training.prepare import cached_features, prepare_data, read_records
 from sat_tf.training.scoring import evaluate
-from sat_tf.utils import files
+from sat_tf.utils import files, filesystem
 
 
 def _strategy(config: Config):
@@ -240,8 +240,9 @@ def train_and_evaluate(config: Config, workdir: str, given: Collection[str] = ()
     `workdir/backup`.
     """
     config = workdir_lib.resolved_config(config, given)
-    if config.use_feature_cache:  # a cache elsewhere is read from a local copy
-        local = feature_cache.local_copy(feature_cache.feature_dir_of(config), config.cache_dir)
+    feature_dir = feature_cache.feature_dir_of(config)
+    if config.use_feature_cache and filesystem.is_remote(feature_dir):  # read from a copy
+        local = feature_cache.local_copy(feature_dir, config.cache_dir)
         config = dataclasses.replace(config, feature_dir=local)
     with files.undone_on_failure(workdir):
         data, steps, train_ds, model, done = _set_up(config, workdir)
