@@ -42,7 +42,9 @@ def _jpeg(data):
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError as e:
-        raise _Refused from e
+        if not str(e).startswith(_WARNINGS) or not _ends(data):
+            raise _Refused from e
+        return _with_pillow(data)  # TurboJPEG stops at a warning in the header
     space = {"CMYK": "CMYK", "YCCK": "CMYK", "Gray": "GRAY"}.get(colorspace, "RGB")
     if height * width * (4 if space == "CMYK" else 1 if space == "GRAY" else 3) >= _TF_MAX_BYTES:
         raise _Refused
@@ -50,17 +52,43 @@ def _jpeg(data):
     try:
         pixels = simplejpeg.decode_jpeg(data, strict=True, **options)
     except ValueError as e:
-        # TensorFlow reads on past libjpeg's warnings (corrupt data), never past the
-        # end of the bytes.
-        if "Premature end" in str(e) or not _ends(data):
+        # TensorFlow reads on past libjpeg's warnings (damaged data), never past an error
+        # or the end of the bytes.
+        if not str(e).startswith(_WARNINGS) or not _ends(data):
             raise _Refused from e
         try:
             pixels = simplejpeg.decode_jpeg(data, strict=False, **options)
-        except ValueError as again:
-            raise _Refused from again
-    if space == "CMYK":
-        pixels = _cmyk_to_rgb(pixels, _adobe(data))
-    return pixels
+        except ValueError:
+            return _with_pillow(data)
+    return _cmyk_to_rgb(pixels, _adobe(data)) if space == "CMYK" else pixels
+
+
+# libjpeg's warnings (its JWRN_* messages), after which TensorFlow's decoder goes on;
+# "Premature end of JPEG file" is one too, but there TensorFlow stops.
+_WARNINGS = (
+    "Corrupt JPEG data",
+    "Warning: unknown JFIF",
+    "Unknown Adobe color transform",
+    "Inconsistent progression sequence",
+    "Invalid SOS parameters",
+    "Application transferred",
+)
+
+
+def _with_pillow(data):
+    """A JPEG that libjpeg warns about and TurboJPEG refuses, read on as TensorFlow's
+    decoder reads on, by Pillow (its accurate DCT: values within a level or two of
+    TensorFlow's), its colours converted as TensorFlow converts them."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            if image.mode == "CMYK":  # Pillow turns Adobe's inverted values back
+                raw = np.asarray(image)
+                return _cmyk_to_rgb(255 - raw if _adobe(data) else raw, _adobe(data))
+            return np.asarray(image if image.mode == "L" else image.convert("RGB"))
+    except Exception as e:  # noqa: BLE001 - whatever Pillow raises, the file is corrupt
+        raise _Refused from e
 
 
 def _segments(data):
@@ -87,9 +115,12 @@ def _adobe(data):
 def _ends(data):
     """Whether a JPEG's bytes hold an EOI marker after its first scan begins: where they
     do not, libjpeg reads past their end, which TensorFlow refuses (entropy-coded data
-    never holds FF D9)."""
+    never holds FF D9). The scan is found by walking the segments, so that a thumbnail's
+    markers in an APP segment do not count; where the walk fails (a damaged length),
+    by its marker."""
     scans = [at for marker, at in _segments(data) if marker == 0xDA]
-    return bool(scans) and data.find(b"\xff\xd9", scans[0]) >= 0
+    start = scans[0] if scans else data.find(b"\xff\xda")
+    return start >= 0 and data.find(b"\xff\xd9", start) >= 0
 
 
 def _cmyk_to_rgb(cmyk, adobe):
@@ -135,25 +166,75 @@ def _png_complete(data):
     return False
 
 
-def _gif_complete(data):
-    """Whether a GIF's blocks run whole up to its trailer: giflib (TensorFlow's decoder)
-    reads them all, Pillow stops after the first frame."""
-    table = data[10] & 0x80 and 3 << ((data[10] & 7) + 1)
-    pos, in_blocks = 13 + table, False
-    while pos < len(data):
-        if in_blocks:  # a sub-block: its size, then that many bytes; size 0 ends them
-            in_blocks = data[pos] != 0
-            pos += 1 + data[pos]
-        elif data[pos] == 0x3B:
-            return True
-        elif data[pos] == 0x21:  # an extension: its label, then sub-blocks
-            pos, in_blocks = pos + 2, True
-        elif data[pos] == 0x2C and pos + 10 <= len(data):  # a frame: descriptor, LZW size
+def _gif_frames(data):
+    """The frames TensorFlow's decoder keeps of a GIF: ([(left, top, width, height)] of
+    each frame giflib read whole, up to the first error; the first frame's colour table
+    (C, 3) and transparent index or -1). Raises `_Refused` where it keeps none (a header
+    or colour table cut short, a first frame cut short, of zero size or with an LZW code
+    size over 8); a later error (a file cut after a whole frame, an unknown record) ends
+    the frames without refusing the file."""
+    n = len(data)
+    table = n >= 13 and data[10] & 0x80 and 3 << ((data[10] & 7) + 1)
+    if n < 13 or n < 13 + table:
+        raise _Refused
+    pos, frames, first, transparent, pending = 13 + table, [], None, -1, -1
+    while pos < n and data[pos] != 0x3B:
+        start, kind = pos, data[pos]
+        if kind == 0x21 and pos + 1 < n:  # an extension: its label, then sub-blocks
+            if data[pos + 1] == 0xF9 and pos + 7 <= n and data[pos + 2] == 4:  # graphic control
+                pending = data[pos + 6] if data[pos + 3] & 1 else -1
+            pos += 2
+        elif kind == 0x2C and pos + 10 <= n:  # a frame: descriptor, colour table, code size
             local = data[pos + 9] & 0x80 and 3 << ((data[pos + 9] & 7) + 1)
-            pos, in_blocks = pos + 11 + local, True
-        else:
-            return False
-    return False
+            pos += 11 + local
+            if pos > n or data[pos - 1] > 8 or not _u16(data, start + 5) * _u16(data, start + 7):
+                break
+        else:  # the trailer's absence, or a record giflib does not know
+            break
+        while pos < n and data[pos]:  # sub-blocks: their size, then that many bytes
+            pos += 1 + data[pos]
+        if pos >= n:  # cut before the block that ends them
+            break
+        pos += 1
+        if kind == 0x2C:
+            frames.append(tuple(_u16(data, start + i) for i in (1, 3, 5, 7)))
+            if first is None:
+                local = data[start + 9] & 0x80 and 3 << ((data[start + 9] & 7) + 1)
+                first = data[start + 10 : start + 10 + local] if local else data[13 : 13 + table]
+                transparent = pending
+            pending = -1
+    if not frames or not first:
+        raise _Refused
+    return frames, np.frombuffer(first, np.uint8).reshape(-1, 3), transparent
+
+
+def _u16(data, pos):
+    return int.from_bytes(data[pos : pos + 2], "little")
+
+
+def _gif(data):
+    """A GIF's first frame as TensorFlow decodes it: on a canvas as large as its largest
+    frame, black where the frame does not reach and at its transparent index."""
+    from PIL import Image, ImageFile
+
+    frames, colours, transparent = _gif_frames(data)
+    left, top, width, height = frames[0]
+    canvas = np.zeros((max(f[3] for f in frames), max(f[2] for f in frames), 3), np.uint8)
+    truncated, ImageFile.LOAD_TRUNCATED_IMAGES = ImageFile.LOAD_TRUNCATED_IMAGES, True
+    try:  # giflib keeps what it read of a frame cut short; Pillow leaves the rest 0
+        with Image.open(io.BytesIO(data)) as image:
+            indices = np.asarray(image)[top : top + height, left : left + width]
+    except Exception as e:  # noqa: BLE001 - whatever Pillow raises, the file is corrupt
+        raise _Refused from e
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = truncated
+    shown = indices != transparent
+    if np.any(indices[shown] >= len(colours)):
+        raise _Refused
+    pixels = np.where(shown[..., None], colours[np.minimum(indices, len(colours) - 1)], 0)
+    rows, cols = min(height, canvas.shape[0] - top), min(width, canvas.shape[1] - left)
+    canvas[top : top + rows, left : left + cols] = pixels[:rows, :cols]
+    return canvas
 
 
 def _pillow(data):
@@ -163,8 +244,6 @@ def _pillow(data):
     from PIL import Image
 
     if not (_png_complete(data) if data.startswith(b"\x89PNG") else True):
-        raise _Refused
-    if data.startswith(b"GIF") and not _gif_complete(data):
         raise _Refused
     try:
         with Image.open(io.BytesIO(data)) as image:
@@ -203,6 +282,8 @@ def decode_upright(data: bytes) -> np.ndarray:
             pixels = _jpeg(data)
         elif data.startswith(b"BM"):
             pixels = _bmp(data)
+        elif data.startswith(b"GIF"):
+            pixels = _gif(data)
         else:
             pixels = _pillow(data)
     except _Refused as e:

@@ -20,6 +20,7 @@ no file for them: `--runtime=litert` does.
 """
 
 import concurrent.futures
+import contextlib
 import importlib.util
 import os
 import queue
@@ -27,15 +28,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from sat_tf.config import Config
+from sat_tf.config import RUNTIMES, Config
 from sat_tf.data import image_pixels
 from sat_tf.data.image_files import MAX_IMAGE_PIXELS
 from sat_tf.evaluation import visualize
 from sat_tf.serving import captions as captions_lib
 from sat_tf.serving import litert_cache, preset
 from sat_tf.serving.captions import Caption
+from sat_tf.utils import quiet
 
-RUNTIMES = ("auto", "litert", "tensorflow")
 # Importable name -> the package that installs it.
 PACKAGES = {"ai_edge_litert": "ai-edge-litert", "simplejpeg": "simplejpeg"}
 
@@ -143,6 +144,8 @@ class LiteRTCaptioner:
     """
 
     runtime = "litert"
+    # Whether an interpreter of this process has run (LiteRT logs its delegate once).
+    _ran = False
 
     def __init__(
         self,
@@ -191,6 +194,19 @@ class LiteRTCaptioner:
         finally:
             self._runners.put(runner)
 
+    def _run_all(self, pixels):
+        """The outputs of each image, on one interpreter per core for a batch. LiteRT's
+        line about its CPU delegate, written at the first run of a process, is left out
+        where `TF_CPP_MIN_LOG_LEVEL` asks (`quiet.info_hidden`)."""
+        alone = len(pixels) == 1
+        workers = 1 if alone else min(self._threads, len(pixels))
+        silenced = quiet.info_hidden() and not LiteRTCaptioner._ran
+        with quiet.stderr_silenced() if silenced else contextlib.nullcontext():
+            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                outputs = list(pool.map(lambda image: self._run(image, alone), pixels))
+        LiteRTCaptioner._ran = True
+        return outputs
+
     def _tensorflow(self):
         if self._tensorflow_captioner is None:
             if self._make_tensorflow is None:
@@ -233,12 +249,8 @@ class LiteRTCaptioner:
         size = self.image_size
         if pixels.ndim != 4 or pixels.shape[1:] != (size, size, 3):
             raise ValueError(f"pixels must be (N, {size}, {size}, 3); got {pixels.shape}")
-        alone = len(pixels) == 1
-        workers = 1 if alone else min(self._threads, len(pixels))
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            outputs = list(pool.map(lambda image: self._run(image, alone), pixels))
         out = []
-        for image, output in zip(pixels, outputs, strict=True):
+        for image, output in zip(pixels, self._run_all(pixels), strict=True):
             kept = self._captions(output, image)
             out.append(kept[:num_captions] if num_captions > 1 else kept[0])
         return out
