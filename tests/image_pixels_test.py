@@ -181,8 +181,8 @@ class SamePixelsTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_every_truncation(self):
         for name, data in self.files.items():
-            # A JPEG cut by its last byte alone: TensorFlow's libjpeg-turbo decodes 2 of 30
-            # such pictures, reading its bits differently from simplejpeg's (BUILD_NOTES).
+            # A JPEG cut by its last byte alone: TensorFlow's libjpeg-turbo decodes 3 in 100
+            # of them, simplejpeg's none (BUILD_NOTES.md, "Captioning without TensorFlow").
             first = 2 if name.startswith("jpeg") else 1
             for cut in sorted({first, 2, 3, 17, len(data) // 4, len(data) // 2, len(data) - 30}):
                 if 0 < cut < len(data):
@@ -264,22 +264,6 @@ class SamePixelsTest(tf.test.TestCase, parameterized.TestCase):
         else:
             self.assertStartsWith(got, "x.img")
             self.assertNotIn("\n", got)
-
-
-class OrientationTest(tf.test.TestCase):
-    def test_read_as_the_graph_reads_it(self):
-        cases = [_camera_jpeg(_exif(o, endian)) for o in range(1, 9) for endian in "<>"]
-        block = _exif(6)
-        jpeg = _camera_jpeg(block)
-        start = jpeg.index(b"Exif")
-        # Every cut of the EXIF block, a few bytes of it overwritten, and other formats.
-        cases += [jpeg[:cut] for cut in range(start - 6, start + len(block) + 4)]
-        cases += [jpeg[:i] + b"\xff" + jpeg[i + 1 :] for i in range(start, start + len(block))]
-        cases += [b"", b"Exif\0\0MM", _files()["png"]]
-        for data in cases:
-            with self.subTest(len(data)):
-                want = int(image_io.exif_orientation(tf.constant(data)))
-                self.assertEqual(image_header.read_orientation(data), want)
 
 
 def test_no_tensorflow_is_loaded():
