@@ -230,7 +230,7 @@ class CaptionCommandTest(tf.test.TestCase):
         self.assertIn("--beam_size=0 must be at least 1", stderr)
 
 
-@pytest.mark.long(9)
+@pytest.mark.long(22)
 class RuntimeTest(tf.test.TestCase):
     """--runtime: LiteRT and TensorFlow print and write the same, refuse bad files alike;
     which one `auto` takes."""

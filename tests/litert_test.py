@@ -255,6 +255,17 @@ class ChooseTest(tf.test.TestCase):
             litert.read_source("workdir", self.get_temp_dir())
         with self.assertRaisesRegex(ValueError, "unknown preset 'nope'"):
             litert.read_source("preset", "nope")
+        # A damaged preset folder is named as loading it with TensorFlow names it.
+        damaged = os.path.join(self.get_temp_dir(), "damaged")
+        shutil.copytree(self.folder, damaged)
+        os.remove(os.path.join(damaged, preset.CONFIG_FILE))
+        with self.assertRaisesRegex(ValueError, f"^preset {damaged}: config.json is missing$"):
+            litert.read_source("preset", damaged)
+        with self.assertRaisesRegex(ValueError, f"^preset {damaged}: config.json is missing$"):
+            preset.read(damaged)
+        os.remove(os.path.join(damaged, preset.METADATA_FILE))
+        with self.assertRaisesRegex(ValueError, "is not a sat_tf preset: metadata.json is missing"):
+            litert.read_source("preset", damaged)
 
 
 @pytest.mark.slow

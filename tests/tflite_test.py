@@ -79,6 +79,7 @@ class BeamFileTest(tf.test.TestCase):
         tagged = 0
         for i in range(len(self.pixels)):
             out = runner(image=self.pixels[i : i + 1])
+            self.assertCountEqual(out, tflite.OUTPUTS + tflite.OFF_WORLD_OUTPUTS)
             self.assertAllEqual(out["nbest_tokens"][0], want.tokens[i])
             self.assertAllEqual(out["nbest_length"][0], want.length[i])
             self.assertAllClose(out["log_probs"][0], want.log_prob[i], atol=1e-4)

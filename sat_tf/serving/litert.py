@@ -21,6 +21,7 @@ no file for them: `--runtime=litert` does.
 
 import concurrent.futures
 import contextlib
+import functools
 import importlib.util
 import os
 import queue
@@ -33,18 +34,12 @@ from sat_tf.data import image_pixels
 from sat_tf.data.image_files import MAX_IMAGE_PIXELS
 from sat_tf.evaluation import visualize
 from sat_tf.serving import captions as captions_lib
-from sat_tf.serving import litert_cache, preset
+from sat_tf.serving import litert_cache, off_world_stats, preset
 from sat_tf.serving.captions import Caption
 from sat_tf.utils import quiet
 
 # Importable name -> the package that installs it.
 PACKAGES = {"ai_edge_litert": "ai-edge-litert", "simplejpeg": "simplejpeg"}
-
-
-class OffWorld(NamedTuple):
-    """What a caption's off-world note reads of the statistics: their threshold."""
-
-    threshold: float
 
 
 def missing_packages() -> list[str]:
@@ -77,12 +72,15 @@ def read_source(kind: str, source: str, cache_dir: str | None = None) -> Source:
     """
     if kind == "workdir":
         directory, fixed = source, False
+        missing = f"{directory} is not a sat_tf workdir: {preset.CONFIG_FILE} is missing"
     else:
         directory = preset.resolve(source, cache_dir)
         fixed = "://" in source or source in preset.names()
+        preset.read_metadata(directory)  # its messages, as `preset.read` gives them
+        missing = f"preset {directory}: {preset.CONFIG_FILE} is missing"
     path = os.path.join(directory, preset.CONFIG_FILE)
     if not os.path.isfile(path):
-        raise ValueError(f"{directory} is not a sat_tf {kind}: {preset.CONFIG_FILE} is missing")
+        raise ValueError(missing)
     return Source(kind, directory, Config.load(path), fixed)
 
 
@@ -167,13 +165,19 @@ class LiteRTCaptioner:
         self.crop_fraction = self.info["crop_fraction"]
         self.grid = tuple(self.info["grid"])
         self.beam_size = self.info["tflite"]["beam_size"]
-        threshold = self.info["off_world_threshold"]
-        self.off_world = None if threshold is None else OffWorld(threshold)
+        self.folder = folder
         self._make_tensorflow = tensorflow
         self._tensorflow_captioner = None
         self._threads = threads or os.cpu_count() or 1
         self._runners = queue.SimpleQueue()
         self._made = 0
+
+    @functools.cached_property
+    def off_world(self):
+        """The model's `off_world_stats.Stats` (the threshold of a caption's off-world
+        mark), None for a model without them."""
+        path = os.path.join(self.folder, off_world_stats.FILE)
+        return off_world_stats.load(path) if os.path.isfile(path) else None
 
     def _runner(self, alone):
         """An idle interpreter's signature runner (made when none is idle: with all the
@@ -217,7 +221,7 @@ class LiteRTCaptioner:
     def __getattr__(self, name):
         """What LiteRT does not hold (the model, its vocabulary and config, `attend`):
         the TensorFlow captioner's."""
-        if name.startswith("_") or name == "info":  # never its own, nor half-made
+        if name.startswith("_") or name in ("info", "folder"):  # never its own, nor half-made
             raise AttributeError(name)
         return getattr(self._tensorflow(), name)
 
@@ -262,9 +266,10 @@ class LiteRTCaptioner:
         if self.info["tagger"]:
             tag = output["tag_word"][0].decode("utf-8")
             common.update(tag=tag or None, tag_prob=float(output["tag_prob"][0]))
-        if self.off_world is not None:
+        threshold = self.info["off_world_threshold"]
+        if threshold is not None:
             score = float(output["off_world_score"][0])
-            common.update(off_world_score=score, off_world=score > self.off_world.threshold)
+            common.update(off_world_score=score, off_world=score > threshold)
         found = []
         tokens = output["nbest_tokens"][0]  # (K, T)
         for j in range(tokens.shape[0]):

@@ -7,8 +7,9 @@ A file is keyed by a fingerprint of what decides its captions: a preset's metada
 settings (`DECODING_FIELDS`) and the package's version. `build` makes it with
 TensorFlow (`sat_tf.serving.tflite`, from `inference.load`), under a file lock, so that
 two processes that need it at once build it once: the second waits and takes the first's.
-It lands in `<cache>/litert/<fingerprint>/` in one rename, with `litert.json`, all the
-LiteRT captioner reads besides the file (`sat_tf.serving.litert`). Finding a file
+It lands in `<cache>/litert/<fingerprint>/` in one rename, with `litert.json` (and the
+off-world statistics), all the LiteRT captioner reads besides the file
+(`sat_tf.serving.litert`). Finding a file
 (`fingerprint`, `find`) needs no TensorFlow. The cache keeps the `KEEP` files used last.
 """
 
@@ -22,6 +23,7 @@ from absl import logging
 
 import sat_tf
 from sat_tf.config import Config
+from sat_tf.serving import off_world_stats
 from sat_tf.utils import files
 
 FOLDER = "litert"
@@ -188,6 +190,8 @@ def _build(kind, directory, config, folder, loaded):
     spec = exporting.export_spec(model, encoder, config, vocab=vocab, off_world=stats)
     with files.staged_dir(folder) as staged:
         entry = tflite.write(staged, model, encoder, vocab, spec)["tflite"]
+        if stats is not None:  # the whole statistics, beside the threshold the file holds
+            off_world_stats.save(stats, os.path.join(staged, off_world_stats.FILE))
         info = {
             "format": FORMAT,
             "sat_tf_version": sat_tf.__version__,

@@ -40,6 +40,23 @@ from sat_tf.utils import files
 
 TFLITE_FILE = "caption.tflite"
 TFLITE_INT8_FILE = "caption_int8.tflite"
+# The file's outputs (the module docstring), the off-world ones with statistics only.
+OUTPUTS = (
+    "tokens",
+    "words",
+    "length",
+    "log_prob",
+    "attention",
+    "tag",
+    "tag_word",
+    "tag_prob",
+    "nbest_tokens",
+    "nbest_words",
+    "nbest_length",
+    "log_probs",
+    "nbest_attention",
+)
+OFF_WORLD_OUTPUTS = ("off_world_score", "off_world")
 
 
 def _expanded(result):
@@ -189,6 +206,7 @@ def info(name, flatbuffer, spec, quantize=None) -> dict:
         "grid": list(spec.grid),
         "tags": spec.tag_threshold is not None,
         "off_world": spec.off_world is not None,
+        "outputs": list(OUTPUTS) + (list(OFF_WORLD_OUTPUTS) if spec.off_world is not None else []),
     }
     if quantize:
         entry.update(
