@@ -30,20 +30,27 @@ def assert_printed_line(test, line, path, caption):
     test.assertEqual("[off-world photo: score" in line, caption.off_world, line)
 
 
+def photo_folder(test_class, count):
+    """(a scratch folder removed after the class, its photos/ folder of `count` photos:
+    the first two Flickr8k test photos where the data is there, drawn ones for the rest)."""
+    root = tempfile.mkdtemp()
+    test_class.addClassCleanup(shutil.rmtree, root, ignore_errors=True)
+    folder = os.path.join(root, "photos")
+    os.makedirs(folder)
+    photos = flickr8k_photos(2) or []
+    for i, path in enumerate(photos):
+        shutil.copy(path, os.path.join(folder, f"p{i}.jpg"))
+    for i in range(len(photos), count):
+        made_photo(os.path.join(folder, f"p{i}.png"), i)
+    return root, folder
+
+
 @pytest.mark.long(8)
 class CaptionCommandTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.dir = tempfile.mkdtemp()
-        cls.addClassCleanup(shutil.rmtree, cls.dir, ignore_errors=True)
-        cls.folder = os.path.join(cls.dir, "photos")
-        os.makedirs(cls.folder)
-        photos = flickr8k_photos(2) or []
-        for i, path in enumerate(photos):
-            shutil.copy(path, os.path.join(cls.folder, f"p{i}.jpg"))
-        for i in range(len(photos), 3):
-            made_photo(os.path.join(cls.folder, f"p{i}.png"), i)
+        cls.dir, cls.folder = photo_folder(cls, 3)
         cls.bad = os.path.join(cls.folder, "p1_broken.jpg")
         with open(cls.bad, "wb") as f:
             f.write(b"\xff\xd8\xff\xe0 this JPEG ends here")
@@ -238,15 +245,7 @@ class RuntimeTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.dir = tempfile.mkdtemp()
-        cls.addClassCleanup(shutil.rmtree, cls.dir, ignore_errors=True)
-        cls.folder = os.path.join(cls.dir, "photos")
-        os.makedirs(cls.folder)
-        photos = flickr8k_photos(2) or []
-        for i, path in enumerate(photos):
-            shutil.copy(path, os.path.join(cls.folder, f"p{i}.jpg"))
-        for i in range(len(photos), 5):
-            made_photo(os.path.join(cls.folder, f"p{i}.png"), i)
+        cls.dir, cls.folder = photo_folder(cls, 5)
         bad = {"empty.jpg": b"", "broken.jpg": b"\xff\xd8\xff\xe0 ends here", "text.png": b"hi\n"}
         for name, data in bad.items():
             with open(os.path.join(cls.folder, name), "wb") as f:
