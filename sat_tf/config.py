@@ -46,9 +46,11 @@ CHOICES = {
 # Choices and defaults of command flags that are not settings of a run, here (no
 # TensorFlow) so that the commands define their flags before it loads: the export's
 # TFLite weight quantizations ("dynamic": dynamic-range quantization, int8 weights with
-# float activations, quantized per product at run time), and the principal directions
-# and the threshold's quantile of the off-world statistics (`serving/off_world.py`).
+# float activations, quantized per product at run time), the principal directions and
+# the threshold's quantile of the off-world statistics (`serving/off_world.py`), and
+# the runtimes that caption (`serving/litert.py`).
 QUANTIZATIONS = ("dynamic",)
+RUNTIMES = ("auto", "litert", "tensorflow")
 OFF_WORLD_COMPONENTS = 64
 OFF_WORLD_QUANTILE = 0.99
 

@@ -2,6 +2,7 @@
 a corrupt photo, globs and files, its output file, pictures, bombs, README's command and
 the default preset (the scripts as a user runs them: scripts_test.py)."""
 
+import dataclasses
 import json
 import os
 import shlex
@@ -29,20 +30,27 @@ def assert_printed_line(test, line, path, caption):
     test.assertEqual("[off-world photo: score" in line, caption.off_world, line)
 
 
+def photo_folder(test_class, count):
+    """(a scratch folder removed after the class, its photos/ folder of `count` photos:
+    the first two Flickr8k test photos where the data is there, drawn ones for the rest)."""
+    root = tempfile.mkdtemp()
+    test_class.addClassCleanup(shutil.rmtree, root, ignore_errors=True)
+    folder = os.path.join(root, "photos")
+    os.makedirs(folder)
+    photos = flickr8k_photos(2) or []
+    for i, path in enumerate(photos):
+        shutil.copy(path, os.path.join(folder, f"p{i}.jpg"))
+    for i in range(len(photos), count):
+        made_photo(os.path.join(folder, f"p{i}.png"), i)
+    return root, folder
+
+
 @pytest.mark.long(8)
 class CaptionCommandTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.dir = tempfile.mkdtemp()
-        cls.addClassCleanup(shutil.rmtree, cls.dir, ignore_errors=True)
-        cls.folder = os.path.join(cls.dir, "photos")
-        os.makedirs(cls.folder)
-        photos = flickr8k_photos(2) or []
-        for i, path in enumerate(photos):
-            shutil.copy(path, os.path.join(cls.folder, f"p{i}.jpg"))
-        for i in range(len(photos), 3):
-            made_photo(os.path.join(cls.folder, f"p{i}.png"), i)
+        cls.dir, cls.folder = photo_folder(cls, 3)
         cls.bad = os.path.join(cls.folder, "p1_broken.jpg")
         with open(cls.bad, "wb") as f:
             f.write(b"\xff\xd8\xff\xe0 this JPEG ends here")
@@ -227,6 +235,78 @@ class CaptionCommandTest(tf.test.TestCase):
         )
         self.assertEqual(code, 1)
         self.assertIn("--beam_size=0 must be at least 1", stderr)
+
+
+@pytest.mark.long(22)
+class RuntimeTest(tf.test.TestCase):
+    """--runtime: LiteRT and TensorFlow print and write the same, refuse bad files alike;
+    which one `auto` takes."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.dir, cls.folder = photo_folder(cls, 5)
+        bad = {"empty.jpg": b"", "broken.jpg": b"\xff\xd8\xff\xe0 ends here", "text.png": b"hi\n"}
+        for name, data in bad.items():
+            with open(os.path.join(cls.folder, name), "wb") as f:
+                f.write(data)
+        cls.preset = os.path.join(cls.dir, "tiny_preset")
+        model, vocab, settings = tiny_model()
+        preset.save(
+            model, vocab, dataclasses.replace(settings, beam_size=2), cls.preset, name="tiny"
+        )
+        cls.cache = os.path.join(cls.dir, "cache")
+        cls.patch = pytest.MonkeyPatch()
+        cls.patch.setenv("SAT_TF_CACHE", cls.cache)
+        cls.addClassCleanup(cls.patch.undo)
+
+    def caption(self, *args):
+        return run_main(caption_cli.main, "sat-caption", *args, f"--preset={self.preset}")
+
+    def test_both_runtimes_print_write_and_refuse_alike(self):
+        outputs = {}
+        for runtime in ("litert", "tensorflow"):
+            output = os.path.join(self.dir, f"{runtime}.jsonl")
+            code, stdout, stderr = self.caption(
+                self.folder, f"--output={output}", f"--runtime={runtime}", "--batch_size=3"
+            )
+            self.assertEqual(caption_cli._chosen[0], runtime)
+            with open(output, encoding="utf-8") as f:
+                rows = [json.loads(line) for line in f]
+            outputs[runtime] = code, stdout, stderr.splitlines(), rows
+        (code, stdout, stderr, rows), (want_code, want_stdout, want_stderr, want_rows) = (
+            outputs["litert"],
+            outputs["tensorflow"],
+        )
+        self.assertEqual(code, caption_cli.SKIPPED)
+        self.assertEqual(code, want_code)
+        self.assertEqual([line for line in stderr if "LiteRT" not in line], want_stderr)
+        self.assertLen([line for line in stderr if line.startswith("error: ")], 4)
+        self.assertEqual([set(r) for r in rows], [set(r) for r in want_rows])
+        for row, want in zip(rows, want_rows, strict=True):
+            self.assertEqual(
+                (row["path"], row["caption"], row["tokens"]),
+                (want["path"], want["caption"], want["tokens"]),
+            )
+            self.assertAllClose(row["score"], want["score"], atol=1e-4)
+        printed = [line for line in stdout.splitlines() if ": " in line]
+        self.assertEqual(printed, [line for line in want_stdout.splitlines() if ": " in line])
+
+    def test_auto_takes_litert_where_its_file_is_built(self):
+        photo = os.path.join(self.folder, "p3.png")
+        fresh = os.path.join(self.dir, "fresh_cache")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("SAT_TF_CACHE", fresh)
+            code, _, stderr = self.caption(photo)
+            self.assertEqual((code, caption_cli._chosen[0]), (0, "tensorflow"), stderr)
+            self.assertFalse(os.path.exists(os.path.join(fresh, "litert")))  # nothing built
+            code, stdout, stderr = self.caption(photo, "--runtime=litert")  # builds it
+            self.assertEqual((code, caption_cli._chosen[0]), (0, "litert"), stderr)
+            code, again, _ = self.caption(photo)
+            self.assertEqual((code, caption_cli._chosen[0], again), (0, "litert", stdout))
+            # Another decoding than the file's: TensorFlow, the same flags' captions.
+            code, _, stderr = self.caption(photo, "--beam_size=1")
+            self.assertEqual((code, caption_cli._chosen[0]), (0, "tensorflow"), stderr)
 
 
 if __name__ == "__main__":

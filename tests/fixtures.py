@@ -12,6 +12,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import urllib.error
 from unittest import mock
@@ -465,3 +467,28 @@ def upload_folder(folder, address, client=None):
                 client.put_object(Bucket=bucket, Key=key, Body=f.read())
             written.append(f"s3://{bucket}/{key}")
     return written
+
+
+# The modules a process that captions without TensorFlow may not import.
+TENSORFLOW_MODULES = ("tensorflow", "keras", "tensorflow_text")
+# Prints, last, the top-level modules of `TENSORFLOW_MODULES` (and Pillow's, PIL) that a
+# script run by `fresh_python` imported.
+PRINT_HEAVY_MODULES = (
+    "\nimport sys as _sys\n"
+    "print(sorted({m.split('.')[0] for m in _sys.modules} & {'tensorflow', 'keras', "
+    "'tensorflow_text', 'PIL'}))"
+)
+
+
+def fresh_python(script, *args, timeout=300):
+    """(status, stdout lines, stderr) of `python -c script args` in a fresh process of
+    this checkout's package, with `PRINT_HEAVY_MODULES` run after the script."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(
+        [sys.executable, "-c", script + PRINT_HEAVY_MODULES, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": root},
+        timeout=timeout,
+    )
+    return done.returncode, done.stdout.strip().splitlines(), done.stderr

@@ -23,8 +23,15 @@ anything is decoded) is reported on stderr in one line and skipped, the others a
 captioned; the exit status is then 2 (1: nothing could start, e.g. a bad flag or model).
 With more than one image, stderr shows the progress (`12/80`). -v shows TensorFlow's
 log lines.
+
+--runtime: `litert` captions without TensorFlow, from the model's TFLite file (built
+once into the cache, with TensorFlow, where it is not there yet); `tensorflow` with
+TensorFlow; `auto` (the default) with LiteRT where its file is in the cache or the model
+is a shipped or downloaded preset decoding as it was made to, else with TensorFlow
+(sat_tf/serving/litert.py). Both give the same captions, scores, tags and pictures.
 """
 
+import dataclasses
 import glob
 import json
 import os
@@ -35,12 +42,15 @@ from absl import flags
 from sat_tf.cli.flags_lib import (
     DEFAULT_PRESET,
     check_model_source,
+    decoding_overrides,
     define_model_source,
     define_override,
     load_trained,
+    model_source,
     override,
     run,
 )
+from sat_tf.config import RUNTIMES
 from sat_tf.data import image_files
 from sat_tf.pipelines import caption_rows
 
@@ -68,6 +78,18 @@ flags.DEFINE_integer(
     "skipped before anything is decoded.",
     flag_values=FLAGS,
 )
+flags.DEFINE_enum(
+    "runtime",
+    "auto",
+    list(RUNTIMES),
+    "litert: without TensorFlow (the model's TFLite file, built once into the cache); "
+    "tensorflow; auto: LiteRT where its file is built or the model is a shipped preset "
+    "decoding as it was made to, else TensorFlow.",
+    flag_values=FLAGS,
+)
+# The runtime `_check` chose: ("litert", the file's folder or None to build it, the
+# model's `litert.Source`) or ("tensorflow", None, None).
+_chosen = ["tensorflow", None, None]
 
 
 def expand(args):
@@ -230,11 +252,44 @@ def _check(argv):
     check_model_source(FLAGS)
     paths, problems = expand(argv[1:])
     if any(image_files.path_problem(path) is None for path in paths):
+        _chosen[:] = _choose_runtime()
         return None
     return _caption(None, paths, problems)
 
 
+def _choose_runtime():
+    """`_chosen` for the flags (`litert.choose`), read without TensorFlow."""
+    if FLAGS.runtime == "tensorflow":
+        return "tensorflow", None, None
+    from sat_tf.serving import litert
+
+    source = litert.read_source(*model_source(FLAGS))
+    config, changed = decoding_overrides(FLAGS, source.config)
+    beam_size = override(FLAGS, "beam_size")
+    if beam_size is not None and beam_size != config.beam_size:
+        config, changed = dataclasses.replace(config, beam_size=beam_size), {**changed, "beam": 1}
+    source = source._replace(config=config)
+    runtime, folder, why = litert.choose(FLAGS.runtime, source, own_decoding=not changed)
+    if why:
+        print(f"note: {why}", file=sys.stderr)
+    return runtime, folder, source
+
+
+def _litert_captioner():
+    from sat_tf.serving import litert, litert_cache
+
+    _, folder, source = _chosen
+    if folder is None:  # its first use: built with TensorFlow (loaded by `run`), once
+        folder = litert_cache.build(source.kind, source.directory, source.config)
+    sizes = dict(batch_size=FLAGS.batch_size, max_image_pixels=FLAGS.max_image_pixels)
+    return litert.LiteRTCaptioner(
+        folder, tensorflow=litert.tensorflow_captioner(source, **sizes), **sizes
+    )
+
+
 def _main(argv):
+    if _chosen[0] == "litert":
+        return _caption(_litert_captioner(), *expand(argv[1:]))
     from sat_tf.serving import api
 
     captioner = api.Captioner.from_trained(
@@ -303,7 +358,8 @@ def main(argv=None):
       the exit status: 0, 1 when nothing could start, `SKIPPED` when some images were
       skipped.
     """
-    return run(_main, FLAGS, argv, __doc__, check=_check)
+    _chosen[:] = ["tensorflow", None, None]
+    return run(_main, FLAGS, argv, __doc__, check=_check, tensorflow=lambda: _chosen[1] is None)
 
 
 if __name__ == "__main__":

@@ -417,7 +417,9 @@ def _print_help(text):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to say
 
 
-def run(main, flag_values=flags.FLAGS, argv=None, doc="", check=None, help_first=()):
+def run(
+    main, flag_values=flags.FLAGS, argv=None, doc="", check=None, help_first=(), tensorflow=None
+):
     """Parses `argv` into `flag_values` and calls `main` with the arguments left, through
     `absl.app.run` (its --help / --helpfull, logging flags and flagfiles, with names
     looked up by `expand_flagfiles`). TensorFlow loads (`cli.quiet_tensorflow`) after
@@ -441,6 +443,9 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc="", check=None, help_first
         exit status, and `main` does not run.
       help_first: for a command with its own `flag_values`, the flags its --help
         lists first, in that order (`task_help`); left out: absl's --help.
+      tensorflow: a function of no arguments, called after `check`, that says whether
+        `main` runs TensorFlow (False: it is not loaded, as for a command that captions
+        with LiteRT); None: it does.
 
     Returns:
       the exit status: main's, 0 after --help, 1 for a ValueError or for flags absl
@@ -463,8 +468,10 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc="", check=None, help_first
             status = check(args) if check else None
             if status is not None:
                 return status
-            if not verbose:
+            if not verbose and (tensorflow is None or tensorflow()):
                 cli.quiet_tensorflow()
+            elif not verbose:
+                cli.quiet_litert()
             return main(args)
         except ValueError as e:
             return _error(e)

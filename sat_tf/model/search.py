@@ -322,14 +322,16 @@ def beam_search(
     if constraint is not None:
         first = decoding_rules.constrained_start(constraint, k)
     initial_log_prob = tf.where(tf.range(slots)[None] == first[:, None], 0.0, neg_inf)
+    rows = tf.nest.flatten(initial_state)[0].shape[0]  # B where the state knows it, else None
     loop_vars = (
         tf.constant(0),
         tf.fill([batch_size * slots], tf.constant(start_id, tf.int32)),
         tf.nest.map_structure(lambda x: tf.repeat(x, slots, axis=0), initial_state),
         tf.zeros([batch_size, slots], tf.bool),
         tf.zeros([batch_size, slots, max_length], tf.int32),
-        tf.TensorArray(tf.float32, max_length, element_shape=[None, slots, num_locations]),
-        tf.TensorArray(tf.int32, max_length, clear_after_read=False, element_shape=[None, slots]),
+        # Static where the batch is (TFLite lowers a TensorArray of static elements only).
+        tf.TensorArray(tf.float32, max_length, element_shape=[rows, slots, num_locations]),
+        tf.TensorArray(tf.int32, max_length, clear_after_read=False, element_shape=[rows, slots]),
         tf.zeros([batch_size, slots], tf.int32),
         initial_log_prob,  # (B, S)
     )

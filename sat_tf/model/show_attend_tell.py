@@ -306,6 +306,7 @@ class ShowAttendTell(ResumableModel):
         sample_seed=None,
         hard_decoding=None,
         compact=True,
+        num_return=1,
     ):
         """Captions from the decoder's state: greedy for beam_size 1, else beam search.
 
@@ -316,7 +317,8 @@ class ShowAttendTell(ResumableModel):
         draws each word instead of taking the most likely (greedy only). `hard_decoding`
         ("argmax", "expected"; None: the decoder's own) is hard attention's context.
         `compact=False` keeps beam search's tensors at B rows, as XLA needs
-        (`search.beam_search`).
+        (`search.beam_search`). `num_return` > 1 returns that many hypotheses per image,
+        best first (beam search only; `search.DecodeResult`).
 
         Args:
           state: `AttentionDecoder.initial_state` of (B, L, D) annotation vectors.
@@ -349,6 +351,7 @@ class ShowAttendTell(ResumableModel):
             constraint=constraint,
             constants=constants,
             compact=compact,
+            num_return=num_return,
             **common,
         )
 

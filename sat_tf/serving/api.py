@@ -15,111 +15,20 @@ tag, where the model looked for every word and, for a model with off-world stati
 (`sat_tf.serving.off_world`), how unlike its training photos the photo is.
 """
 
-import dataclasses
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from PIL import Image, ImageOps
 
 from sat_tf.data import image_io
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import visualize
+from sat_tf.serving import captions as captions_lib
 from sat_tf.serving import inference
 from sat_tf.serving import off_world as off_world_lib
+from sat_tf.serving.captions import Caption
 from sat_tf.serving.inference import feature_encoder
-
-
-@dataclasses.dataclass(frozen=True)
-class Caption:
-    """The caption of one image.
-
-    Attributes:
-      text: the words joined by spaces.
-      words: the caption's words (never `<pad>`, `<start>`, `<unk>`; `<end>` not included).
-      tokens: int32 (len(words),) their ids in the model's vocabulary.
-      score: log p(words, `<end>` | image), the sum of the emitted tokens'
-        log-probabilities that greedy and beam search maximise (`<end>` included when
-        it was emitted; a caption cut at the length limit has none).
-      attention: float32 (M, H, W), where the model looked: `attention[i]` is the map
-        (summing to 1 over the H x W grid of annotation vectors, paper §4) that emitted
-        `words[i]`; a caption that ended with `<end>` has one map more, for `<end>`
-        (M = len(words) + 1), one cut at the length limit has M = len(words).
-      image: uint8 (S, S, 3) the pixels the model saw (after resize and centre crop).
-      off_world_score: how unlike the model's training photos the photo is
-        (`off_world`: a Mahalanobis distance of its pooled features); None for a
-        model without off-world statistics.
-      off_world: whether the score exceeds the statistics' threshold: the caption is
-        likely wrong, the photo being unlike any the model learnt from (it is still
-        captioned); None without statistics.
-      tag: the word the caption was made to say: the photo's tag from the encoder's
-        ImageNet head (`sat_tf.serving.tags`), confident enough (`Config.tag_threshold`);
-        None where no tag was used (none confident, tags off, or a model without a tag
-        table).
-      tag_prob: the probability of the photo's most probable tag, used or not; None for
-        a model without a tag table.
-    """
-
-    text: str
-    words: list[str]
-    tokens: np.ndarray
-    score: float
-    attention: np.ndarray
-    image: np.ndarray
-    off_world_score: float | None = None
-    off_world: bool | None = None
-    tag: str | None = None
-    tag_prob: float | None = None
-
-
-def _is_batch(images) -> bool:
-    if isinstance(images, np.ndarray):
-        return images.ndim == 4
-    return isinstance(images, (list, tuple))
-
-
-def _describe(image, index) -> str:
-    if isinstance(image, (str, os.PathLike)):
-        return repr(os.fspath(image))
-    return f"{index} of the batch ({type(image).__name__})"
-
-
-def _array_pixels(array: np.ndarray, what: str) -> np.ndarray:
-    """An (H, W, 3) float32 array in [0, 255] from a numpy image (converted, not refused:
-    grayscale gets three channels, RGBA loses its alpha as `image_io.decode_upright` does).
-
-    Raises:
-      ValueError: for a shape that is not an image, or float pixels outside [0, 255] or
-        all within (0, 1] (the [0, 1] convention; the model takes [0, 255]).
-    """
-    if array.ndim == 3 and array.shape[-1] == 1:
-        array = array[..., 0]
-    if array.ndim == 2:
-        array = np.stack([array] * 3, axis=-1)
-    if array.ndim != 3 or array.shape[-1] not in (3, 4) or 0 in array.shape:
-        raise ValueError(
-            f"image {what}: a numpy image must be (H, W), (H, W, 1), (H, W, 3) or "
-            f"(H, W, 4); got shape {array.shape}"
-        )
-    array = array[..., :3]
-    if np.issubdtype(array.dtype, np.floating):
-        low, high = float(np.min(array)), float(np.max(array))
-        if not (np.isfinite(low) and np.isfinite(high)) or low < 0 or high > 255:
-            raise ValueError(
-                f"image {what}: float pixels must lie in [0, 255]; these span [{low}, {high}]"
-            )
-        if 0 < high <= 1:
-            raise ValueError(
-                f"image {what}: float pixels must lie in [0, 255]; these all lie in [0, 1] "
-                "(multiply by 255)"
-            )
-    elif array.dtype == np.uint16:
-        array = array / 257.0
-    elif array.dtype != np.uint8:
-        raise ValueError(f"image {what}: pixels must be uint8, uint16 or float, not {array.dtype}")
-    return array.astype(np.float32)
 
 
 class Captioner:
@@ -171,16 +80,36 @@ class Captioner:
         )
 
     @classmethod
-    def from_preset(cls, source: str, cache_dir: str | None = None, **kwargs) -> "Captioner":
+    def from_preset(
+        cls, source: str, cache_dir: str | None = None, runtime: str = "auto", **kwargs
+    ) -> "Captioner":
         """A captioner of a preset: a shipped name (`preset.names()`), a preset
         folder, or an https:// URL of a preset archive (`#sha256=<hex>` checks it); with
-        the preset's off-world statistics where it has them."""
+        the preset's off-world statistics where it has them.
+
+        `runtime`: "tensorflow"; "litert" (`sat_tf.serving.litert.LiteRTCaptioner`: the
+        same captions without TensorFlow, its TFLite file built into the cache first if
+        it is not there); "auto", LiteRT where that file is already in the cache
+        (`sat-caption` builds it), else TensorFlow."""
+        if runtime != "tensorflow":
+            from sat_tf.serving import litert
+
+            captioner = litert.from_source("preset", source, runtime, cache_dir, **kwargs)
+            if captioner is not None:
+                return captioner
         return cls.from_trained(inference.load(source, cache_dir, kind="preset"), **kwargs)
 
     @classmethod
-    def from_workdir(cls, workdir: str, **kwargs) -> "Captioner":
+    def from_workdir(cls, workdir: str, runtime: str = "auto", **kwargs) -> "Captioner":
         """A captioner of a training workdir (`sat-train`): its best weights, and its
-        off-world statistics where `sat-off-world` wrote them."""
+        off-world statistics where `sat-off-world` wrote them; `runtime` as for
+        `from_preset`."""
+        if runtime != "tensorflow":
+            from sat_tf.serving import litert
+
+            captioner = litert.from_source("workdir", workdir, runtime, **kwargs)
+            if captioner is not None:
+                return captioner
         return cls.from_trained(inference.load(workdir, kind="workdir"), **kwargs)
 
     @property
@@ -206,24 +135,9 @@ class Captioner:
             wrong with it; `image_io.ImageError` for a file or bytes that are empty, not
             an image, truncated or corrupt, or over `max_image_pixels`.
         """
-        size, crop = self.image_size, self.crop_fraction
-        what = _describe(image, index)
-        limit = self.max_image_pixels
-        if isinstance(image, (str, os.PathLike)):
-            pixels = image_io.load_image_file(os.fspath(image), size, crop, limit)
-        elif isinstance(image, (bytes, bytearray)):
-            name = f"image {index} of the batch"
-            pixels = image_io.decode_admitted(bytes(image), name, size, crop, limit)
-        elif isinstance(image, Image.Image):
-            # Upright as `image_io.decode_upright` turns a file; RGB as it converts one.
-            upright = ImageOps.exif_transpose(image)
-            array = np.asarray(upright.convert("RGBA" if "A" in upright.getbands() else "RGB"))
-            pixels = image_io.resize_and_crop(_array_pixels(array, what), size, crop)
-        elif isinstance(image, np.ndarray):
-            pixels = image_io.resize_and_crop(_array_pixels(image, what), size, crop)
-        else:
-            raise ValueError(f"image {what}: give a file path, bytes, a PIL image or a numpy array")
-        return np.asarray(pixels, np.float32)
+        return captions_lib.pixels(
+            image, index, self.image_size, self.crop_fraction, self.max_image_pixels, image_io
+        )
 
     def _features(self, pixels):
         """(N, L, D) annotation vectors of (N, S, S, 3) pixels."""
@@ -315,7 +229,7 @@ class Captioner:
         Raises:
           ValueError: naming the first image that cannot be read, and why.
         """
-        batch = list(images) if _is_batch(images) else [images]
+        batch = list(images) if captions_lib.is_batch(images) else [images]
         if not batch:
             return []
         pixels = np.stack([self.load_image(image, i) for i, image in enumerate(batch)])

@@ -22,30 +22,31 @@ and blank outputs (caption '', zeros); one bad image never fails the request. De
 (`input_pipeline`, paper §5.4), the encoder, greedy or beam search (paper §4) and the
 id -> word lookup all run in the graph as core TensorFlow ops, so the export loads with
 `tf.saved_model.load` alone; the vocabulary is a constant of the graph. The TFLite file
-captions one resized image with builtin ops: greedy tokens and words out, joining them
-is left to the app; `--quantize=dynamic` adds a copy with int8 weights.
+(`sat_tf.serving.tflite`) captions one resized image with builtin ops, decoding as the
+export does; `--quantize=dynamic` adds a copy with int8 weights.
 """
 
 import dataclasses
 import os
 
 import keras
-import numpy as np
 import tensorflow as tf
-from tensorflow.lite.tools import flatbuffer_utils
 
-from sat_tf.config import QUANTIZATIONS
 from sat_tf.data import graph_admission, image_io
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.serving import inference
 from sat_tf.serving import off_world as off_world_lib
+from sat_tf.serving import tflite as tflite_lib
 from sat_tf.serving.inference import feature_encoder
+from sat_tf.serving.tflite import (  # noqa: F401 (the export's TFLite files, named here too)
+    TFLITE_FILE,
+    TFLITE_INT8_FILE,
+    float_depthwise_filters,
+)
 from sat_tf.utils import files
 
 EXPORT_INFO = "sat_tf_export.json"
 VOCAB_FILE = "vocab.txt"
-TFLITE_FILE = "caption.tflite"
-TFLITE_INT8_FILE = "caption_int8.tflite"
 SIGNATURES = ("serving_default", "caption_images", "caption_features")
 FORMATS = image_io.FORMATS_TEXT
 
@@ -237,112 +238,6 @@ def serving_functions(model, encoder, vocab, spec):
     }
 
 
-def tflite_function(model, encoder, vocab, spec):
-    """A `tf.function` captioning one resized image greedily, for the TFLite converter.
-
-    The weights enter the graph as constants (a `keras.StatelessScope`): TFLite does not
-    freeze variables read inside the decoding loop.
-
-    Input: image float32 (1, S, S, 3), pixels in [0, 255] already resized and cropped.
-    Outputs: tokens int32 (1, T), words string (1, T), length int32 (1,), log_prob
-    float32 (1,), attention float32 (1, T, H, W).
-    """
-    size = spec.image_size
-    greedy = dataclasses.replace(spec, beam_size=1, tag_threshold=None)
-    weights = {id(v): v for v in model.weights + encoder.weights}.values()
-    values = [(v, v.numpy()) for v in weights]
-
-    @tf.function(
-        input_signature=[tf.TensorSpec([1, size, size, 3], tf.float32, name="image")],
-        autograph=False,
-    )
-    def caption(image):
-        constants = [(v, tf.constant(value)) for v, value in values]
-        with keras.StatelessScope(state_mapping=constants):
-            result = _decode(model, encoder(image, training=False), greedy)
-        words = tf.constant(vocab.words, tf.string)
-        attention = tf.reshape(result.attention, [1, spec.max_length, *spec.grid])  # (1, T, H, W)
-        return {
-            "tokens": result.tokens,
-            "words": tf.gather(words, result.tokens),
-            "length": result.length,
-            "log_prob": result.log_prob,
-            "attention": attention,
-        }
-
-    return caption
-
-
-def _tflite_holder(model, encoder, vocab, spec):
-    holder = tf.Module()
-    holder.caption = tflite_function(model, encoder, vocab, spec)
-    return holder
-
-
-def float_depthwise_filters(flatbuffer: bytes) -> bytes:
-    """A dynamic-range TFLite model with its depthwise convolutions' int8 filters turned
-    back into float32 (the int8 values times their scales).
-
-    LiteRT's XNNPACK delegate has no depthwise convolution with int8 filters and float
-    inputs: each such op runs on a slow reference kernel outside the delegate and splits
-    the delegated graph around it. Depthwise filters hold few of a CNN's weights, so the
-    file hardly grows (BUILD_NOTES.md has the sizes and times).
-    """
-    schema = flatbuffer_utils.schema_fb
-    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer))
-    depthwise = schema.BuiltinOperator.DEPTHWISE_CONV_2D
-    for subgraph in model.subgraphs:
-        for op in subgraph.operators:
-            code = model.operatorCodes[op.opcodeIndex]
-            if flatbuffer_utils.schema_util.get_builtin_code_from_operator_code(code) != depthwise:
-                continue
-            tensor = subgraph.tensors[op.inputs[1]]
-            if tensor.type != schema.TensorType.INT8:
-                continue
-            buffer = model.buffers[tensor.buffer]
-            values = np.frombuffer(bytes(buffer.data), np.int8).reshape(tensor.shape)
-            scale_shape = [1] * values.ndim
-            scale_shape[tensor.quantization.quantizedDimension] = -1
-            scale = np.asarray(tensor.quantization.scale, np.float32)
-            if scale.size > 1:
-                scale = scale.reshape(scale_shape)
-            filters = values.astype(np.float32) * scale
-            buffer.data = np.frombuffer(filters.tobytes(), np.uint8)
-            tensor.type, tensor.quantization = schema.TensorType.FLOAT32, None
-    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
-
-
-def _convert(holder, quantize):
-    concrete = holder.caption.get_concrete_function()
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], holder)
-    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    if quantize != "dynamic":
-        return converter.convert()
-    # Without a representative dataset, `Optimize.DEFAULT` is dynamic-range
-    # quantization: int8 weights, float inputs, outputs and activations.
-    converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    return float_depthwise_filters(converter.convert())
-
-
-def _check_quantize(quantize):
-    if quantize is not None and quantize not in QUANTIZATIONS:
-        raise ValueError(
-            f"--quantize={quantize!r} is not one of {', '.join(map(repr, QUANTIZATIONS))}"
-        )
-
-
-def convert_tflite(model, encoder, vocab, spec, quantize=None) -> bytes:
-    """A TFLite flatbuffer of `tflite_function` with builtin ops only (no Flex ops).
-
-    Args:
-      model, encoder, vocab, spec: as for `tflite_function`.
-      quantize: None for float32 weights, or one of `QUANTIZATIONS`; "dynamic" keeps
-        depthwise convolution filters float (`float_depthwise_filters`).
-    """
-    _check_quantize(quantize)
-    return _convert(_tflite_holder(model, encoder, vocab, spec), quantize)
-
-
 def export_spec(
     model,
     encoder,
@@ -397,26 +292,6 @@ def _is_export(path):
     return any(os.path.exists(os.path.join(path, f)) for f in (EXPORT_INFO, "saved_model.pb"))
 
 
-def _write_tflite(folder, name, flatbuffer, spec, quantize=None):
-    """Writes a TFLite file into `folder`; returns its entry of `sat_tf_export.json`."""
-    files.write_bytes(os.path.join(folder, name), flatbuffer)
-    size = spec.image_size
-    info = {
-        "file": name,
-        "bytes": len(flatbuffer),
-        "input": {"image": [1, size, size, 3], "dtype": "float32", "range": [0, 255]},
-        "decoding": "greedy",
-    }
-    if quantize:
-        info.update(
-            quantization=quantize,
-            weights="int8",
-            float_weights="depthwise convolution filters (float_depthwise_filters)",
-            activations="float32",
-        )
-    return info
-
-
 def export(
     model,
     vocab,
@@ -427,6 +302,7 @@ def export(
     max_length=None,
     tflite=False,
     quantize=None,
+    tflite_greedy=False,
     overwrite=False,
     max_image_pixels=image_io.MAX_IMAGE_PIXELS,
     off_world=None,
@@ -445,9 +321,12 @@ def export(
       output: the export directory, e.g. `exports/sat/1` for TF Serving.
       beam_size, max_length: decoding settings fixed in the graph; None takes
         `config.beam_size` / `config.max_decode_length`.
-      tflite: also write the TFLite file (greedy decoding).
+      tflite: also write the TFLite file (`sat_tf.serving.tflite`): the export's own
+        decoding (beam size, tags, off-world score), its K hypotheses too.
       quantize: with `tflite`, one of `QUANTIZATIONS`: also write the TFLite model with
-        quantized weights (`convert_tflite`).
+        quantized weights (`tflite.convert`).
+      tflite_greedy: with `tflite`, decode greedily without tags in the TFLite files
+        (the SavedModel keeps the export's decoding).
       overwrite: replace an earlier export at `output`.
       max_image_pixels: `serving_default` gives status 4 (and no caption) for images
         over it, read from their headers before anything is decoded.
@@ -462,9 +341,11 @@ def export(
     """
     if len(vocab) != model.vocab_size:
         raise ValueError(f"the vocabulary has {len(vocab)} words but the model {model.vocab_size}")
-    _check_quantize(quantize)
+    tflite_lib.check_quantize(quantize)
     if quantize and not tflite:
         raise ValueError(f"--quantize={quantize} quantizes the TFLite model: add --tflite")
+    if tflite_greedy and not tflite:
+        raise ValueError("--tflite_greedy sets the TFLite model's decoding: add --tflite")
     output = os.path.abspath(output)
     if os.path.exists(output):
         if not overwrite:
@@ -509,12 +390,7 @@ def export(
             "config": dataclasses.asdict(config),
         }
         if tflite:
-            holder = _tflite_holder(model, encoder, vocab, spec)
-            info["tflite"] = _write_tflite(tmp, TFLITE_FILE, _convert(holder, None), spec)
-            if quantize:
-                info["tflite_int8"] = _write_tflite(
-                    tmp, TFLITE_INT8_FILE, _convert(holder, quantize), spec, quantize
-                )
+            info.update(tflite_lib.write(tmp, model, encoder, vocab, spec, quantize, tflite_greedy))
         try:
             from sat_tf.serving import model_server
 
