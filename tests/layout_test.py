@@ -62,7 +62,14 @@ FLOORS = (
 # The model's modules that are the paper; beside them, what the project adds and keeps
 # apart: the model imports these, they import none of the paper's modules.
 PAPER = ("attention", "decoder", "encoder", "losses", "search", "show_attend_tell", "step")
-BESIDE_THE_PAPER = ("decoding_rules", "location_prior", "per_image", "resumable", "self_critical")
+BESIDE_THE_PAPER = (
+    "decoding_rules",
+    "location_prior",
+    "per_image",
+    "resumable",
+    "sampling",
+    "self_critical",
+)
 # Modules held to more than their floor: module (or package) -> what it may not import.
 MODULE_RULES = {
     "sat_tf.serving.preset": ("sat_tf.model",),
