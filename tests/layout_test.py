@@ -97,8 +97,9 @@ CAPTION_RUNS = {"command": (27, 2150), "api": (23, 1800)}
 MODEL_FILES = 8  # the paper's modules of sat_tf/model/ and its __init__.py
 # 1,000 until beam search kept each image's annotations once (per_image.py), 1,010 until
 # its step took the images that hold a live hypothesis apart (`search._advance`) and
-# stopped at the settled ones.
-MODEL_CODE_LINES = 1050
+# stopped at the settled ones, 1,050 until decoding returned several captions of an
+# image (the beam's n best, or n drawn ones).
+MODEL_CODE_LINES = 1065
 MODULE_CODE_LINES = 450
 CLASS_CODE_LINES = 300
 FUNCTION_CODE_LINES = 80  # outside model/fast/

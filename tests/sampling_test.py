@@ -64,9 +64,11 @@ class DrawTest(tf.test.TestCase):
     def test_without_temperature_or_nucleus_the_categorical_draw(self):
         # Self-critical training's samples are those it drew before the temperature existed.
         logits = tf.constant(_log(np.tile(HALVES, (64, 1))))
-        seed = tf.constant([3, 4])
-        want = tf.random.stateless_categorical(logits, 1, seed, dtype=tf.int32)[:, 0]
-        self.assertAllEqual(sampling.draw(logits, seed), want)
+        seed, t = tf.constant([3, 4]), tf.constant(5)
+        folded = tf.random.experimental.stateless_fold_in(seed, t)
+        want = tf.random.stateless_categorical(logits, 1, folded, dtype=tf.int32)[:, 0]
+        self.assertAllEqual(sampling.draw(logits, sampling.Drawing(seed), t), want)
+        self.assertNotAllEqual(sampling.draw(logits, sampling.Drawing(seed), t + 1), want)
 
     def test_draws_follow_the_tempered_nucleus(self):
         rows = 40_000
@@ -78,21 +80,23 @@ class DrawTest(tf.test.TestCase):
             (None, 0.6): np.array([2 / 3, 1 / 3, 0, 0]),
         }
         for (temperature, top_p), want in cases.items():
-            words = sampling.draw(logits, tf.constant([1, 2]), temperature, top_p)
+            drawing = sampling.Drawing(tf.constant([1, 2]), temperature, top_p)
+            words = sampling.draw(logits, drawing, 0)
             # Standard error of a share over 40,000 rows: at most 0.0025.
             self.assertAllClose(_frequencies(words, 4), want, atol=0.012, msg=(temperature, top_p))
 
     def test_near_zero_temperature_takes_the_most_likely_word(self):
         rng = np.random.default_rng(0)
         log_probs = tf.nn.log_softmax(rng.normal(size=(500, 30)).astype(np.float32))
-        words = sampling.draw(log_probs, tf.constant([5, 6]), 1e-6)
+        words = sampling.draw(log_probs, sampling.Drawing(tf.constant([5, 6]), 1e-6), 0)
         self.assertAllEqual(words, tf.argmax(log_probs, axis=-1, output_type=tf.int32))
 
     def test_blocked_words_are_never_drawn(self):
         log_probs = _log(np.tile([0.4, 0.1, 0.3, 0.2], (5_000, 1)))
         log_probs[:, 0] = NEG_INF
         log_probs[:, 2] += -1e9
-        words = sampling.draw(tf.constant(log_probs), tf.constant([0, 1]), 3.0).numpy()
+        drawing = sampling.Drawing(tf.constant([0, 1]), 3.0)
+        words = sampling.draw(tf.constant(log_probs), drawing, 0).numpy()
         self.assertEqual(set(words.tolist()), {1, 3})
 
 
@@ -107,7 +111,8 @@ class PerturbTest(tf.test.TestCase):
             (2.0, None, np.sqrt(HALVES) / np.sqrt(HALVES).sum()),
             (1.0, 0.6, np.array([2 / 3, 1 / 3, 0, 0])),
         ):
-            perturbed = sampling.perturb(step - 2.0, step, tf.constant([7, 8]), temperature, top_p)
+            drawing = sampling.Drawing(tf.constant([7, 8]), temperature, top_p)
+            perturbed = sampling.perturb(step - 2.0, step, drawing, 0)
             words = tf.argmax(perturbed[:, 0], axis=-1)
             self.assertAllClose(_frequencies(words, 4), want, atol=0.012, msg=(temperature, top_p))
 
@@ -117,14 +122,16 @@ class PerturbTest(tf.test.TestCase):
         rows = 40_000
         prefix = np.log(np.array([0.6, 0.4], np.float32))
         step = _log(np.tile([[0.5, 0.5], [0.75, 0.25]], (rows, 1, 1)))  # (B, 2, 2)
-        perturbed = sampling.perturb(prefix[None, :, None] + step, step, tf.constant([1, 1]))
+        drawing = sampling.Drawing(tf.constant([1, 1]))
+        perturbed = sampling.perturb(prefix[None, :, None] + step, step, drawing, 0)
         chosen = tf.argmax(tf.reshape(perturbed, [rows, 4]), axis=-1)
         self.assertAllClose(_frequencies(chosen, 4), [0.3, 0.3, 0.3, 0.1], atol=0.012)
 
     def test_near_zero_temperature_keeps_the_ranking(self):
         rng = np.random.default_rng(1)
         candidates = rng.normal(size=(50, 3, 20)).astype(np.float32)
-        perturbed = sampling.perturb(candidates, candidates, tf.constant([2, 3]), 1e-6)
+        drawing = sampling.Drawing(tf.constant([2, 3]), 1e-6)
+        perturbed = sampling.perturb(candidates, candidates, drawing, 0)
         self.assertAllEqual(
             tf.argmax(tf.reshape(perturbed, [50, 60]), axis=-1),
             np.argmax(candidates.reshape(50, 60), axis=-1),

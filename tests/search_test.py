@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from sat_tf.model import search
+from sat_tf.model import sampling, search
 
 PAD, START, END, A, B = 0, 1, 2, 3, 4
 VOCAB = 5
@@ -967,7 +967,7 @@ class SamplingTest(tf.test.TestCase, parameterized.TestCase):
             kwargs["constraint"] = _constraint(
                 [({A}, {B}, set())[i % 3] for i in range(len(self.CODES))]
             )
-        seed = dict(sample_seed=tf.constant([1, 2]), temperature=1e-6)
+        seed = dict(drawing=sampling.Drawing(tf.constant([1, 2]), 1e-6))
         if "constraint" in kwargs:
             drawn = _sampled_beam(fn, self.CODES, 7, **seed, **kwargs)
             want = _sampled_beam(fn, self.CODES, 7, **kwargs)
@@ -983,11 +983,11 @@ class SamplingTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.parameters(dict(temperature=2.0), dict(temperature=0.7, top_p=0.8))
     def test_a_drawn_captions_log_prob_is_the_steps_own(self, **drawing):
         fn = PathStep(seed=5, end_logit=-1.0)
-        seed = tf.constant([9, 9])
+        seed = sampling.Drawing(tf.constant([9, 9]), **drawing)
         words = _constraint([({A}, set())[i % 2] for i in range(len(self.CODES))])
         drawn = [
-            _greedy(fn, tf.constant(self.CODES), len(self.CODES), 6, sample_seed=seed, **drawing),
-            _sampled_beam(fn, self.CODES, 6, sample_seed=seed, constraint=words, **drawing),
+            _greedy(fn, tf.constant(self.CODES), len(self.CODES), 6, drawing=seed),
+            _sampled_beam(fn, self.CODES, 6, drawing=seed, constraint=words),
         ]
         for result in drawn:
             for i, code in enumerate(self.CODES):
@@ -1009,7 +1009,7 @@ class SamplingTest(tf.test.TestCase, parameterized.TestCase):
         fn = TableStep({}, num_images=1, max_length=1)
         state = fn.initial_state(np.zeros(rows, np.int32))
         for temperature, want in ((None, probs), (2.0, np.sqrt(probs) / np.sqrt(probs).sum())):
-            drawing = dict(sample_seed=tf.constant([3, 1]), temperature=temperature)
+            drawing = dict(drawing=sampling.Drawing(tf.constant([3, 1]), temperature))
             paths = {
                 "greedy": _greedy(fn, state, rows, 1, **drawing),
                 "beam of one": _beam(fn, state, rows, 1, 1, **drawing),
@@ -1025,8 +1025,12 @@ class SamplingTest(tf.test.TestCase, parameterized.TestCase):
         fn = PathStep(seed=2)
         words = _constraint([{A}] * len(self.CODES))
         for draw in (
-            lambda seed: _greedy(fn, tf.constant(self.CODES), len(self.CODES), 6, sample_seed=seed),
-            lambda seed: _sampled_beam(fn, self.CODES, 6, sample_seed=seed, constraint=words),
+            lambda seed: _greedy(
+                fn, tf.constant(self.CODES), len(self.CODES), 6, drawing=sampling.Drawing(seed)
+            ),
+            lambda seed: _sampled_beam(
+                fn, self.CODES, 6, drawing=sampling.Drawing(seed), constraint=words
+            ),
         ):
             first, again = draw(tf.constant([4, 5])), draw(tf.constant([4, 5]))
             other = draw(tf.constant([4, 6]))

@@ -12,8 +12,31 @@ change only which word is drawn: a caption's log-probability is the model's own,
 greedy and beam search.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 import tensorflow as tf
+
+
+class Drawing(NamedTuple):
+    """How words are drawn.
+
+    Attributes:
+      seed: int32 (2,), a stateless seed; step t draws with it folded with t, and rows
+        draw independently.
+      temperature: None (1) or a positive scalar; towards 0 a draw is the most likely
+        word, above 1 the distribution is flatter than the model's.
+      top_p: None (every word) or a scalar in (0, 1]: each word is drawn from its
+        `nucleus`.
+    """
+
+    seed: tf.Tensor
+    temperature: tf.Tensor | float | None = None
+    top_p: tf.Tensor | float | None = None
+
+
+def _tempered(log_probs, drawing):
+    return log_probs if drawing.temperature is None else log_probs / drawing.temperature
 
 
 def nucleus(logits: tf.Tensor, top_p: tf.Tensor | float) -> tf.Tensor:
@@ -33,29 +56,23 @@ def nucleus(logits: tf.Tensor, top_p: tf.Tensor | float) -> tf.Tensor:
     return tf.where(logits < threshold, tf.constant(float("-inf"), logits.dtype), logits)
 
 
-def draw(
-    log_probs: tf.Tensor,
-    seed: tf.Tensor,
-    temperature: tf.Tensor | float | None = None,
-    top_p: tf.Tensor | float | None = None,
-) -> tf.Tensor:
-    """int32 (N,): a word per row drawn from softmax(log_probs / temperature), cut to
-    its `nucleus` when `top_p` is given; rows draw independently.
+def draw(log_probs: tf.Tensor, drawing: Drawing, t: tf.Tensor) -> tf.Tensor:
+    """int32 (N,): the words of step `t` drawn from softmax(log_probs / temperature), cut
+    to its `nucleus` with a top_p (`Drawing`).
 
     Args:
       log_probs: float32 (N, V), -inf (or -1e9) at the words the decoding rules block.
-      seed: int32 (2,), the stateless seed of this draw.
-      temperature: None (1) or a positive scalar; towards 0 the draw is the most
-        likely word, above 1 it flattens the distribution.
-      top_p: None (every word) or a scalar in (0, 1].
+      drawing: the `Drawing`.
+      t: scalar int32, the step.
     """
-    logits = log_probs if temperature is None else log_probs / temperature
-    if top_p is not None:
-        logits = nucleus(logits, top_p)
+    logits = _tempered(log_probs, drawing)
+    if drawing.top_p is not None:
+        logits = nucleus(logits, drawing.top_p)
+    seed = tf.random.experimental.stateless_fold_in(drawing.seed, t)
     return tf.random.stateless_categorical(logits, 1, seed, dtype=tf.int32)[:, 0]
 
 
-def perturb(candidates, step_log_probs, seed, temperature=None, top_p=None):
+def perturb(candidates, step_log_probs, drawing: Drawing, t):
     """Beam search's extensions made a draw (the Gumbel-max trick): `candidates` (B, S,
     V), the log-probabilities of each hypothesis extended by each word, plus temperature
     times standard Gumbel noise, and -inf at the words outside the `nucleus` of each
@@ -68,18 +85,18 @@ def perturb(candidates, step_log_probs, seed, temperature=None, top_p=None):
 
     Args:
       candidates, step_log_probs: float32 (B, S, V).
-      seed: int32 (2,), the stateless seed of this step.
-      temperature, top_p: as `draw`.
+      drawing: the `Drawing`.
+      t: scalar int32, the step.
     """
-    uniform = tf.random.stateless_uniform(
-        tf.shape(candidates), seed, minval=float(np.finfo(np.float32).tiny), maxval=1.0
-    )
+    seed = tf.random.experimental.stateless_fold_in(drawing.seed, t)
+    tiny = float(np.finfo(np.float32).tiny)
+    uniform = tf.random.stateless_uniform(tf.shape(candidates), seed, minval=tiny, maxval=1.0)
     noise = -tf.math.log(-tf.math.log(uniform))  # (B, S, V), standard Gumbel
-    scale = 1.0 if temperature is None else temperature
-    if top_p is not None:
-        rows = tf.reshape(step_log_probs / scale, [-1, tf.shape(step_log_probs)[-1]])
-        outside = tf.reshape(nucleus(rows, top_p), tf.shape(candidates)) == float("-inf")
+    if drawing.top_p is not None:
+        rows = tf.reshape(_tempered(step_log_probs, drawing), [-1, tf.shape(candidates)[-1]])
+        outside = tf.reshape(nucleus(rows, drawing.top_p), tf.shape(candidates)) == -np.inf
         candidates = tf.where(outside, float("-inf"), candidates)
+    scale = 1.0 if drawing.temperature is None else drawing.temperature
     return candidates + scale * noise
 
 

@@ -108,11 +108,9 @@ def greedy_decode(
     num_locations: int,
     block_repeats: bool = False,
     bad_ending_ids: Sequence[int] = (),
-    sample_seed: tf.Tensor | None = None,
-    temperature: tf.Tensor | float | None = None,
-    top_p: tf.Tensor | float | None = None,
+    drawing: sampling.Drawing | None = None,
 ) -> DecodeResult:
-    """Decodes by taking the most likely word at every step, or with `sample_seed` by
+    """Decodes by taking the most likely word at every step, or with a `drawing` by
     drawing it from the step's distribution (`sampling.draw`: the samples of
     self-critical training, and captions drawn for variety).
 
@@ -132,11 +130,8 @@ def greedy_decode(
         block_repeats: Never emit a word a third time in a row, nor a trigram twice
             (`decoding_rules.block`).
         bad_ending_ids: Words a caption may not end on (`<end>` is banned after them).
-        sample_seed: None for greedy; an int32 (2,) stateless seed to sample each word
-            (step t draws with the seed folded with t; rows draw independently).
-        temperature, top_p: with `sample_seed`, the draw's temperature and nucleus
-            (`sampling.draw`; None: 1 and every word). The log-probability returned is
-            the step's own all the same.
+        drawing: None for greedy; a `sampling.Drawing` (seed, temperature, nucleus) to
+            draw each word. The log-probability returned is the step's own all the same.
 
     Returns:
         A `DecodeResult` with tokens (B, T), length (B,), log_prob (B,) and attention
@@ -154,11 +149,10 @@ def greedy_decode(
         log_probs, state, alpha = _step(step_fn, num_locations, tokens, state)
         log_probs = decoding_rules.block(log_probs, tokens, token_buf, t, **blocking)
         alive = tf.logical_not(finished)
-        if sample_seed is None:
+        if drawing is None:
             chosen = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
         else:
-            seed = tf.random.experimental.stateless_fold_in(sample_seed, t)
-            chosen = sampling.draw(log_probs, seed, temperature, top_p)
+            chosen = sampling.draw(log_probs, drawing, t)
         next_tokens = tf.where(alive, chosen, PAD_ID)
         chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)  # (B,)
         log_prob += tf.where(alive, chosen_log_prob, 0.0)
@@ -214,9 +208,7 @@ def beam_search(
     constraint: tf.Tensor | None = None,
     constants: Any = None,
     compact: bool = True,
-    sample_seed: tf.Tensor | None = None,
-    temperature: tf.Tensor | float | None = None,
-    top_p: tf.Tensor | float | None = None,
+    drawing: sampling.Drawing | None = None,
 ) -> DecodeResult:
     """Batched beam search keeping `beam_size` hypotheses per image, optionally
     constrained to captions that hold one of some given words.
@@ -277,10 +269,9 @@ def beam_search(
             hypothesis and are not settled (`per_image.settled`), in tensors whose size is known
             only when the graph runs; False keeps every tensor at B rows and steps every
             live hypothesis, as XLA needs (`jit_compile`). The captions are the same.
-        sample_seed, temperature, top_p: with an int32 (2,) stateless seed (folded with
-            t at step t), the extensions are ranked perturbed (`sampling.perturb`): a
-            beam of one (per state) draws its caption; the log-probabilities are the
-            step's own all the same. None ranks them as they are.
+        drawing: None, or a `sampling.Drawing` to rank the extensions perturbed
+            (`sampling.perturb`): a beam of one (per state) draws its caption; the
+            log-probabilities are the step's own all the same.
 
     Returns:
         A `DecodeResult`. For n = 1: tokens (B, T), length (B,), log_prob (B,),
@@ -318,7 +309,7 @@ def beam_search(
         constants,
         dict(k=k, slots=slots, max_length=max_length, num_locations=num_locations),
         dict(length_penalty=length_penalty, end_id=end_id, blocking=blocking),
-        None if sample_seed is None else (sample_seed, temperature, top_p),
+        drawing,
     )
 
     def body(t, tokens, state, finished, token_buf, alphas, parents, length, log_prob):
@@ -371,8 +362,7 @@ def _advance(step, constants, sizes, rules, drawing, t, images, per_row, books, 
     B; None: all B), their rows gathered: per_row (tokens, state), books (finished,
     token_buf, length, log_prob) -> (per_row, books, alpha (B', S, L), parent (B', S)).
     `sizes`: k, slots (S), max_length, num_locations; `rules`: length_penalty, end_id
-    and the `decoding_rules.block` arguments; `drawing`: None, or the seed, temperature
-    and top_p of `sampling.perturb`."""
+    and the `decoding_rules.block` arguments; `drawing`: None, or a `sampling.Drawing`."""
     (tokens, state), (finished, token_buf, length, log_prob) = per_row, books
     k, slots, max_length, num_locations = (sizes[key] for key in _SIZES)
     neg_inf = tf.constant(float("-inf"), tf.float32)
@@ -391,9 +381,7 @@ def _advance(step, constants, sizes, rules, drawing, t, images, per_row, books, 
     candidates = log_prob[..., None] + step_log_probs  # (B', S, V)
     ranked = candidates
     if drawing is not None:
-        seed, temperature, top_p = drawing
-        seed = tf.random.experimental.stateless_fold_in(seed, t)
-        ranked = sampling.perturb(candidates, step_log_probs, seed, temperature, top_p)
+        ranked = sampling.perturb(candidates, step_log_probs, drawing, t)
     scores = ranked / _length_penalty(length + 1, rules["length_penalty"])[..., None]
     kept, best = _top_k(scores, k, constraint)
     parent = best // vocab_size

@@ -281,7 +281,7 @@ class ShowAttendTell(ResumableModel):
           tag_threshold: the probability a tag needs; None turns tags off.
           **decoding: `decode`'s arguments after the state (max_length, beam_size,
             length_penalty, block_repeats, bad_ending_ids, hard_decoding, num_return,
-            and to draw captions sample_seed, temperature, top_p, with tags off).
+            and to draw captions sample_seed, temperature, top_p).
 
         Returns:
           `Generated`: `decode`'s `search.DecodeResult` with each photo's tag; with
@@ -345,14 +345,14 @@ class ShowAttendTell(ResumableModel):
             bad_ending_ids=tuple(bad_ending_ids),
         )
         step_fn = self.decoding_step(hard_decoding)
-        drawing = {}
         if sample_seed is not None:
             if beam_size != 1:
                 raise ValueError(f"sample_seed draws with no beam; beam_size={beam_size}")
-            drawing = dict(sample_seed=sample_seed, temperature=temperature, top_p=top_p)
+            common["drawing"] = sampling.Drawing(sample_seed, temperature, top_p)
             (state, constraint), num_return = sampling.repeat((state, constraint), draws), 1
         if beam_size == 1 and constraint is None and num_return == 1:
-            return sampling.ranked(search.greedy_decode(step_fn, state, **drawing, **common), draws)
+            found = search.greedy_decode(step_fn, state, **common)
+            return found if draws == 1 else sampling.ranked(found, draws)
         state, constants = per_image.constants_apart(state)
         found = search.beam_search(
             step_fn,
@@ -363,10 +363,9 @@ class ShowAttendTell(ResumableModel):
             constraint=constraint,
             constants=constants,
             compact=compact,
-            **drawing,
             **common,
         )
-        return sampling.ranked(found, draws)
+        return found if draws == 1 else sampling.ranked(found, draws)
 
     def decoding_step(self, hard_decoding=None):
         """The decoder's step as captioning runs it (`search.StepFn`): the words of

@@ -94,19 +94,12 @@ def _describe(image, index) -> str:
     return f"{index} of the batch ({type(image).__name__})"
 
 
-def _drawing(sample, temperature, top_p, seed):
-    """The checked (seed entropy, temperature, top_p) of a draw; None without `sample`.
+def _drawing(temperature, top_p, seed):
+    """The checked (seed entropy, temperature, top_p) of a draw.
 
     Raises:
-      ValueError: for a bad value, or one given without `sample`.
+      ValueError: for a bad value.
     """
-    if not sample:
-        if (temperature, top_p, seed) != (1.0, 1.0, None):
-            raise ValueError(
-                f"temperature={temperature}, top_p={top_p}, seed={seed}: these draw "
-                "captions; pass sample=True"
-            )
-        return None
     if not (isinstance(temperature, (int, float)) and 0 < temperature < float("inf")):
         raise ValueError(f"temperature={temperature!r} must be a positive number")
     if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
@@ -120,10 +113,8 @@ def _drawing(sample, temperature, top_p, seed):
 
 
 def _draw_arguments(drawing, start):
-    """`make_caption_fn`'s `sampling` of the images from `start` on, or None: their
-    stateless seed from the call's entropy and `start`."""
-    if drawing is None:
-        return None
+    """`make_caption_fn`'s `sampling` of the images from `start` on: their stateless
+    seed from the call's entropy and `start`."""
     entropy, temperature, top_p = drawing
     seed = np.random.SeedSequence([*entropy, start]).generate_state(2).view(np.int32)
     arguments = {"sample_seed": tf.constant(seed), "temperature": tf.constant(temperature)}
@@ -317,7 +308,9 @@ class Captioner:
         """
         if beam_size is not None and beam_size < 1:
             raise ValueError(f"beam_size={beam_size} must be at least 1 (None: the model's)")
-        drawing = _drawing(sample, temperature, top_p, seed)
+        if not sample and (temperature, top_p, seed) != (1.0, 1.0, None):
+            raise ValueError("temperature, top_p and seed draw captions: pass sample=True")
+        drawing = _drawing(temperature, top_p, seed) if sample else None
         pixels = np.asarray(pixels, np.float32)
         size = self.image_size
         if pixels.ndim != 4 or pixels.shape[1:] != (size, size, 3):
@@ -326,7 +319,8 @@ class Captioner:
         caption = self._caption_fn(beam_size, num_captions, sample)
         for start in range(0, len(pixels), self.batch_size):
             chunk = pixels[start : start + self.batch_size]
-            out, scores = caption(tf.constant(chunk), _draw_arguments(drawing, start))
+            arguments = None if drawing is None else _draw_arguments(drawing, start)
+            out, scores = caption(tf.constant(chunk), arguments)
             captions.extend(self._captions(out, scores, chunk, num_captions))
         return captions
 
