@@ -200,7 +200,9 @@ def decoding_arguments(
             f"beam_size={beam_size} and sampling: a sampled caption is drawn word by word, "
             "without a beam"
         )
-    beam_size = 1 if sample else max(beam_size or config.beam_size, num_captions)
+    beam_size = beam_size or config.beam_size
+    if sample or num_captions > 1:
+        beam_size = 1 if sample else max(beam_size, num_captions)
     return {
         "max_length": config.max_decode_length,
         "beam_size": beam_size,
