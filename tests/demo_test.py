@@ -199,9 +199,10 @@ class DemoTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(
             captioner.signature, "serving_default" if beam_size == 1 else "caption_alternatives"
         )
-        want = tf.saved_model.load(path).signatures["caption_alternatives"](
+        want = tf.saved_model.load(path).signatures[captioner.signature](
             image_bytes=tf.constant([self.photo])
         )
+        want.setdefault("attentions", want["attention"][:, None])
         found = want["log_probs"].numpy()[0] > -np.inf
         texts = [t.decode() for t in want["captions"].numpy()[0][found]]
         alternatives = page["alternatives"]

@@ -57,8 +57,6 @@ _WARM_UP_IMAGE = base64.b64decode(
 )
 
 _log = logging.getLogger(__name__)
-# The signature of a beam export's captions with the attention of each (`exporting`).
-_ALTERNATIVES = "caption_alternatives"
 
 
 class ImageError(ValueError):
@@ -135,8 +133,8 @@ class ExportedCaptioner:
         self.name = decoding_name(self.beam_size)
         self.servable = model_server.Servable(self.path, 1, parameters)
         self.signature = model_server.DEFAULT_SIGNATURE
-        if self.beam_size > 1 and _ALTERNATIVES in self.servable.signature_defs:
-            self.signature = _ALTERNATIVES
+        if exporting.ALTERNATIVES in self.servable.signature_defs:
+            self.signature = exporting.ALTERNATIVES
         try:
             self.warmup_requests = self.servable.warm_up()
         except ImportError:  # the file is read with tensorflow-serving-api (the export extra)

@@ -1,6 +1,7 @@
 """Exports a trained captioner as a SavedModel (TF Serving, other TF code) and TFLite.
 
-The SavedModel (written with `keras.export.ExportArchive`) has four signatures,
+The SavedModel (written with `keras.export.ExportArchive`) has three signatures, and an
+export of a beam (beam size K > 1) a fourth,
 
   serving_default       image_bytes string (N,)        JPEG / PNG / GIF / BMP / WebP bytes
   caption_images        images uint8 (N, H, W, 3)      pixels of any size
@@ -52,7 +53,9 @@ EXPORT_INFO = "sat_tf_export.json"
 VOCAB_FILE = "vocab.txt"
 TFLITE_FILE = "caption.tflite"
 TFLITE_INT8_FILE = "caption_int8.tflite"
-SIGNATURES = ("serving_default", "caption_images", "caption_features", "caption_alternatives")
+SIGNATURES = ("serving_default", "caption_images", "caption_features")
+# The signature an export of a beam (K > 1) adds: serving_default's outputs and attentions.
+ALTERNATIVES = "caption_alternatives"
 # The fields of `search.DecodeResult` that hold one caption's; the others are the photo's.
 _PER_CAPTION = ("tokens", "length", "log_prob", "attention")
 FORMATS = image_io.FORMATS_TEXT
@@ -211,7 +214,8 @@ def _serving_outputs(result, words, spec, features, alternatives=False):
 
 
 def serving_functions(model, encoder, vocab, spec):
-    """The signatures as Python functions with their input signatures.
+    """The signatures as Python functions with their input signatures: `SIGNATURES`, and
+    for a beam (spec.beam_size > 1) `ALTERNATIVES`.
 
     Args:
       model: a built `ShowAttendTell`.
@@ -221,7 +225,8 @@ def serving_functions(model, encoder, vocab, spec):
       spec: `ExportSpec`.
 
     Returns:
-      {signature name: (function, [tf.TensorSpec])}, in `SIGNATURES` order.
+      {signature name: (function, [tf.TensorSpec])}, in `SIGNATURES` order, then
+      `ALTERNATIVES`.
     """
     size, crop = spec.image_size, spec.crop_fraction
 
@@ -251,6 +256,7 @@ def serving_functions(model, encoder, vocab, spec):
 
     shape = [None, spec.num_locations, spec.feature_dim]
     image_bytes = [tf.TensorSpec([None], tf.string, name="image_bytes")]
+    alternatives = {ALTERNATIVES: (caption_alternatives, image_bytes)} if spec.beam_size > 1 else {}
     return {
         "serving_default": (serving_default, image_bytes),
         "caption_images": (
@@ -261,7 +267,7 @@ def serving_functions(model, encoder, vocab, spec):
             caption_features,
             [tf.TensorSpec(shape, tf.float32, name="features")],
         ),
-        "caption_alternatives": (caption_alternatives, image_bytes),
+        **alternatives,
     }
 
 
@@ -515,7 +521,7 @@ def export(
         export_archive(model, encoder, vocab, spec).write_out(tmp, verbose=False)
         vocab.save(os.path.join(tmp, VOCAB_FILE))
         info = {
-            "signatures": list(SIGNATURES),
+            "signatures": [*SIGNATURES, *([ALTERNATIVES] if spec.beam_size > 1 else [])],
             "vocab_size": len(vocab),
             "vocab_fingerprint": vocab.fingerprint,
             "vocab_file": VOCAB_FILE,
