@@ -196,10 +196,7 @@ def decoding_arguments(
     if isinstance(num_captions, bool) or not isinstance(num_captions, int) or num_captions < 1:
         raise ValueError(f"num_captions={num_captions!r} must be a positive integer")
     if sample and beam_size not in (None, 1):
-        raise ValueError(
-            f"beam_size={beam_size} and sampling: a sampled caption is drawn word by word, "
-            "without a beam"
-        )
+        raise ValueError(f"beam_size={beam_size} and sampling: a drawn caption has no beam")
     beam_size = beam_size or config.beam_size
     if sample or num_captions > 1:
         beam_size = 1 if sample else max(beam_size, num_captions)
