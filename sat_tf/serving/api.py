@@ -19,6 +19,7 @@ tag, where the model looked for every word and, for a model with off-world stati
 """
 
 import dataclasses
+import numbers
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -100,9 +101,11 @@ def _drawing(temperature, top_p, seed):
     Raises:
       ValueError: for a bad value.
     """
-    if not (isinstance(temperature, (int, float)) and 0 < temperature < float("inf")):
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
         raise ValueError(f"temperature={temperature!r} must be a positive number")
-    if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+    if not 0 < temperature < float("inf"):
+        raise ValueError(f"temperature={temperature!r} must be a positive number")
+    if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1:
         raise ValueError(f"top_p={top_p!r} must lie in (0, 1]")
     if seed is None:
         seed = np.random.SeedSequence().entropy
