@@ -3,13 +3,12 @@ distribution, flattened or sharpened by a temperature and cut to its nucleus (Ho
 al., 2020, "The Curious Case of Neural Text Degeneration", §3.1), and several drawn
 captions of each image ranked by their log-probability.
 
-`search.greedy_decode(sample_seed=...)` calls `draw` once a step (self-critical
-training's samples too, at temperature 1 over every word), and
-`search.beam_search(sample_seed=...)` `perturb` (a beam of one per state draws a caption
-that must hold a constraint word); `ShowAttendTell.decode` repeats each image's state
-for its samples (`repeat`) and ranks them (`ranked`). The temperature and the nucleus
-change only which word is drawn: a caption's log-probability is the model's own, as for
-greedy and beam search.
+`search.greedy_decode(drawing=...)` calls `draw` once a step (self-critical training's
+samples too, at temperature 1 over every word), and `search.beam_search(drawing=...)`
+`perturb` (a beam of one per state draws a caption that must hold a constraint word);
+`ShowAttendTell.decode` repeats each image's state for its samples (`repeat`) and ranks
+them (`ranked`). The temperature and the nucleus change only which word is drawn: a
+caption's log-probability is the model's own, as for greedy and beam search.
 """
 
 from typing import NamedTuple
