@@ -14,7 +14,7 @@ import tensorflow as tf
 from admission_test import png_bomb
 from api_test import flickr8k_photos, made_photo
 from cli_test import run_main
-from fixtures import tiny_model
+from fixtures import MAX_LENGTH, tiny_model
 
 import sat_tf
 from sat_tf.cli import caption as caption_cli
@@ -223,6 +223,75 @@ class CaptionCommandTest(tf.test.TestCase):
         (want,) = sat_tf.Captioner.from_preset(caption_cli.DEFAULT_PRESET).caption(self.good[0])
         assert_printed_line(self, stdout.splitlines()[0], self.good[0], want)
         self.assertIn(caption_cli.DEFAULT_PRESET, caption_cli.__doc__)
+
+    def test_several_captions_are_numbered_and_written(self):
+        output = os.path.join(self.dir, "several", "captions.jsonl")
+        code, stdout, stderr = self.caption(
+            *self.good, "--num_captions=3", "--beam_size=1", f"--output={output}"
+        )
+        self.assertEqual(code, 0, stderr)
+        with open(output, encoding="utf-8") as f:
+            records = [json.loads(line) for line in f]
+        # --beam_size=1 is widened to the three captions asked for.
+        want = self.captioner.caption(self.good, beam_size=1, num_captions=3)
+        lines = stdout.splitlines()
+        for record, captions in zip(records, want, strict=True):
+            self.assertEqual([c["caption"] for c in record["captions"]], [c.text for c in captions])
+            self.assertAllClose(
+                [c["score"] for c in record["captions"]], [c.score for c in captions]
+            )
+            self.assertEqual(
+                (record["caption"], record["score"]), tuple(record["captions"][0].values())
+            )
+            at = lines.index(f"{record['path']}: {record['caption']}")
+            for number, caption in enumerate(captions, 1):
+                self.assertStartsWith(lines[at + number], f"  {number}. {caption.text}  (log p -")
+
+    def test_drawn_captions_repeat_with_their_seed(self):
+        def drawn(*flags):
+            output = os.path.join(self.dir, "drawn.jsonl")
+            code, _, stderr = self.caption(*self.good, "--sample", *flags, f"--output={output}")
+            self.assertEqual(code, 0, stderr)
+            with open(output, encoding="utf-8") as f:
+                return [json.loads(line) for line in f]
+
+        first = drawn("--num_captions=4", "--seed=4", "--temperature=2", "--batch_size=2")
+        self.assertEqual(
+            drawn("--num_captions=4", "--seed=4", "--temperature=2", "--batch_size=2"), first
+        )
+        other = drawn("--num_captions=4", "--seed=5", "--temperature=2", "--batch_size=2")
+        self.assertNotEqual([r["captions"] for r in other], [r["captions"] for r in first])
+        texts = [[c["caption"] for c in r["captions"]] for r in first]
+        scores = self.captioner.score([r["path"] for r in first], texts)
+        for record, got in zip(first, scores, strict=True):
+            want = [c["score"] for c in record["captions"]]
+            self.assertEqual(want, sorted(want, reverse=True))
+            for caption, score in zip(record["captions"], got, strict=True):
+                # A caption cut at the length limit has no `<end>` in its score.
+                if len(caption["caption"].split()) < MAX_LENGTH:
+                    self.assertAllClose(score, caption["score"], atol=1e-3)
+        # Towards temperature 0: the greedy caption.
+        (greedy,) = self.captioner.caption([self.good[0]], beam_size=1)
+        code, stdout, _ = self.caption(self.good[0], "--sample", "--temperature=1e-6")
+        self.assertStartsWith(stdout, f"{self.good[0]}: {greedy.text}\n")
+
+    def test_decoding_flags_that_do_not_fit_exit_1(self):
+        cases = {
+            ("--temperature=0.5",): "--temperature draw captions: add --sample",
+            ("--top_p=0.9", "--seed=3"): "--top_p, --seed draw captions: add --sample",
+            (
+                "--sample",
+                "--beam_size=2",
+            ): "--sample draws captions word by word: leave --beam_size out",
+            ("--sample", "--temperature=0"): "--temperature=0.0 must be above 0",
+            ("--sample", "--top_p=1.5"): r"--top_p=1.5 must lie in (0, 1]",
+            ("--sample", "--seed=-2"): "--seed=-2 must be at least 0",
+            ("--num_captions=0",): "--num_captions=0 must be at least 1",
+        }
+        for flags, message in cases.items():
+            code, _, stderr = self.caption(self.good[0], *flags)
+            self.assertEqual(code, 1, flags)
+            self.assertEqual(stderr.strip(), f"error: {message}", flags)
 
     def test_no_arguments_and_bad_flags_exit_1(self):
         code, _, stderr = run_main(caption_cli.main, "sat-caption", f"--preset={self.preset}")

@@ -75,6 +75,8 @@ class ModelServerTest(tf.test.TestCase):
                 self.assertAllEqual(row[name], want[name][i], msg=name)
             self.assertAllClose(row["attention"], want["attention"][i], atol=1e-5)
             self.assertAllClose(row["log_prob"], want["log_prob"][i], rtol=1e-5, atol=1e-5)
+            self.assertEqual(row["captions"], [c.decode() for c in want["captions"][i]])
+            self.assertAllClose(row["log_probs"], want["log_probs"][i], rtol=1e-5, atol=1e-5)
 
     def post(self, body, path=":predict"):
         return requests.post(self.url + path, data=json.dumps(body), timeout=60)
@@ -137,7 +139,7 @@ class ModelServerTest(tf.test.TestCase):
             metadata["model_spec"], {"name": "sat", "signature_name": "", "version": "1"}
         )
         defs = metadata["metadata"]["signature_def"]["signature_def"]
-        self.assertEqual(sorted(defs), ["caption_features", "caption_images", "serving_default"])
+        self.assertEqual(sorted(defs), sorted(exporting.SIGNATURES))
         self.assertEqual(defs["serving_default"]["inputs"]["image_bytes"]["dtype"], "DT_STRING")
 
     def test_grpc_status_and_metadata(self):

@@ -24,7 +24,11 @@ class Caption:
       tokens: int32 (len(words),) their ids in the model's vocabulary.
       score: log p(words, `<end>` | image), the sum of the emitted tokens'
         log-probabilities that greedy and beam search maximise (`<end>` included when
-        it was emitted; a caption cut at the length limit has none).
+        it was emitted; a caption cut at the length limit has none). It is the model's
+        own probability, as `Captioner.score` computes it: the decoding rules (the
+        words never emitted, blocked repeats and endings, a tag the caption must say)
+        only choose which captions are searched, and a drawn caption's temperature
+        and nucleus only how it was drawn; none of them changes its score.
       attention: float32 (M, H, W), where the model looked: `attention[i]` is the map
         (summing to 1 over the H x W grid of annotation vectors, paper §4) that emitted
         `words[i]`; a caption that ended with `<end>` has one map more, for `<end>`
@@ -57,12 +61,14 @@ class Caption:
 
 
 def is_batch(images) -> bool:
+    """Whether `images` is several images (a list, a tuple or an (N, H, W, 3) array)."""
     if isinstance(images, np.ndarray):
         return images.ndim == 4
     return isinstance(images, (list, tuple))
 
 
-def _describe(image, index) -> str:
+def describe(image, index) -> str:
+    """How an error names image `index` of a batch: its path, else its place and type."""
     if isinstance(image, (str, os.PathLike)):
         return repr(os.fspath(image))
     return f"{index} of the batch ({type(image).__name__})"
@@ -122,7 +128,7 @@ def pixels(image: Any, index: int, size: int, crop: float, limit: int, decoder) 
         wrong with it; `ImageError` for a file or bytes that are empty, not an image,
         truncated or corrupt, or over `limit`.
     """
-    what = _describe(image, index)
+    what = describe(image, index)
     if isinstance(image, (str, os.PathLike)):
         out = decoder.load_image_file(os.fspath(image), size, crop, limit)
     elif isinstance(image, (bytes, bytearray)):

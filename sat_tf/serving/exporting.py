@@ -1,21 +1,28 @@
 """Exports a trained captioner as a SavedModel (TF Serving, other TF code) and TFLite.
 
-The SavedModel (written with `keras.export.ExportArchive`) has three signatures,
+The SavedModel (written with `keras.export.ExportArchive`) has three signatures, and an
+export of a beam (beam size K > 1) a fourth,
 
-  serving_default   image_bytes string (N,)        JPEG / PNG / GIF / BMP / WebP bytes
-  caption_images    images uint8 (N, H, W, 3)      pixels of any size
-  caption_features  features float32 (N, L, D)     encoder output (annotation vectors)
+  serving_default       image_bytes string (N,)        JPEG / PNG / GIF / BMP / WebP bytes
+  caption_images        images uint8 (N, H, W, 3)      pixels of any size
+  caption_features      features float32 (N, L, D)     encoder output (annotation vectors)
+  caption_alternatives  image_bytes string (N,)        as serving_default
 
 each returning caption string (N,), tokens int32 (N, T), length int32 (N,),
 log_prob float32 (N,) and attention float32 (N, T, H, W) on the encoder's grid: the
-fields of `search.DecodeResult`, T the export's max_length; and tag string (N,), the
+fields of `search.DecodeResult`, T the export's max_length; captions string (N, K) and
+log_probs float32 (N, K), the beam's K best captions (K the export's beam size, 1 for
+greedy) best first, their first column `caption` and `log_prob`, "" and -inf where a
+photo has fewer (a tag constraint keeps only the hypotheses that say the tag);
+caption_alternatives adds attentions float32 (N, K, T, H, W), the attention of each
+of them (a page that shows where the model looked for each); and tag string (N,), the
 ImageNet tag the caption was made to say ("" for none), with tag_prob float32 (N,), the
 photo's most probable tag's probability (0 for a model without a tag table;
 `sat_tf.serving.tags`, exported with the model's --tags and --tag_threshold); for a model
-with off-world statistics (`sat_tf.serving.off_world`) also off_world_score float32 (N,) and
-off_world bool (N,), how unlike its training photos each photo is. `serving_default` also
-returns status int32 (N,) and error string (N,) per image: 0 and '' for a caption, else
-1 empty, 2 not an image, 3 truncated or corrupt, 4 more pixels than the export's
+with off-world statistics (`sat_tf.serving.off_world`) also off_world_score float32 (N,)
+and off_world bool (N,), how unlike its training photos each photo is. The two signatures
+of image bytes also return status int32 (N,) and error string (N,) per image: 0 and ''
+for a caption, else 1 empty, 2 not an image, 3 truncated or corrupt, 4 more pixels than the export's
 max_image_pixels (read from the header, so nothing is allocated), with a one-line reason
 and blank outputs (caption '', zeros); one bad image never fails the request. Decoding
 (repeats blocked as the config says), resizing
@@ -48,6 +55,10 @@ from sat_tf.utils import files
 EXPORT_INFO = "sat_tf_export.json"
 VOCAB_FILE = "vocab.txt"
 SIGNATURES = ("serving_default", "caption_images", "caption_features")
+# The signature an export of a beam (K > 1) adds: serving_default's outputs and attentions.
+ALTERNATIVES = "caption_alternatives"
+# The fields of `search.DecodeResult` that hold one caption's; the others are the photo's.
+_PER_CAPTION = ("tokens", "length", "log_prob", "attention")
 FORMATS = image_io.FORMATS_TEXT
 
 
@@ -158,7 +169,7 @@ def join_words(words, tokens, length):
     return tf.strings.reduce_join(ragged, axis=1, separator=" ")
 
 
-def _decode(model, features, spec):
+def _decode(model, features, spec, num_return=1):
     return model.generate(
         {"features": features},
         spec.tag_threshold,
@@ -168,20 +179,34 @@ def _decode(model, features, spec):
         block_repeats=spec.block_repeats,
         bad_ending_ids=spec.bad_ending_ids,
         hard_decoding=spec.hard_decoding,
+        num_return=num_return,
     )
 
 
-def _serving_outputs(result, words, spec, features):
-    attention = tf.reshape(result.attention, [-1, spec.max_length, *spec.grid])  # (N, T, H, W)
+def _serving_outputs(result, words, spec, features, alternatives=False):
+    """The outputs of `_decode`'s K = beam_size best captions (fields (N, K, ...), or
+    (N, ...) for K = 1); `alternatives` adds the attention of each."""
+    if spec.beam_size == 1:
+        result = result._replace(**{k: getattr(result, k)[:, None] for k in _PER_CAPTION})
+    tokens = tf.reshape(result.tokens, [-1, spec.max_length])  # (N K, T)
+    found = result.log_prob > float("-inf")  # (N, K)
+    joined = tf.reshape(
+        join_words(words, tokens, tf.reshape(result.length, [-1])), [-1, spec.beam_size]
+    )
+    attention = tf.reshape(result.attention, [-1, spec.beam_size, spec.max_length, *spec.grid])
     outputs = {
-        "caption": join_words(words, result.tokens, result.length),
-        "tokens": result.tokens,
-        "length": result.length,
-        "log_prob": result.log_prob,
-        "attention": attention,
+        "caption": joined[:, 0],
+        "tokens": result.tokens[:, 0],
+        "length": result.length[:, 0],
+        "log_prob": result.log_prob[:, 0],
+        "attention": attention[:, 0],  # (N, T, H, W)
         "tag": tf.where(result.tag >= 0, tf.gather(words, tf.maximum(result.tag, 0)), ""),
         "tag_prob": result.tag_prob,
+        "captions": tf.where(found, joined, ""),  # (N, K)
+        "log_probs": result.log_prob,  # (N, K)
     }
+    if alternatives:
+        outputs["attentions"] = attention  # (N, K, T, H, W)
     if spec.off_world is not None:
         outputs["off_world_score"], outputs["off_world"] = off_world_lib.score(
             features, spec.off_world
@@ -190,7 +215,8 @@ def _serving_outputs(result, words, spec, features):
 
 
 def serving_functions(model, encoder, vocab, spec):
-    """The three signatures as Python functions with their input signatures.
+    """The signatures as Python functions with their input signatures: `SIGNATURES`, and
+    for a beam (spec.beam_size > 1) `ALTERNATIVES`.
 
     Args:
       model: a built `ShowAttendTell`.
@@ -200,13 +226,15 @@ def serving_functions(model, encoder, vocab, spec):
       spec: `ExportSpec`.
 
     Returns:
-      {signature name: (function, [tf.TensorSpec])}, in `SIGNATURES` order.
+      {signature name: (function, [tf.TensorSpec])}, in `SIGNATURES` order, then
+      `ALTERNATIVES`.
     """
     size, crop = spec.image_size, spec.crop_fraction
 
-    def caption(features):
+    def caption(features, alternatives=False):
         words = tf.constant(vocab.words, tf.string)
-        return _serving_outputs(_decode(model, features, spec), words, spec, features)
+        result = _decode(model, features, spec, spec.beam_size)
+        return _serving_outputs(result, words, spec, features, alternatives)
 
     def caption_features(features):
         return caption(_require_batch(features, "features"))
@@ -215,18 +243,23 @@ def serving_functions(model, encoder, vocab, spec):
         images = resize_images(_require_batch(images, "images"), size, crop)
         return caption(encoder(images, training=False))
 
-    def serving_default(image_bytes):
+    def caption_bytes(image_bytes, alternatives):
         image_bytes = _require_batch(image_bytes, "image_bytes")
         images, status, error = decode_images(image_bytes, size, crop, spec.max_image_pixels)
-        outputs = blank_refused(caption(encoder(images, training=False)), status)
-        return {**outputs, "status": status, "error": error}
+        outputs = caption(encoder(images, training=False), alternatives)
+        return {**blank_refused(outputs, status), "status": status, "error": error}
+
+    def serving_default(image_bytes):
+        return caption_bytes(image_bytes, alternatives=False)
+
+    def caption_alternatives(image_bytes):
+        return caption_bytes(image_bytes, alternatives=True)
 
     shape = [None, spec.num_locations, spec.feature_dim]
+    image_bytes = [tf.TensorSpec([None], tf.string, name="image_bytes")]
+    alternatives = {ALTERNATIVES: (caption_alternatives, image_bytes)} if spec.beam_size > 1 else {}
     return {
-        "serving_default": (
-            serving_default,
-            [tf.TensorSpec([None], tf.string, name="image_bytes")],
-        ),
+        "serving_default": (serving_default, image_bytes),
         "caption_images": (
             caption_images,
             [tf.TensorSpec([None, None, None, 3], tf.uint8, name="images")],
@@ -235,6 +268,7 @@ def serving_functions(model, encoder, vocab, spec):
             caption_features,
             [tf.TensorSpec(shape, tf.float32, name="features")],
         ),
+        **alternatives,
     }
 
 
@@ -258,6 +292,7 @@ def export_spec(
             f"gives {depth}"
         )
     decoding = inference.decoding_arguments(config, vocab, beam_size)
+    del decoding["num_return"]  # the signatures return the beam's beam_size best
     if model.tagger is None:
         decoding["tag_threshold"] = None
     spec = ExportSpec(
@@ -367,7 +402,7 @@ def export(
         export_archive(model, encoder, vocab, spec).write_out(tmp, verbose=False)
         vocab.save(os.path.join(tmp, VOCAB_FILE))
         info = {
-            "signatures": list(SIGNATURES),
+            "signatures": [*SIGNATURES, *([ALTERNATIVES] if spec.beam_size > 1 else [])],
             "vocab_size": len(vocab),
             "vocab_fingerprint": vocab.fingerprint,
             "vocab_file": VOCAB_FILE,
