@@ -10,7 +10,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["sat_tf", "sat_tf.*"]),
-    package_data={"sat_tf": ["presets/*/*", "model/fast/kernels/*.cc", "serving/demo_assets/*"]},
+    package_data={"sat_tf": ["presets/*/*", "model/fast/kernels/*.cc", "server/demo_assets/*"]},
     python_requires=">=3.10,<3.13",
     entry_points={
         "console_scripts": [

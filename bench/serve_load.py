@@ -223,7 +223,7 @@ def main():
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--batching_parameters_file", default=BATCHING_FILE)
     args = parser.parse_args()
-    from sat_tf.serving import batching
+    from sat_tf.server import batching
     from sat_tf.utils import machine
 
     clients = [int(c) for c in args.clients.split(",")]

@@ -13,7 +13,8 @@ import numpy as np
 import tensorflow as tf
 from fixtures import encode, scenes, tiny_model
 
-from sat_tf.serving import batching, exporting
+from sat_tf.server import batching
+from sat_tf.serving import exporting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

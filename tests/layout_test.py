@@ -6,12 +6,13 @@ below it: `utils/` (files, messages, the machine) imports nothing of the package
 `config.py`; `data/` (readers, vocabulary, pixels, tf.data, the feature cache's format)
 and `backbones/` (weight porting); `model/` (the paper, with what the project adds
 beside it in modules of its own) and `evaluation/` (scores and pictures); `serving/`
-(inference: the API, presets, the export, the demo), which never goes through training;
-`training/`; the console commands of `cli/`. Within a floor, finer rules: the model
-reads of `data/` only the vocabulary's ids, never a reader; the modules the model keeps
-beside the paper (self-critical training, the decoding rules, the location prior, the
-Keras base class that makes training resume) import none of the paper's; the preset
-format never imports the model; and the console commands that caption never load
+(inference: the API, presets, the export), which never goes through training; then, side
+by side and apart, `server/` (the model server and the demo page, a room of small modules
+over the exports) and `training/`; the console commands of `cli/`. Within a floor, finer
+rules: the model reads of `data/` only the vocabulary's ids, never a reader; the modules
+the model keeps beside the paper (self-critical training, the decoding rules, the location
+prior, the Keras base class that makes training resume) import none of the paper's; the
+preset format never imports the model; and the console commands that caption never load
 training code. Imports inside functions count as much as those at the top.
 
 Sizes, in lines of code (docstrings, comments and blank lines not counted): the paper's
@@ -45,7 +46,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # What sat_tf/ holds: its modules, its subpackages, and folders of data.
 TOP_MODULES = ("__init__.py", "config.py")
-PACKAGES = ("backbones", "cli", "data", "evaluation", "model", "serving", "training", "utils")
+PACKAGES = (
+    "backbones",
+    "cli",
+    "data",
+    "evaluation",
+    "model",
+    "server",
+    "serving",
+    "training",
+    "utils",
+)
 DATA_FOLDERS = ("presets",)  # the shipped presets: setup.py's package_data, PRESETS_DIR
 
 # The floors, lowest first: a part imports only parts of the floors below its own.
@@ -56,7 +67,7 @@ FLOORS = (
     ("data", "backbones"),
     ("model", "evaluation"),
     ("serving",),
-    ("training",),
+    ("server", "training"),
     ("cli",),
 )
 # The model's modules that are the paper; beside them, what the project adds and keeps

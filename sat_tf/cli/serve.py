@@ -75,7 +75,8 @@ def _main(argv):
         from sat_tf import cli
 
         cli.quiet_tensorflow()
-    from sat_tf.serving import batching, model_server
+    from sat_tf.server import batching
+    from sat_tf.server import manager as model_server
 
     parameters = None
     if FLAGS.enable_batching:

@@ -516,9 +516,9 @@ def export(
                     tmp, TFLITE_INT8_FILE, _convert(holder, quantize), spec, quantize
                 )
         try:
-            from sat_tf.serving import model_server
+            from sat_tf.serving import warmup
 
-            info["warmup_requests"] = os.path.relpath(model_server.write_warmup(tmp), tmp)
+            info["warmup_requests"] = os.path.relpath(warmup.write_warmup(tmp), tmp)
         except ImportError:  # tensorflow-serving-api (the export extra) is not installed
             info["warmup_requests"] = None
         files.write_json(os.path.join(tmp, EXPORT_INFO), info, indent=2, sort_keys=True)

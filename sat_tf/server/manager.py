@@ -27,9 +27,9 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from sat_tf.serving import batching
+from sat_tf.server import batching
+from sat_tf.serving import warmup
 
-WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 DEFAULT_SIGNATURE = "serving_default"
 # How a failed tf.debugging.Assert reads inside TensorFlow's error message.
 _ASSERTION = re.compile(r"assertion failed: \[(.*?)\]\n", re.S)
@@ -67,40 +67,6 @@ def find_versions(base_path: str) -> list[int]:
         for n in names
         if n.isdigit() and os.path.isfile(os.path.join(base_path, n, "saved_model.pb"))
     )
-
-
-def read_warmup(path: str):
-    """The `PredictRequest`s of a TF Serving warm-up file (TFRecord of `PredictionLog`)."""
-    from tensorflow_serving.apis import prediction_log_pb2
-
-    requests = []
-    for record in tf.data.TFRecordDataset(path):
-        log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
-        if log.WhichOneof("log_type") == "predict_log":
-            requests.append(log.predict_log.request)
-    return requests
-
-
-def write_warmup(export_dir: str, batch_sizes=(1, batching.SERVE_DEFAULTS.max_batch_size)):
-    """Writes `WARMUP_FILE` into `export_dir`: one `serving_default` predict request of
-    generated PNG images per batch size (TF Serving runs them before a version is
-    AVAILABLE). Returns the file's path."""
-    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
-
-    rng = np.random.default_rng(0)
-    path = os.path.join(export_dir, WARMUP_FILE)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with tf.io.TFRecordWriter(path) as writer:
-        for size in batch_sizes:
-            pixels = rng.integers(0, 256, (size, 64, 64, 3), dtype=np.uint8)
-            images = [tf.io.encode_png(p).numpy() for p in pixels]
-            request = predict_pb2.PredictRequest()
-            request.model_spec.signature_name = DEFAULT_SIGNATURE
-            request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto(images, tf.string))
-            log = prediction_log_pb2.PredictionLog()
-            log.predict_log.request.CopyFrom(request)
-            writer.write(log.SerializeToString())
-    return path
 
 
 class Servable:
@@ -173,10 +139,10 @@ class Servable:
 
     def warm_up(self) -> int:
         """Runs the version's warm-up requests (if any); returns how many ran."""
-        path = os.path.join(self.path, WARMUP_FILE)
+        path = os.path.join(self.path, warmup.WARMUP_FILE)
         if not os.path.exists(path):
             return 0
-        requests = read_warmup(path)
+        requests = warmup.read_warmup(path)
         for request in requests:
             inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
             self.predict(request.model_spec.signature_name, inputs)

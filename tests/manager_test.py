@@ -24,7 +24,9 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from sat_tf.serving import batching, exporting, model_server
+from sat_tf.server import batching
+from sat_tf.server import manager as model_server
+from sat_tf.serving import exporting, warmup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_BODY = 2**20
@@ -184,8 +186,8 @@ class ModelServerTest(tf.test.TestCase):
         self.assertEqual(empty[0]["error"], "image_bytes[0] is empty (0 bytes)")
 
     def test_warmup_file_runs_through_the_signature(self):
-        path = os.path.join(self.base, "1", model_server.WARMUP_FILE)
-        requests_ = model_server.read_warmup(path)
+        path = os.path.join(self.base, "1", warmup.WARMUP_FILE)
+        requests_ = warmup.read_warmup(path)
         self.assertEqual([len(r.inputs["image_bytes"].string_val) for r in requests_], [1, 16])
         for request in requests_:
             self.assertEqual(request.model_spec.signature_name, "serving_default")
