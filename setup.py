@@ -58,6 +58,8 @@ setup(
             "orjson>=3.10,<4",
             "grpcio>=1.60",
             "tensorflow-serving-api>=2.21,<2.22",
+            # The runtime sat_tf/server/protos/*_pb2.py were generated for (protos_test.py).
+            "protobuf>=6.33.5,<7",
         ],
         # Beam 2.77 caps protobuf < 7 and pillow < 13 (TensorFlow 2.21 takes protobuf 6);
         # the range is the one tested here.
@@ -72,6 +74,8 @@ setup(
             "selenium>=4.20",
             "requests>=2.31",
             "cryptography>=42",
+            # Regenerates sat_tf/server/protos/ byte for byte (tests/protos_test.py).
+            "grpcio-tools==1.81.*",
         ],
     },
 )

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import urllib.error
 from unittest import mock
 
@@ -413,3 +414,26 @@ def karpathy_entry(filename, imgid, split, captions, **extra):
 
 def write_karpathy(path: str, entries, name="flickr8k") -> str:
     return write_file(path, json.dumps({"dataset": name, "images": entries}, indent=1))
+
+
+@functools.cache
+def tiny_export() -> str:
+    """`tiny_model()` exported once per test process by `exporting.export` (with its
+    warm-up file): the path of its version folder, which tests copy and never change."""
+    from sat_tf.serving import exporting
+
+    root = tempfile.mkdtemp(prefix="tiny_export_")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    model, vocab, config = tiny_model()
+    exporting.export(model, vocab, config, os.path.join(root, "1"))
+    return os.path.join(root, "1")
+
+
+def wait_until(condition, timeout=30.0, what="the condition"):
+    """Polls `condition()` every 5 ms until it is true; fails the test after `timeout`
+    seconds, naming `what`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout} s")
+        time.sleep(0.005)

@@ -1,78 +1,107 @@
-"""Dynamic batching: concurrent requests run as one call of a signature.
+"""Dynamic batching as TF Serving's BatchingSession does it: concurrent requests run as one
+call of a signature.
 
-A request hands the batcher its inputs (arrays whose first axis counts images) and waits
-for its rows of the outputs. A batch thread takes the oldest request, waits up to
-`batch_timeout_micros` for more until `max_batch_size` images are gathered, runs the
-function once on the concatenated inputs and hands each request its own rows. The
-parameters mean what TF Serving's `BatchingParameters` mean (its `--batching_parameters_file`
-is read by `read_parameters`; `pad_variable_length_inputs` and `thread_pool_name` are
-accepted and not used):
+A request hands the `Batcher` its inputs (arrays whose first axis counts images) and
+waits for its rows of the outputs. A batch thread takes the oldest request, waits up to
+`batch_timeout_micros` for others until a batch is full, runs the function once on the
+joined inputs and hands each request its rows. The parameters are TF Serving's
+`BatchingParameters` (`--batching_parameters_file`, read by `read_parameters` into the
+message of sat_tf/server/protos/session_bundle_config.proto); a field left out takes TF
+Serving's default:
 
-- `max_batch_size`: most images in one call; a larger request is split into calls of
-  this size.
-- `batch_timeout_micros`: how long an open batch waits for more requests.
-- `max_enqueued_batches`: batches that may wait; a request that would need more is
-  refused with `QueueFullError` (HTTP 503, gRPC UNAVAILABLE) instead of growing the queue.
-- `num_batch_threads`: batches run at once.
-- `allowed_batch_sizes`: when given, a batch is padded (with copies of its first image) up
-  to the smallest allowed size that holds it; the last must equal `max_batch_size`.
+- `max_batch_size` (1000): the largest batch run, or with `enable_large_batch_splitting`
+  the largest request taken whole. A larger request is cut into pieces of this size (TF
+  Serving refuses it; without batching it answers it, and sat-serve batches by default).
+- `enable_large_batch_splitting` (false), `max_execution_batch_size` (`max_batch_size`):
+  with splitting, batches run at most `max_execution_batch_size` images and a request is
+  cut where the open batch ends, its head filling that batch.
+- `batch_timeout_micros` (0): how long the oldest request of an open batch waits.
+- `max_enqueued_batches` (10): batches that may wait to run. A request is taken when
+  the queue has room for its first batch (so one larger than the whole queue still runs,
+  the queue holding it alone until it has); otherwise it is refused at once with
+  UNAVAILABLE (REST 503), never held.
+- `num_batch_threads` (the machine's cores): threads that run batches; they live as long
+  as the batcher, whatever a batch raises.
+- `allowed_batch_sizes`: a batch is padded (with copies of its first image) up to the
+  smallest allowed size that holds it; the last must be the largest batch run.
+- `thread_pool_name` names the threads; `pad_variable_length_inputs` is read and unused:
+  requests whose images differ in shape beyond the first axis wait for batches of their
+  own shape instead.
 
-A call that fails as a whole (e.g. an `INVALID_ARGUMENT` of one request) is retried one
-request at a time, so one request's failure never becomes another's.
+A request may carry a `Deadline`: if it passes while the request waits in the queue, the
+request leaves it with RESOURCE_EXHAUSTED (REST 429; a gRPC deadline DEADLINE_EXCEEDED);
+if it passes while its batch runs, DEADLINE_EXCEEDED (504), the batch running on for the
+others. A batch that fails fails
+its requests with the error's canonical code (`errors.from_exception`), and only them.
 """
 
 import bisect
 import collections
 import dataclasses
-import re
+import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
 
-_INDEX = re.compile(rb"^image_bytes\[(\d+)\]")
+from sat_tf.server import errors, observer
 
-
-def rename_errors(outputs: dict, shift: int) -> dict:
-    """`serving_default`'s rows with each `error` naming its image by its index in the
-    request (`image_bytes[k]` of the batch is `image_bytes[k + shift]`); a `Batcher`'s
-    `rebase`."""
-    if "error" not in outputs:
-        return outputs
-    errors = [
-        _INDEX.sub(lambda m: b"image_bytes[%d]" % (int(m.group(1)) + shift), e)
-        for e in outputs["error"]
-    ]
-    return {**outputs, "error": np.array(errors, dtype=object)}
-
-
-class QueueFullError(RuntimeError):
-    """The batch queue holds `max_enqueued_batches` batches; try again later."""
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class BatchingParameters:
-    """TF Serving's batching parameters (session_bundle_config.proto), its defaults."""
+    """TF Serving's batching parameters, its defaults (`thread_pool_name` "" names the
+    threads "batch"; `max_execution_batch_size` 0 is `max_batch_size`).
+
+    Raises:
+      ValueError: for a value TF Serving refuses.
+    """
 
     max_batch_size: int = 1000
     batch_timeout_micros: int = 0
-    max_enqueued_batches: int = 100
-    num_batch_threads: int = 1
+    max_enqueued_batches: int = 10
+    num_batch_threads: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
     allowed_batch_sizes: tuple[int, ...] = ()
+    thread_pool_name: str = ""
+    enable_large_batch_splitting: bool = False
+    max_execution_batch_size: int = 0
+    pad_variable_length_inputs: bool = False
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_enqueued_batches", "num_batch_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"batching parameter {name} is {getattr(self, name)}; need >= 1")
-        if self.batch_timeout_micros < 0:
-            raise ValueError(f"batch_timeout_micros is {self.batch_timeout_micros}; need >= 0")
-        sizes = self.allowed_batch_sizes
-        if sizes and (list(sizes) != sorted(set(sizes)) or sizes[-1] != self.max_batch_size):
+        for name in ("batch_timeout_micros", "max_execution_batch_size"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"batching parameter {name} is {getattr(self, name)}; need >= 0")
+        if self.enable_large_batch_splitting and self.execution_batch_size > self.max_batch_size:
             raise ValueError(
-                f"allowed_batch_sizes {list(sizes)} must increase and end at "
-                f"max_batch_size ({self.max_batch_size})"
+                f"max_execution_batch_size {self.max_execution_batch_size} is over "
+                f"max_batch_size {self.max_batch_size}"
             )
+        sizes = list(self.allowed_batch_sizes)
+        if sizes and (
+            sizes != sorted(set(sizes)) or sizes[0] < 1 or sizes[-1] != self.execution_batch_size
+        ):
+            largest = (
+                "max_execution_batch_size"
+                if self.enable_large_batch_splitting
+                else "max_batch_size"
+            )
+            raise ValueError(
+                f"allowed_batch_sizes {sizes} must increase and end at {largest} "
+                f"({self.execution_batch_size})"
+            )
+
+    @property
+    def execution_batch_size(self) -> int:
+        """The most images one call of the function gets."""
+        if self.enable_large_batch_splitting and self.max_execution_batch_size:
+            return self.max_execution_batch_size
+        return self.max_batch_size
 
 
 # sat-serve's parameters without --batching_parameters_file, as in
@@ -80,42 +109,15 @@ class BatchingParameters:
 SERVE_DEFAULTS = BatchingParameters(
     max_batch_size=16, batch_timeout_micros=20_000, max_enqueued_batches=16, num_batch_threads=1
 )
-
-
-def _proto_class():
-    """TF Serving's `BatchingParameters` message (session_bundle_config.proto, fields 1-7),
-    built here: the tensorflow-serving-api wheel leaves out its generated module."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, wrappers_pb2
-
-    file = descriptor_pb2.FileDescriptorProto(
-        name="sat_tf/batching_parameters.proto",
-        package="tensorflow.serving",
-        syntax="proto3",
-        dependency=[wrappers_pb2.DESCRIPTOR.name],
-    )
-    message = file.message_type.add(name="BatchingParameters")
-    field = descriptor_pb2.FieldDescriptorProto
-    wrapped = [
-        ("max_batch_size", "Int64Value"),
-        ("batch_timeout_micros", "Int64Value"),
-        ("max_enqueued_batches", "Int64Value"),
-        ("num_batch_threads", "Int64Value"),
-        ("thread_pool_name", "StringValue"),
-    ]
-    for number, (name, kind) in enumerate(wrapped, 1):
-        message.field.add(
-            name=name, number=number, type=field.TYPE_MESSAGE, type_name=f".google.protobuf.{kind}"
-        )
-    message.field.add(
-        name="allowed_batch_sizes", number=6, type=field.TYPE_INT64, label=field.LABEL_REPEATED
-    )
-    message.field.add(name="pad_variable_length_inputs", number=7, type=field.TYPE_BOOL)
-    pool = descriptor_pool.DescriptorPool()
-    pool.AddSerializedFile(wrappers_pb2.DESCRIPTOR.serialized_pb)
-    pool.Add(file)
-    return message_factory.GetMessageClass(
-        pool.FindMessageTypeByName("tensorflow.serving.BatchingParameters")
-    )
+_WRAPPED = (
+    "max_batch_size",
+    "batch_timeout_micros",
+    "max_enqueued_batches",
+    "num_batch_threads",
+    "thread_pool_name",
+    "enable_large_batch_splitting",
+    "max_execution_batch_size",
+)
 
 
 def parse_parameters(text: str, source: str = "batching parameters") -> BatchingParameters:
@@ -126,51 +128,90 @@ def parse_parameters(text: str, source: str = "batching parameters") -> Batching
     """
     from google.protobuf import text_format
 
-    proto = _proto_class()()
+    from sat_tf.server.protos import session_bundle_config_pb2
+
+    proto = session_bundle_config_pb2.BatchingParameters()
     try:
         text_format.Parse(text, proto)
     except text_format.ParseError as e:
         raise ValueError(f"{source}: {e}") from None
-    values = {
-        f.name: getattr(proto, f.name).value
-        for f in dataclasses.fields(BatchingParameters)
-        if f.name != "allowed_batch_sizes" and proto.HasField(f.name)
-    }
+    values = {name: getattr(proto, name).value for name in _WRAPPED if proto.HasField(name)}
     try:
-        return BatchingParameters(**values, allowed_batch_sizes=tuple(proto.allowed_batch_sizes))
+        return BatchingParameters(
+            **values,
+            allowed_batch_sizes=tuple(proto.allowed_batch_sizes),
+            pad_variable_length_inputs=proto.pad_variable_length_inputs,
+        )
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
 
 
 def read_parameters(path: str) -> BatchingParameters:
-    """`parse_parameters` of a file (`--batching_parameters_file`)."""
+    """`parse_parameters` of a file (`--batching_parameters_file`), local or remote."""
+    import tensorflow as tf
+
     try:
-        with open(path, encoding="utf-8") as f:
+        with tf.io.gfile.GFile(path, "r") as f:
             text = f.read()
-    except OSError as e:
-        raise ValueError(f"cannot read batching parameters {path!r}: {e.strerror}") from None
+    except (tf.errors.OpError, UnicodeDecodeError) as e:
+        reason = getattr(e, "message", None) or str(e)
+        raise ValueError(f"cannot read batching parameters {path!r}: {reason}") from None
     return parse_parameters(text, path)
 
 
-class _Task:
-    """A piece of one request: its inputs, and where its outputs go when done."""
+@dataclasses.dataclass(frozen=True)
+class Deadline:
+    """When a request must be answered (`time.monotonic()`), what set it (for errors), and
+    the code of a request still queued when it passes: RESOURCE_EXHAUSTED as TF Serving's
+    batching answers it, DEADLINE_EXCEEDED for a gRPC deadline (which the client's own
+    clock ends with that code anyway)."""
 
-    def __init__(self, inputs, size, offset):
-        self.inputs, self.size, self.offset = inputs, size, offset
+    at: float
+    what: str
+    queued_code: str = "RESOURCE_EXHAUSTED"
+
+    @classmethod
+    def after(cls, seconds: float, what: str, queued_code="RESOURCE_EXHAUSTED") -> "Deadline":
+        return cls(time.monotonic() + seconds, what, queued_code)
+
+
+class _Request:
+    """One caller's inputs and what its pieces brought back."""
+
+    __slots__ = ("inputs", "key", "deadline", "enqueued", "parts", "pending", "started")
+    __slots__ += ("error", "done")
+
+    def __init__(self, inputs, deadline):
+        self.inputs, self.deadline = inputs, deadline
+        # Requests join a batch only with others of the same shape beyond the first axis.
+        self.key = tuple((k, v.shape[1:], v.dtype) for k, v in inputs.items())
         self.enqueued = time.monotonic()
-        self.outputs, self.error = None, None
-        self.done = threading.Event()
+        self.parts, self.pending, self.started = [], 0, False
+        self.error, self.done = None, threading.Event()
 
 
-def _concat(tasks, pad_to):
-    """The tasks' inputs joined along axis 0, padded with the first image to `pad_to`."""
+class _Piece:
+    """Rows [start, stop) of a request, as they wait in the queue."""
+
+    __slots__ = ("request", "start", "stop")
+
+    def __init__(self, request, start, stop):
+        self.request, self.start, self.stop = request, start, stop
+
+    @property
+    def size(self):
+        return self.stop - self.start
+
+
+def _join(pieces, pad_to):
+    """The pieces' inputs joined along axis 0, padded with the first image to `pad_to`."""
     joined = {}
-    for name in tasks[0].inputs:
-        parts = [t.inputs[name] for t in tasks]
+    for name in pieces[0].request.inputs:
+        parts = [p.request.inputs[name][p.start : p.stop] for p in pieces]
         rows = sum(len(p) for p in parts)
         if pad_to > rows:
             parts.append(np.repeat(parts[0][:1], pad_to - rows, axis=0))
-        joined[name] = np.concatenate(parts)
+        joined[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
     return joined
 
 
@@ -180,122 +221,224 @@ class Batcher:
     Args:
       fn: {input name: array (N, ...)} -> {output name: array (N, ...)}.
       parameters: `BatchingParameters`.
-      rebase: optional (one request's rows of the outputs, shift) -> those rows, for
+      rebase: optional (one piece's rows of the outputs, shift) -> those rows, for
         outputs that name an image by its index: index k in the batch is k + shift in
         the request.
+      report: optional function of (piece sizes, padding rows, seconds each piece
+        waited), called after each batch (`observer.Observer.batch`).
     """
 
     def __init__(
         self,
         fn: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
-        parameters: BatchingParameters = BatchingParameters(),
+        parameters: BatchingParameters = SERVE_DEFAULTS,
         rebase: Callable | None = None,
+        report: Callable | None = None,
     ):
-        self.fn, self.parameters, self.rebase = fn, parameters, rebase
+        self.fn, self.parameters, self.rebase, self.report = fn, parameters, rebase, report
         self.calls = 0  # batches run, for tests and benchmarks
+        self._step = parameters.execution_batch_size
+        self._capacity = parameters.max_enqueued_batches * self._step
         self._queue = collections.deque()
-        self._queued_images = 0
+        self._queued = 0  # images in the queue
         self._cond = threading.Condition()
         self._closed = False
+        name = parameters.thread_pool_name or "batch"
         self._threads = [
-            threading.Thread(target=self._loop, name=f"batcher-{i}", daemon=True)
+            threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
             for i in range(parameters.num_batch_threads)
         ]
         for thread in self._threads:
             thread.start()
 
-    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    @property
+    def threads_alive(self) -> int:
+        return sum(t.is_alive() for t in self._threads)
+
+    def __call__(
+        self, inputs: Mapping[str, np.ndarray], deadline: Deadline | None = None
+    ) -> dict[str, np.ndarray]:
         """The outputs `fn` gives for `inputs`, run batched with other callers' inputs.
 
         Raises:
-          QueueFullError: when the queue has no room for the request.
-          RuntimeError: when the batcher is closed.
-          whatever `fn` raises for this request alone.
+          errors.ServingError: UNAVAILABLE when the queue has no room or the batcher is
+            closed, RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED when `deadline` passes while
+            queued / running, or the error of the batch that ran the request.
         """
         inputs = {k: np.asarray(v) for k, v in inputs.items()}
         n = len(next(iter(inputs.values())))
         if n == 0:
-            return self.fn(inputs)
-        step = self.parameters.max_batch_size
-        tasks = [
-            _Task({k: v[i : i + step] for k, v in inputs.items()}, min(step, n - i), i)
-            for i in range(0, n, step)
-        ]
+            try:
+                return dict(self.fn(inputs))
+            except Exception as e:  # noqa: BLE001 - the error's code goes to the caller
+                raise errors.from_exception(e, "an empty request") from None
+        request = _Request(inputs, deadline)
+        cut = self.parameters.max_batch_size
+        pieces = [_Piece(request, i, min(i + cut, n)) for i in range(0, n, cut)]
         with self._cond:
             if self._closed:
-                raise RuntimeError("the batcher is closed")
-            capacity = self.parameters.max_enqueued_batches * step
-            if self._queued_images + n > capacity:
-                raise QueueFullError(
-                    f"the batch queue is full ({self.parameters.max_enqueued_batches} batches "
-                    f"of {step} images); retry later"
+                raise errors.ServingError("UNAVAILABLE", "the version is being unloaded; retry")
+            if self._queued and self._queued + min(n, self._step) > self._capacity:
+                raise errors.ServingError(
+                    "UNAVAILABLE",
+                    f"the batch queue is full ({self._queued} images wait in "
+                    f"max_enqueued_batches {self.parameters.max_enqueued_batches} batches of "
+                    f"{self._step}); retry later",
                 )
-            self._queue.extend(tasks)
-            self._queued_images += n
+            request.pending = len(pieces)
+            self._queue.extend(pieces)
+            self._queued += n
             self._cond.notify_all()
-        for task in tasks:
-            task.done.wait()
-        for task in tasks:
-            if task.error is not None:
-                raise task.error
-        if len(tasks) == 1:
-            return tasks[0].outputs
-        return {k: np.concatenate([t.outputs[k] for t in tasks]) for k in tasks[0].outputs}
+        self._wait(request)
+        if request.error is not None:
+            raise errors.ServingError(request.error.code, request.error.message)
+        parts = [rows for _, rows in sorted(request.parts, key=lambda part: part[0])]
+        if len(parts) == 1:
+            return parts[0]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def _wait(self, request):
+        deadline = request.deadline
+        left = None if deadline is None else max(0.0, deadline.at - time.monotonic())
+        if request.done.wait(left):
+            return
+        with self._cond:
+            if request.done.is_set():
+                return
+            if request.started:
+                error = errors.ServingError(
+                    "DEADLINE_EXCEEDED", f"{deadline.what} passed while the request's batch ran"
+                )
+            else:
+                error = errors.ServingError(
+                    deadline.queued_code,
+                    f"{deadline.what} passed while the request waited in the batch queue",
+                )
+            self._finish(request, error)
+
+    def _finish(self, request, error):
+        """Ends `request` with `error` and takes its pieces out of the queue (under the
+        lock)."""
+        if request.done.is_set():
+            return
+        request.error = error
+        request.done.set()
+        left = [p.size for p in self._queue if p.request is request]
+        if left:
+            self._queue = collections.deque(p for p in self._queue if p.request is not request)
+            self._queued -= sum(left)
 
     def close(self) -> None:
-        """Runs what is queued, then stops the batch threads."""
+        """Runs what is queued, then stops the batch threads; later calls are refused."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         for thread in self._threads:
             thread.join()
 
-    def _gather(self):
-        """The next batch's tasks, waiting for the first and then up to the timeout."""
-        step = self.parameters.max_batch_size
+    def _next_batch(self):
+        """(the next batch's pieces, when they left the queue), waiting for the first and
+        then up to the timeout; None once closed and empty."""
+        timeout = self.parameters.batch_timeout_micros / 1e6
         with self._cond:
-            while not self._queue and not self._closed:
-                self._cond.wait()
-            if not self._queue:
-                return []
-            deadline = self._queue[0].enqueued + self.parameters.batch_timeout_micros / 1e6
-            while not self._closed:
-                queued = sum(t.size for t in self._queue)
-                left = deadline - time.monotonic()
-                if queued >= step or left <= 0:
+            while True:
+                if self._queue:
+                    left = self._queue[0].request.enqueued + timeout - time.monotonic()
+                    if self._closed or self._queued >= self._step or left <= 0:
+                        return self._take(), time.monotonic()
+                    self._cond.wait(left)
+                elif self._closed:
+                    return None
+                else:
+                    self._cond.wait()
+
+    def _take(self):
+        """Pieces of one shape from the queue, oldest first, up to a batch (under the
+        lock); pieces of other shapes keep their places. A request whose deadline passed
+        while queued ends here."""
+        pieces, size, now = [], 0, time.monotonic()
+        key, passed = self._queue[0].request.key, collections.deque()
+        while self._queue and size < self._step:
+            piece = self._queue.popleft()
+            request, room = piece.request, self._step - size
+            if request.key != key:
+                passed.append(piece)
+                continue
+            self._queued -= piece.size
+            if request.deadline is not None and now > request.deadline.at:
+                error = errors.ServingError(
+                    request.deadline.queued_code,
+                    f"{request.deadline.what} passed while the request waited in the batch queue",
+                )
+                self._finish(request, error)
+                continue
+            if piece.size > room:
+                if not self.parameters.enable_large_batch_splitting:
+                    self._queued += piece.size
+                    passed.append(piece)
                     break
-                self._cond.wait(left)
-            tasks, size = [], 0
-            while self._queue and size + self._queue[0].size <= step:
-                task = self._queue.popleft()
-                tasks.append(task)
-                size += task.size
-            self._queued_images -= size
-            return tasks
+                rest = _Piece(request, piece.start + room, piece.stop)
+                self._queued += rest.size
+                passed.append(rest)
+                piece = _Piece(request, piece.start, piece.start + room)
+                request.pending += 1
+            request.started = True
+            pieces.append(piece)
+            size += piece.size
+        if passed:
+            passed.extend(self._queue)
+            self._queue = passed
+        return pieces
 
     def _loop(self):
-        while tasks := self._gather():
-            self._run(tasks)
+        while (taken := self._next_batch()) is not None:
+            pieces, dequeued = taken
+            if not pieces:
+                continue
+            try:
+                self._run(pieces)
+            except Exception as e:  # noqa: BLE001 - the thread goes on; the batch fails
+                error = errors.from_exception(e, f"a batch of {len(pieces)} pieces")
+                with self._cond:
+                    for piece in pieces:
+                        self._finish(piece.request, error)
+            if self.report is not None:
+                observer.tell(
+                    "the batch report",
+                    self.report,
+                    tuple(p.size for p in pieces),
+                    self._pad_to(sum(p.size for p in pieces)) - sum(p.size for p in pieces),
+                    tuple(dequeued - p.request.enqueued for p in pieces),
+                )
 
-    def _run(self, tasks):
-        size = sum(t.size for t in tasks)
+    def _pad_to(self, size):
         sizes = self.parameters.allowed_batch_sizes
-        pad_to = sizes[bisect.bisect_left(sizes, size)] if sizes else size
-        try:
-            outputs = self.fn(_concat(tasks, pad_to))
-            with self._cond:
-                self.calls += 1
-        except Exception as e:  # noqa: BLE001 - handed to the requests, one by one
-            if len(tasks) == 1:
-                tasks[0].error = e
-                tasks[0].done.set()
-                return
-            for task in tasks:
-                self._run([task])
-            return
-        start = 0
-        for task in tasks:
-            part = {k: np.asarray(v)[start : start + task.size] for k, v in outputs.items()}
-            task.outputs = self.rebase(part, task.offset - start) if self.rebase else part
-            start += task.size
-            task.done.set()
+        return sizes[bisect.bisect_left(sizes, size)] if sizes else size
+
+    def _run(self, pieces):
+        pad_to = self._pad_to(sum(p.size for p in pieces))
+        outputs = {k: np.asarray(v) for k, v in self.fn(_join(pieces, pad_to)).items()}
+        for name, value in outputs.items():
+            if value.ndim == 0 or len(value) != pad_to:
+                message = (
+                    f"output {name} of shape {list(value.shape)} has no batch axis of {pad_to}"
+                )
+                _log.error("a batch failed: %s", message)
+                raise errors.ServingError("INTERNAL", message)
+        start, done = 0, []
+        for piece in pieces:
+            rows = {k: v[start : start + piece.size] for k, v in outputs.items()}
+            if self.rebase is not None:
+                rows = self.rebase(rows, piece.start - start)
+            done.append((piece, rows))
+            start += piece.size
+        with self._cond:
+            self.calls += 1
+            for piece, rows in done:
+                request = piece.request
+                if request.done.is_set():
+                    continue
+                request.parts.append((piece.start, rows))
+                request.pending -= 1
+                if request.pending == 0:
+                    request.done.set()

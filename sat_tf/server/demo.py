@@ -37,7 +37,7 @@ from werkzeug import exceptions, serving
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
 from sat_tf.server import batching
-from sat_tf.server import manager as model_server
+from sat_tf.server import servable as model_server
 from sat_tf.serving import exporting
 
 HOST = "127.0.0.1"

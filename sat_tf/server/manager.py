@@ -1,567 +1,505 @@
-"""A model server for sat_tf exports that speaks TF Serving's REST and gRPC APIs.
+"""The manager: which versions of which models are loaded, and which requests they get
+(TF Serving's ServerCore over an AspiredVersionsManager with the availability-preserving
+policy).
 
-`ModelManager` watches `--model_base_path`, a folder of numbered version folders
-(`sat-export --output=exports/sat/1` writes one), and serves the newest complete one (a
-folder whose name is a number and that holds `saved_model.pb`; `sat-export` assembles
-its export in a hidden folder and renames it into place, so a half-written export is
-never a candidate). A new version is loaded and warmed up (its
-`assets.extra/tf_serving_warmup_requests`) before it replaces the old one, as TF
-Serving's default version policy (the latest one) does. Every signature runs through a
-`batching.Batcher` unless batching is off.
+The models come as TF Serving's `ModelServerConfig` (`model_config_list`: name,
+base_path, model_version_policy, version_labels); `--model_name` and `--model_base_path`
+make a one-model config, as in TF Serving, and `reload_config` swaps the whole config
+live. One thread does the work: every `poll_wait_seconds` it lists each base path
+(`versions`), marks the versions the policy aspires, and takes the policy's actions
+(`availability`) one by one: a load (the servable with its batch queues, then its warm-up
+requests through them) or an unload (once the requests holding the version have
+finished, its batch queues run dry and close). A load that fails is tried again
+`max_num_load_retries` times, `load_retry_interval_seconds` apart, its state LOADING with
+the last error; then END with it, and not tried again until the version leaves the
+aspired set and comes back (TF Serving's rule). A failed load keeps nothing: its threads
+stop and its objects are freed. Every version the manager tried stays listed by `status`
+with its state and error.
 
-`rest_app` is the REST API as a WSGI app (`POST /v1/models/<name>[/versions/<v>]:predict`
-in row and columnar form, `GET /v1/models/<name>[/versions/<v>]` and `.../metadata`);
-`grpc_servicers` are `PredictionService` (`Predict`, `GetModelMetadata`) and
-`ModelService.GetModelStatus`. Errors carry TF Serving's status codes (`ServingError`).
+Requests take a version with `servable(...)` (the newest AVAILABLE one, a numbered one,
+or a label's), held until the request ends: an unload waits for them, so a request never
+meets a closed version. Listeners (`observer.Listener`) hear every state change and the
+start of a drain.
 """
 
-import base64
-import concurrent.futures
-import json
+import contextlib
+import dataclasses
+import gc
 import logging
-import os
-import re
+import math
 import threading
 import time
 
-import numpy as np
-import tensorflow as tf
-
-from sat_tf.server import batching
-from sat_tf.serving import warmup
-
-DEFAULT_SIGNATURE = "serving_default"
-# How a failed tf.debugging.Assert reads inside TensorFlow's error message.
-_ASSERTION = re.compile(r"assertion failed: \[(.*?)\]\n", re.S)
+from sat_tf.server import availability, batching, observer, versions
+from sat_tf.server.errors import ServingError, from_exception
+from sat_tf.server.servable import Servable
 
 _log = logging.getLogger(__name__)
 
 
-class ServingError(Exception):
-    """A request the server cannot answer: a gRPC status code name and its HTTP status."""
+@dataclasses.dataclass(frozen=True)
+class ManagerOptions:
+    """How the manager loads versions (TF Serving's flags of the same names).
 
-    HTTP = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "UNAVAILABLE": 503, "INTERNAL": 500}
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code, self.message, self.http_status = code, message, self.HTTP[code]
-
-
-def error_line(e: Exception) -> str:
-    """One line for a refused call: the text of a failed assertion (how exports made
-    before `serving_default`'s `status` output refuse a bad image), else the first line."""
-    message = getattr(e, "message", str(e))
-    found = _ASSERTION.search(message)
-    return ((found.group(1) if found else message).strip().splitlines() or [""])[0]
-
-
-def find_versions(base_path: str) -> list[int]:
-    """The complete versions under `base_path`, oldest first: folders named by a number
-    that hold `saved_model.pb`."""
-    try:
-        names = os.listdir(base_path)
-    except OSError:
-        return []
-    return sorted(
-        int(n)
-        for n in names
-        if n.isdigit() and os.path.isfile(os.path.join(base_path, n, "saved_model.pb"))
-    )
-
-
-class Servable:
-    """One loaded version: its signatures, their `SignatureDef`s, their batchers
-    (`batchers`: {signature: `batching.Batcher`}, empty without batching).
-
-    Args:
-      path: the version folder.
-      version: its number.
-      parameters: `batching.BatchingParameters`, or None to run each request alone.
+    Attributes:
+      parameters: `batching.BatchingParameters` of every servable, None for no batching.
+      poll_wait_seconds: seconds between looks at the base paths; 0 or less looks once.
+      max_num_load_retries: loads tried again after a failed one.
+      load_retry_interval_seconds: seconds between those tries.
+      warmup_iterations: times each warm-up request runs; 0 skips the warm-up.
+      allow_version_labels_for_unavailable_models: a label may name a version that is
+        not AVAILABLE (else the config is refused).
     """
 
-    def __init__(self, path: str, version: int, parameters=None):
-        from tensorflow.core.protobuf import saved_model_pb2
+    parameters: batching.BatchingParameters | None = batching.SERVE_DEFAULTS
+    poll_wait_seconds: float = 1.0
+    max_num_load_retries: int = 5
+    load_retry_interval_seconds: float = 60.0
+    warmup_iterations: int = 1
+    allow_version_labels_for_unavailable_models: bool = False
 
-        self.path, self.version = path, version
-        self._loaded = tf.saved_model.load(path)
-        saved = saved_model_pb2.SavedModel()
-        with open(os.path.join(path, "saved_model.pb"), "rb") as f:
-            saved.ParseFromString(f.read())
-        self.signature_defs = {
-            k: v for k, v in saved.meta_graphs[0].signature_def.items() if not k.startswith("__")
-        }
-        self._run, self.batchers = {}, {}
-        for name, fn in self._loaded.signatures.items():
-            call = self._caller(fn)
-            if parameters is not None:
-                call = batching.Batcher(call, parameters, rebase=batching.rename_errors)
-                self.batchers[name] = call
-            self._run[name] = call
 
-    @staticmethod
-    def _caller(fn):
-        specs = fn.structured_input_signature[1]
+def one_model_config(name: str, base_path: str):
+    """The `ModelServerConfig` of `--model_name` and `--model_base_path`."""
+    from tensorflow_serving.config import model_server_config_pb2
 
-        def call(inputs):
-            tensors = {k: tf.constant(v, dtype=specs[k].dtype) for k, v in inputs.items()}
-            return {k: v.numpy() for k, v in fn(**tensors).items()}
+    config = model_server_config_pb2.ModelServerConfig()
+    model = config.model_config_list.config.add(name=name, base_path=base_path)
+    model.model_platform = "tensorflow"
+    return config
 
-        return call
 
-    def input_dtypes(self, signature: str) -> dict:
-        """{input name: tf.DType} of a signature."""
-        return {k: tf.as_dtype(v.dtype) for k, v in self.signature_defs[signature].inputs.items()}
-
-    def predict(self, signature: str, inputs: dict) -> dict:
-        """The signature's outputs (NumPy) for NumPy `inputs`.
-
-        Raises:
-          ServingError: INVALID_ARGUMENT for an unknown signature or inputs, or when the
-            signature refuses them; UNAVAILABLE when the batch queue is full.
-        """
-        signature = signature or DEFAULT_SIGNATURE
-        if signature not in self._run:
+def check_config(config) -> None:
+    """Raises ServingError(INVALID_ARGUMENT) for a `ModelServerConfig` sat-serve cannot
+    serve: not a model_config_list, a model without a name or base path, a name twice, a
+    platform other than tensorflow."""
+    if config.WhichOneof("config") not in (None, "model_config_list"):
+        raise ServingError("INVALID_ARGUMENT", "the config must be a model_config_list")
+    names = set()
+    for model in config.model_config_list.config:
+        if not model.name or not model.base_path:
             raise ServingError(
-                "INVALID_ARGUMENT", f'Serving signature key "{signature}" not found.'
+                "INVALID_ARGUMENT", f"model {model.name!r} needs a name and base_path"
             )
-        wanted = set(self.signature_defs[signature].inputs)
-        if set(inputs) != wanted:
+        if model.name in names:
+            raise ServingError("INVALID_ARGUMENT", f"model {model.name} is configured twice")
+        if model.model_platform not in ("", "tensorflow"):
             raise ServingError(
                 "INVALID_ARGUMENT",
-                f"signature {signature} takes inputs {sorted(wanted)}, got {sorted(inputs)}",
+                f"model {model.name}: platform {model.model_platform!r}; sat-serve serves "
+                "tensorflow SavedModels",
             )
-        try:
-            return self._run[signature](inputs)
-        except batching.QueueFullError as e:
-            raise ServingError("UNAVAILABLE", str(e)) from None
-        except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
-            raise ServingError("INVALID_ARGUMENT", error_line(e)) from None
-
-    def warm_up(self) -> int:
-        """Runs the version's warm-up requests (if any); returns how many ran."""
-        path = os.path.join(self.path, warmup.WARMUP_FILE)
-        if not os.path.exists(path):
-            return 0
-        requests = warmup.read_warmup(path)
-        for request in requests:
-            inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
-            self.predict(request.model_spec.signature_name, inputs)
-        return len(requests)
-
-    def close(self):
-        """Runs what is queued, then stops the batch threads."""
-        for batcher in self.batchers.values():
-            batcher.close()
+        names.add(model.name)
 
 
-class ModelManager:
-    """Serves the newest complete version under `base_path` as `name`.
+class _Version:
+    """What the manager knows of one version."""
+
+    def __init__(self, version, path):
+        self.version, self.path, self.aspired = version, path, True
+        self.state, self.code, self.message = "START", "OK", ""
+        self.servable, self.attempts, self.retry_at, self.handles = None, 0, 0.0, 0
+
+
+class _Model:
+    def __init__(self, config):
+        self.config, self.versions, self.labels, self.removed = config, {}, {}, False
+
+    def available(self):
+        return [v for v in self.versions.values() if v.state == "AVAILABLE"]
+
+
+class Manager:
+    """Serves the models of a `ModelServerConfig`.
 
     Args:
-      name: the model's name in URLs and requests.
-      base_path: the folder of numbered version folders.
-      parameters: `batching.BatchingParameters`, or None for no batching.
-      poll_wait_seconds: seconds between looks for a new version; 0 or less looks once.
+      config: a `ModelServerConfig` (`one_model_config` for one model).
+      options: `ManagerOptions`.
+      watcher: an `observer.Observer` told of warm-ups and batches (None: nobody).
+
+    Raises:
+      ServingError: INVALID_ARGUMENT for a config it cannot serve (`check_config`).
     """
 
-    def __init__(self, name, base_path, parameters=None, poll_wait_seconds=1.0):
-        self.name, self.base_path = name, base_path
-        self.parameters, self.poll_wait_seconds = parameters, poll_wait_seconds
-        self.servable = None
-        self._stop = threading.Event()
-        self._thread = None
+    def __init__(self, config, options=ManagerOptions(), watcher=None):
+        check_config(config)
+        self.options, self.observer = options, watcher or observer.Observer()
+        self.draining = threading.Event()
+        self._config = config
+        self._models = {m.name: _Model(m) for m in config.model_config_list.config}
+        self._listeners, self._events = [], []
+        self._cond = threading.Condition()
+        self._stopping = False
+        # Config changes asked for, and the last one whose versions have all settled
+        # (AVAILABLE or END): `start` and `reload_config` wait for theirs.
+        self._asked, self._settled = 0, -1
+        self._poll_now, self._next_poll = True, 0.0
+        self._thread = threading.Thread(target=self._loop, name="version-manager", daemon=True)
 
-    def poll(self) -> bool:
-        """Loads and warms up the newest version if it is newer than the one served;
-        whether a new one was loaded. A version that fails to load is logged and skipped."""
-        versions = find_versions(self.base_path)
-        if not versions or (self.servable and versions[-1] <= self.servable.version):
-            return False
-        version = versions[-1]
-        try:
-            servable = Servable(
-                os.path.join(self.base_path, str(version)), version, self.parameters
-            )
-            warmed = servable.warm_up()
-        except Exception as e:  # noqa: BLE001 - the old version goes on serving
-            _log.error("version %d of %s failed to load: %s", version, self.name, e)
-            return False
-        old, self.servable = self.servable, servable
-        _log.info("serving %s version %d (%d warm-up requests)", self.name, version, warmed)
-        if old is not None:
-            old.close()
-        return True
+    @property
+    def config(self):
+        """The `ModelServerConfig` being served."""
+        return self._config
 
-    def start(self):
-        """Loads the newest version now, then polls in a thread."""
-        self.poll()
-        if self.poll_wait_seconds > 0:
-            self._thread = threading.Thread(target=self._loop, name="version-poll", daemon=True)
-            self._thread.start()
+    def add_listener(self, listener: observer.Listener) -> None:
+        """`listener` hears every state change from now on."""
+        with self._cond:
+            self._listeners.append(listener)
 
-    def _loop(self):
-        while not self._stop.wait(self.poll_wait_seconds):
-            self.poll()
-
-    def stop(self):
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        if self.servable is not None:
-            self.servable.close()
-
-    def get(self, name: str, version: int | None = None) -> Servable:
-        """The servable for a request of `name` (and `version`, None for the newest).
+    def start(self) -> None:
+        """Loads what the config aspires, then keeps watching in a thread.
 
         Raises:
-          ServingError: NOT_FOUND for another model, another version, or none loaded yet.
+          ServingError: UNKNOWN naming each model that has versions none of which loaded
+            (TF Serving's start), FAILED_PRECONDITION for a label of a version that is not
+            AVAILABLE.
         """
-        servable = self.servable
-        wanted = f"Latest({name})" if version is None else f"{{ name: {name} version: {version} }}"
-        if name != self.name or servable is None or version not in (None, servable.version):
-            raise ServingError("NOT_FOUND", f"Servable not found for request: {wanted}")
-        return servable
-
-
-# The REST API.
-
-
-def _decode_value(value, dtype):
-    """A JSON value of a tensor (nested lists, {"b64": ...} for bytes) as NumPy."""
-
-    def strings(v):
-        if isinstance(v, list):
-            return [strings(x) for x in v]
-        if isinstance(v, dict) and set(v) == {"b64"}:
-            return base64.b64decode(v["b64"], validate=True)
-        if isinstance(v, str):
-            return v.encode("utf-8")
-        raise ValueError(f"expected a string or {{'b64': ...}}, got {type(v).__name__}")
-
-    if dtype == tf.string:
-        return np.array(strings(value), dtype=object)
-    return np.array(value, dtype=dtype.as_numpy_dtype)
-
-
-def _jsonable(array):
-    """A NumPy output for the JSON answer: numbers as the array itself (`_dumps` writes
-    it), strings as text (non-UTF-8 bytes as {"b64": ...})."""
-    if array.dtype != object:
-        return np.ascontiguousarray(array)
-
-    def text(b):
-        try:
-            return b.decode("utf-8")
-        except UnicodeDecodeError:
-            return {"b64": base64.b64encode(b).decode("ascii")}
-
-    return np.vectorize(text, otypes=[object])(array).tolist() if array.size else array.tolist()
-
-
-def _named(value):
-    """Whether a JSON value is an object of named inputs (not one {"b64": ...} value)."""
-    return isinstance(value, dict) and set(value) != {"b64"}
-
-
-def _predict_rest(servable, body):
-    """A REST predict body (row or columnar) -> the answer's dict."""
-    if not isinstance(body, dict) or ("instances" in body) == ("inputs" in body):
-        raise ValueError('the body must be a JSON object with "instances" or "inputs"')
-    signature = body.get("signature_name") or DEFAULT_SIGNATURE
-    if signature not in servable.signature_defs:
-        raise ServingError("INVALID_ARGUMENT", f'Serving signature key "{signature}" not found.')
-    dtypes = servable.input_dtypes(signature)
-    if "instances" in body:
-        rows = body["instances"]
-        if not isinstance(rows, list) or not rows:
-            raise ValueError('"instances" must be a non-empty list')
-        if len(dtypes) == 1 and not any(_named(r) for r in rows):
-            rows = [{next(iter(dtypes)): r} for r in rows]
-        for row in rows:
-            if not _named(row) or set(row) != set(dtypes):
-                raise ValueError(f"signature {signature} takes inputs {sorted(dtypes)}")
-        columns = {k: [r[k] for r in rows] for k in dtypes}
-    else:
-        columns = body["inputs"]
-        if len(dtypes) == 1 and not _named(columns):
-            columns = {next(iter(dtypes)): columns}
-    if not isinstance(columns, dict) or set(columns) != set(dtypes):
-        raise ValueError(f"signature {signature} takes inputs {sorted(dtypes)}")
-    inputs = {k: _decode_value(v, dtypes[k]) for k, v in columns.items()}
-    outputs = {k: _jsonable(v) for k, v in servable.predict(signature, inputs).items()}
-    if "inputs" in body:
-        return {"outputs": outputs if len(outputs) > 1 else next(iter(outputs.values()))}
-    if len(outputs) == 1:
-        return {"predictions": next(iter(outputs.values()))}
-    n = len(next(iter(outputs.values())))
-    return {"predictions": [{k: v[i] for k, v in outputs.items()} for i in range(n)]}
-
-
-def model_status(name: str, version: int) -> dict:
-    """The REST answer of `GET /v1/models/<name>`."""
-    return {
-        "model_version_status": [
-            {
-                "version": str(version),
-                "state": "AVAILABLE",
-                "status": {"error_code": "OK", "error_message": ""},
-            }
-        ]
-    }
-
-
-def model_metadata(name: str, servable: Servable) -> dict:
-    """The REST answer of `GET /v1/models/<name>/metadata`."""
-    from google.protobuf import json_format
-    from tensorflow_serving.apis import get_model_metadata_pb2
-
-    signatures = get_model_metadata_pb2.SignatureDefMap()
-    for key, value in servable.signature_defs.items():
-        signatures.signature_def[key].CopyFrom(value)
-    return {
-        "model_spec": {"name": name, "signature_name": "", "version": str(servable.version)},
-        "metadata": {
-            "signature_def": {
-                "@type": "type.googleapis.com/tensorflow.serving.SignatureDefMap",
-                **json_format.MessageToDict(signatures, preserving_proto_field_name=True),
-            }
-        },
-    }
-
-
-def _route(manager, method, path, read_body):
-    """(HTTP status, answer dict) for one REST request."""
-    prefix = "/v1/models/"
-    if not path.startswith(prefix):
-        raise ServingError("NOT_FOUND", f"Malformed request: {method} {path}")
-    rest, _, verb = path[len(prefix) :].partition(":")
-    parts = rest.split("/")
-    name, version, what = parts[0], None, parts[1:]
-    if what[:1] == ["versions"] and len(what) >= 2:
-        if not what[1].isdigit():
-            raise ServingError("INVALID_ARGUMENT", f"version {what[1]!r} is not a number")
-        version, what = int(what[1]), what[2:]
-    if method == "POST" and verb == "predict" and not what:
-        try:
-            body = json.loads(read_body())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ServingError("INVALID_ARGUMENT", f"the body is not JSON: {e}") from None
-        servable = manager.get(name, version)
-        try:
-            return 200, _predict_rest(servable, body)
-        except ValueError as e:
-            raise ServingError("INVALID_ARGUMENT", str(e)) from None
-    if method == "GET" and not verb and what in ([], ["metadata"]):
-        servable = manager.get(name, version)
-        if what:
-            return 200, model_metadata(name, servable)
-        return 200, model_status(name, servable.version)
-    raise ServingError("NOT_FOUND", f"Malformed request: {method} {path}")
-
-
-def _dumps(answer) -> bytes:
-    """The answer as JSON bytes, its arrays written by orjson from their memory: a float32
-    as the shortest decimal that reads back as the same float32 (TF Serving writes nine
-    digits), about 20 x faster than the json module on the attention maps and half the
-    bytes. Non-finite floats become null."""
-    import orjson
-
-    return orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-def rest_app(manager: ModelManager, max_body_bytes: int = 64 * 2**20, draining=None):
-    """TF Serving's REST API over `manager` as a WSGI app.
-
-    Args:
-      manager: the `ModelManager`.
-      max_body_bytes: larger bodies are refused (413) from their Content-Length.
-      draining: a `threading.Event`; once set, new requests get 503.
-    """
-
-    def app(environ, start_response):
-        try:
-            if draining is not None and draining.is_set():
-                raise ServingError("UNAVAILABLE", "the server is shutting down")
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-            if length > max_body_bytes:
-                status, answer = (
-                    413,
-                    {"error": f"the body ({length} bytes) is over {max_body_bytes}"},
-                )
-            else:
-                status, answer = _route(
-                    manager,
-                    environ["REQUEST_METHOD"],
-                    environ.get("PATH_INFO", ""),
-                    lambda: environ["wsgi.input"].read(length),
-                )
-        except ServingError as e:
-            status, answer = e.http_status, {"error": e.message}
-        except Exception as e:  # noqa: BLE001 - one line, and the server goes on
-            _log.exception("internal error")
-            status, answer = 500, {"error": f"internal error: {type(e).__name__}: {e}"}
-        data = _dumps(answer)
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Payload Too Large"}
-        start_response(
-            f"{status} {reason.get(status, 'Error')}",
-            [("Content-Type", "application/json"), ("Content-Length", str(len(data)))],
-        )
-        return [data]
-
-    return app
-
-
-# The gRPC API.
-
-
-def grpc_servicers(manager: ModelManager):
-    """(PredictionService servicer, ModelService servicer) over `manager`; add them to a
-    `grpc.server` with `add_PredictionServiceServicer_to_server` and
-    `add_ModelServiceServicer_to_server`."""
-    import grpc
-    from tensorflow_serving.apis import (
-        get_model_metadata_pb2,
-        get_model_status_pb2,
-        model_service_pb2_grpc,
-        predict_pb2,
-        prediction_service_pb2_grpc,
-    )
-
-    def servable_of(spec, context):
-        version = spec.version.value if spec.HasField("version") else None
-        try:
-            return manager.get(spec.name, version)
-        except ServingError as e:
-            context.abort(getattr(grpc.StatusCode, e.code), e.message)
-
-    class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
-        def Predict(self, request, context):  # noqa: N802 - the proto's name
-            servable = servable_of(request.model_spec, context)
-            signature = request.model_spec.signature_name or DEFAULT_SIGNATURE
-            try:
-                inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
-                outputs = servable.predict(signature, inputs)
-            except ServingError as e:
-                context.abort(getattr(grpc.StatusCode, e.code), e.message)
-            except (TypeError, ValueError) as e:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            response = predict_pb2.PredictResponse()
-            response.model_spec.name = manager.name
-            response.model_spec.version.value = servable.version
-            response.model_spec.signature_name = signature
-            wanted = set(request.output_filter) or set(outputs)
-            for name, value in outputs.items():
-                if name in wanted:
-                    response.outputs[name].CopyFrom(tf.make_tensor_proto(value))
-            return response
-
-        def GetModelMetadata(self, request, context):  # noqa: N802
-            servable = servable_of(request.model_spec, context)
-            if list(request.metadata_field) != ["signature_def"]:
-                context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    "Metadata field signature_def must be the one requested",
-                )
-            signatures = get_model_metadata_pb2.SignatureDefMap()
-            for key, value in servable.signature_defs.items():
-                signatures.signature_def[key].CopyFrom(value)
-            response = get_model_metadata_pb2.GetModelMetadataResponse()
-            response.model_spec.name = manager.name
-            response.model_spec.version.value = servable.version
-            response.metadata["signature_def"].Pack(signatures)
-            return response
-
-    class ModelService(model_service_pb2_grpc.ModelServiceServicer):
-        def GetModelStatus(self, request, context):  # noqa: N802
-            servable = servable_of(request.model_spec, context)
-            response = get_model_status_pb2.GetModelStatusResponse()
-            status = response.model_version_status.add()
-            status.version = servable.version
-            status.state = get_model_status_pb2.ModelVersionStatus.AVAILABLE
-            return response
-
-    return PredictionService(), ModelService()
-
-
-def serve(
-    manager,
-    rest_api_port=8501,
-    grpc_port=8500,
-    host="0.0.0.0",
-    threads=16,
-    max_body_bytes=64 * 2**20,
-):
-    """Starts the REST (waitress) and gRPC servers over a started `manager`.
-
-    Returns:
-      a `Server`: its `rest_port` and `grpc_port` are the bound ports (useful with 0),
-      `stop()` finishes the requests in flight and stops both.
-    """
-    return Server(manager, rest_api_port, grpc_port, host, threads, max_body_bytes)
-
-
-class Server:
-    """The running REST and gRPC servers of `serve`."""
-
-    def __init__(self, manager, rest_api_port, grpc_port, host, threads, max_body_bytes):
-        import grpc
-        import waitress
-        from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
-
-        self.manager = manager
-        self.draining = threading.Event()
-        self._in_flight = 0
-        self._idle = threading.Condition()
-        app = rest_app(manager, max_body_bytes, self.draining)
-
-        def counted(environ, start_response):
-            with self._idle:
-                self._in_flight += 1
-            try:
-                return app(environ, start_response)
-            finally:
-                with self._idle:
-                    self._in_flight -= 1
-                    self._idle.notify_all()
-
-        self._rest = waitress.create_server(
-            counted,
-            host=host,
-            port=rest_api_port,
-            threads=threads,
-            max_request_body_size=max_body_bytes,
-            ident="sat-serve",
-        )
-        self.rest_port = self._rest.effective_port
-        self._grpc = grpc.server(
-            concurrent.futures.ThreadPoolExecutor(threads),
-            options=[("grpc.max_receive_message_length", max_body_bytes)],
-        )
-        prediction, models = grpc_servicers(manager)
-        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(prediction, self._grpc)
-        model_service_pb2_grpc.add_ModelServiceServicer_to_server(models, self._grpc)
-        self.grpc_port = self._grpc.add_insecure_port(f"{host}:{grpc_port}")
-        if self.grpc_port == 0:
-            raise ValueError(f"cannot serve gRPC on {host}:{grpc_port}")
-        self._grpc.start()
-        self._thread = threading.Thread(target=self._rest.run, name="rest", daemon=True)
         self._thread.start()
+        self._wait_settled()
+        if self._stopping:
+            return
+        failed = []
+        with self._cond:
+            for model in self._models.values():
+                tried = [v for v in model.versions.values() if v.aspired]
+                if tried and not model.available():
+                    errors = "; ".join(f"version {v.version}: {v.code}: {v.message}" for v in tried)
+                    failed.append(f"model {model.config.name} did not become available ({errors})")
+        if failed:
+            raise ServingError("UNKNOWN", "; ".join(failed))
+        self._install_labels(self._config)
 
-    def stop(self, grace_seconds: float = 30.0):
-        """Answers new REST requests 503, lets those in flight finish (up to
-        `grace_seconds`), then stops both servers and the manager."""
+    def reload_config(self, config) -> None:
+        """Serves `config` from now on: new models are loaded (this waits for them), models
+        left out are unloaded, policies, base paths and labels change.
+
+        Raises:
+          ServingError: INVALID_ARGUMENT for a config it cannot serve, FAILED_PRECONDITION
+            for a label of a version that is not AVAILABLE (the models change; the
+            labels stay as they were).
+        """
+        check_config(config)
+        wanted = {m.name: m for m in config.model_config_list.config}
+        with self._cond:
+            for name, model in self._models.items():
+                if name in wanted:
+                    model.config, model.removed = wanted[name], False
+                else:
+                    model.removed = True
+            for name, model_config in wanted.items():
+                self._models.setdefault(name, _Model(model_config))
+            self._config = config
+            self._asked += 1
+            self._poll_now = True
+            self._cond.notify_all()
+        self._wait_settled()
+        self._install_labels(config)
+
+    def _install_labels(self, config):
+        labels = {}
+        with self._cond:
+            for model_config in config.model_config_list.config:
+                model = self._models[model_config.name]
+                for version in model_config.version_labels.values():
+                    record = model.versions.get(version)
+                    if not self.options.allow_version_labels_for_unavailable_models and (
+                        record is None or record.state != "AVAILABLE"
+                    ):
+                        raise ServingError(
+                            "FAILED_PRECONDITION",
+                            f"Request to assign label to version {version} of model "
+                            f"{model_config.name}, which is not currently available for inference",
+                        )
+                labels[model_config.name] = dict(model_config.version_labels)
+            for name, model in self._models.items():
+                model.labels = labels.get(name, {})
+
+    def _wait_settled(self):
+        with self._cond:
+            asked = self._asked
+            self._cond.wait_for(lambda: self._settled >= asked or self._stopping)
+
+    def stop(self) -> None:
+        """Stops watching and unloads every version (after what is queued ran)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join()
+        for model in list(self._models.values()):
+            for record in list(model.versions.values()):
+                if record.state == "AVAILABLE":
+                    self._unload(model, record)
+        self._flush_events()
+
+    def drain(self) -> None:
+        """Marks the server draining and tells the listeners (it serves on)."""
         self.draining.set()
-        done = self._grpc.stop(grace_seconds)
-        with self._idle:
-            self._idle.wait_for(lambda: self._in_flight == 0, grace_seconds)
-        # Waitress's threads hand the last answers to its loop, which writes them out; only
-        # then may its wake-up pipe close (a thread pulling it after would fail).
-        self._rest.task_dispatcher.shutdown(cancel_pending=False, timeout=grace_seconds)
-        deadline = time.monotonic() + grace_seconds
-        while time.monotonic() < deadline and any(
-            c.total_outbufs_len for c in list(self._rest.active_channels.values())
-        ):
-            time.sleep(0.01)
-        self._rest.close()
-        done.wait(grace_seconds)
-        self.manager.stop()
+        with self._cond:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            observer.tell("a listener", listener.draining)
+
+    # Requests.
+
+    @contextlib.contextmanager
+    def servable(self, name: str, version: int | None = None, label: str | None = None):
+        """The `Servable` a request of model `name` gets, held until the block ends: the
+        `version`, else the one `label` names, else the newest AVAILABLE one.
+
+        Raises:
+          ServingError: NOT_FOUND when there is no such model or version AVAILABLE,
+            INVALID_ARGUMENT for an unknown label.
+        """
+        with self._cond:
+            record = self._find(name, version, label)
+            record.handles += 1
+        try:
+            yield record.servable
+        finally:
+            with self._cond:
+                record.handles -= 1
+                if record.state == "UNLOADING" and not record.handles:
+                    self._cond.notify_all()
+
+    def _find(self, name, version, label):
+        model = self._models.get(name)
+        if model is not None and model.removed:
+            model = None
+        if label is not None and version is None:
+            if model is None or label not in model.labels:
+                raise ServingError(
+                    "INVALID_ARGUMENT", f"Unrecognized servable version label: {label}"
+                )
+            version = model.labels[label]
+        if model is not None:
+            if version is None:
+                available = model.available()
+                if available:
+                    return max(available, key=lambda v: v.version)
+            elif version in model.versions and model.versions[version].state == "AVAILABLE":
+                return model.versions[version]
+        request = f"Latest({name})" if version is None else f"Specific({name}, {version})"
+        raise ServingError("NOT_FOUND", f"Servable not found for request: {request}")
+
+    def resolve(self, name: str, label: str) -> int:
+        """The version `label` names for model `name`.
+
+        Raises:
+          ServingError: INVALID_ARGUMENT for an unknown model or label.
+        """
+        with self._cond:
+            model = self._models.get(name)
+            if model is None or label not in model.labels:
+                raise ServingError(
+                    "INVALID_ARGUMENT", f"Unrecognized servable version label: {label}"
+                )
+            return model.labels[label]
+
+    def status(self, name: str, version: int | None = None) -> list[observer.VersionStatus]:
+        """Every version of `name` the manager tried (or the one `version`), newest first.
+
+        Raises:
+          ServingError: NOT_FOUND when there is none.
+        """
+        with self._cond:
+            model = self._models.get(name)
+            found = [] if model is None or model.removed else list(model.versions.values())
+            if version is not None:
+                found = [v for v in found if v.version == version]
+            statuses = [self._status(name, v) for v in found]
+        if not statuses:
+            if version is None:
+                raise ServingError("NOT_FOUND", f"Could not find any versions of model {name}")
+            raise ServingError("NOT_FOUND", f"Could not find version {version} of model {name}")
+        return sorted(statuses, key=lambda s: -s.version)
+
+    @staticmethod
+    def _status(name, record):
+        return observer.VersionStatus(
+            name, record.version, record.state, record.code, record.message
+        )
+
+    # The manager's thread.
+
+    def _loop(self):
+        while True:
+            with self._cond:
+                wake = self._next_wake()
+                while not (self._stopping or self._poll_now or time.monotonic() >= wake):
+                    self._cond.wait(None if wake == math.inf else wake - time.monotonic())
+                    wake = self._next_wake()
+                if self._stopping:
+                    return
+                poll, self._poll_now = self._poll_now or time.monotonic() >= self._next_poll, False
+                asked = self._asked
+            try:
+                self._tick(poll, asked)
+            except Exception:  # noqa: BLE001 - the manager goes on; the log has it
+                _log.exception("the version manager's step failed")
+            self._flush_events()
+
+    def _next_wake(self):
+        retries = [
+            v.retry_at
+            for m in self._models.values()
+            for v in m.versions.values()
+            if v.state == "LOADING" and v.aspired
+        ]
+        return min([self._next_poll, *retries])
+
+    def _tick(self, poll, asked):
+        if poll:
+            wait = self.options.poll_wait_seconds
+            self._next_poll = time.monotonic() + wait if wait > 0 else math.inf
+            for model in list(self._models.values()):
+                self._poll(model)
+        for model in list(self._models.values()):
+            self._act(model)
+        with self._cond:
+            for name in [n for n, m in self._models.items() if m.removed and not m.available()]:
+                del self._models[name]
+            if not any(
+                v.state in ("START", "LOADING") and v.aspired
+                for m in self._models.values()
+                for v in m.versions.values()
+            ):
+                self._settled = asked
+            self._cond.notify_all()
+
+    def _poll(self, model):
+        name = model.config.name
+        if model.removed:
+            found = {}
+        else:
+            try:
+                found = versions.list_versions(model.config.base_path)
+            except Exception as e:  # noqa: BLE001 - keeps what it has; the log says why
+                _log.warning("cannot list %s of model %s: %s", model.config.base_path, name, e)
+                return
+        aspired = versions.aspired_versions(model.config.model_version_policy, found, name)
+        with self._cond:
+            for record in model.versions.values():
+                if record.aspired and record.version not in aspired:
+                    record.aspired = False
+                    if record.state == "LOADING":  # between tries: the tries end here
+                        self._set(model, record, "END")
+            for version, path in aspired.items():
+                record = model.versions.get(version)
+                if record is None or (not record.aspired and record.state == "END"):
+                    model.versions[version] = _Version(version, path)
+                    self._set(model, model.versions[version], "START")
+                record = model.versions[version]
+                record.aspired = True
+
+    def _act(self, model):
+        while not self._stopping:
+            now = time.monotonic()
+            with self._cond:
+                due = [
+                    v
+                    for v in model.versions.values()
+                    if v.state == "LOADING" and v.aspired and v.retry_at <= now
+                ]
+                snapshots = [
+                    availability.Snapshot(v.version, v.state, v.aspired)
+                    for v in model.versions.values()
+                ]
+            action = ("load", due[0].version) if due else availability.next_action(snapshots)
+            if action is None:
+                return
+            kind, version = action
+            record = model.versions[version]
+            if kind == "load":
+                self._load(model, record)
+            else:
+                self._unload(model, record)
+            self._flush_events()
+
+    def _load(self, model, record):
+        name = model.config.name
+        with self._cond:
+            record.attempts += 1
+            self._set(model, record, "LOADING")
+        self._flush_events()
+        servable = error = None
+        try:
+            servable = Servable(
+                record.path, record.version, self.options.parameters, name, self.observer
+            )
+            self._warm_up(name, servable)
+        except Exception as e:  # noqa: BLE001 - the load failed; its error is kept
+            error = from_exception(e, f"loading version {record.version} of {name}", load=True)
+            if servable is not None:
+                servable.close()
+            servable = None
+            gc.collect()
+        with self._cond:
+            if error is None:
+                record.servable, record.code, record.message = servable, "OK", ""
+                self._set(model, record, "AVAILABLE")
+                _log.info("serving version %d of %s (%s)", record.version, name, record.path)
+                return
+            record.code, record.message = error.code, error.message
+            tries = f"try {record.attempts} of {self.options.max_num_load_retries + 1}"
+            _log.error("version %d of %s did not load (%s): %s", record.version, name, tries, error)
+            if record.attempts <= self.options.max_num_load_retries and record.aspired:
+                interval = max(0.0, self.options.load_retry_interval_seconds)
+                record.retry_at = time.monotonic() + interval
+                self._set(model, record, "LOADING")
+            else:
+                self._set(model, record, "END")
+
+    def _warm_up(self, name, servable):
+        if not self.options.warmup_iterations or not servable.warmup_requests:
+            return
+        start, code = time.monotonic(), "OK"
+        try:
+            servable.warm_up(self.options.warmup_iterations)
+        except ServingError as e:
+            code = e.code
+            raise
+        finally:
+            observer.tell(
+                "the warm-up report",
+                self.observer.warmup,
+                name,
+                servable.version,
+                servable.warmup_path,
+                code,
+                time.monotonic() - start,
+                len(servable.warmup_requests),
+            )
+
+    def _unload(self, model, record):
+        with self._cond:
+            self._set(model, record, "UNLOADING")
+        self._flush_events()
+        with self._cond:
+            while record.handles:
+                if not self._cond.wait(30):
+                    _log.warning(
+                        "version %d of %s waits for %d requests to unload",
+                        record.version,
+                        model.config.name,
+                        record.handles,
+                    )
+            servable, record.servable = record.servable, None
+        servable.close()
+        del servable
+        gc.collect()
+        with self._cond:
+            self._set(model, record, "END")
+        _log.info("unloaded version %d of %s", record.version, model.config.name)
+
+    def _set(self, model, record, state):
+        """Moves `record` to `state` and queues the event (under the lock)."""
+        record.state = state
+        self._events.append([*self._listeners, self._status(model.config.name, record)])
+
+    def _flush_events(self):
+        with self._cond:
+            events, self._events = self._events, []
+        for *listeners, status in events:
+            for listener in listeners:
+                observer.tell("a listener", listener.version_changed, status)
