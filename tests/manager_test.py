@@ -12,8 +12,9 @@ import tempfile
 
 import numpy as np
 import tensorflow as tf
-from fixtures import encode, scenes, tiny_export, wait_until
+from fixtures import encode, scenes, wait_until
 from google.protobuf import text_format
+from server_process import add_version
 from tensorflow_serving.config import model_server_config_pb2
 
 from sat_tf.server import batching, manager, observer
@@ -22,21 +23,6 @@ from sat_tf.server.errors import ServingError
 PARAMETERS = batching.BatchingParameters(
     max_batch_size=16, batch_timeout_micros=0, num_batch_threads=1
 )
-
-
-def add_version(base, version, broken=""):
-    """A copy of the tiny export as `base/version`, renamed into place as sat-export does;
-    `broken`: "model" corrupts its saved_model.pb, "warmup" its warm-up file."""
-    staged = os.path.join(base, f".{version}.tmp")
-    shutil.copytree(tiny_export(), staged)
-    if broken == "model":
-        with open(os.path.join(staged, "saved_model.pb"), "wb") as f:
-            f.write(b"\x0a\xff\xff\xff\xff not a SavedModel")
-    elif broken == "warmup":
-        with open(os.path.join(staged, "assets.extra", "tf_serving_warmup_requests"), "r+b") as f:
-            f.seek(12)
-            f.write(b"\x00" * 16)
-    os.rename(staged, os.path.join(base, str(version)))
 
 
 class Heard(observer.Listener, observer.Observer):

@@ -42,6 +42,10 @@ def _check(argv):
         raise ValueError("--model_base_path is required: the folder of the version folders")
     if "://" not in path and not os.path.isdir(path):
         raise ValueError(f"--model_base_path {path!r} is not a folder")
+    if not (flags.FLAGS["verbose"].value or flags.FLAGS["verbosity"].present):
+        # TensorFlow's own error lines (out of memory, a failed op) stay on for the life
+        # of a server; without -v, `run` hides only what TensorFlow prints as it loads.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         import waitress  # noqa: F401
     except ImportError:
@@ -70,9 +74,6 @@ def main(argv=None):
     Returns:
       the exit status.
     """
-    # TensorFlow's own error lines (out of memory, a failed op) stay on for the life of a
-    # server; `run` hides only what TensorFlow prints while it loads.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return run(_main, FLAGS, sys.argv if argv is None else argv, __doc__, check=_check)
 
 

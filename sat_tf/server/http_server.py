@@ -18,6 +18,8 @@ from sat_tf.server.rest_app import reason
 
 # After the last request of a drain, how long the open connections may still bring one.
 QUIET_SECONDS = 0.5
+# Open connections at once; past it waitress stops accepting until one closes.
+CONNECTION_LIMIT = 2000
 
 
 def _channel_class(owner, max_body_bytes):
@@ -89,6 +91,9 @@ class RestServer:
             port=port,
             threads=threads,
             max_request_body_size=max_body_bytes + 1,
+            # Waitress's default of 100 leaves the 101st keep-alive client waiting in the
+            # backlog, unanswered; TF Serving's server sets no such limit.
+            connection_limit=CONNECTION_LIMIT,
             ident="sat-serve",
         )
         self._server.channel_class = _channel_class(self, max_body_bytes)

@@ -49,6 +49,8 @@ class Server:
             options=[
                 ("grpc.max_receive_message_length", options.max_body_bytes),
                 ("grpc.max_send_message_length", -1),
+                # A port another process holds is an error, never a shared port.
+                ("grpc.so_reuseport", 0),
             ],
         )
         prediction, models = grpc_api.servicers(manager)
@@ -56,14 +58,6 @@ class Server:
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(models, self._grpc)
         for add in grpc_services:
             add(self._grpc)
-        address = _address(options.host, options.port)
-        try:
-            if grpc_credentials is None:
-                self.grpc_port = self._grpc.add_insecure_port(address)
-            else:
-                self.grpc_port = self._grpc.add_secure_port(address, grpc_credentials)
-        except RuntimeError as e:
-            raise StartError(f"cannot serve gRPC on {address} (--port): {e}") from None
         app = rest_app(manager, options.rest_api_timeout_in_ms / 1000, routes)
         try:
             self._rest = RestServer(
@@ -78,6 +72,16 @@ class Server:
             raise StartError(
                 f"cannot serve REST on {address} (--rest_api_port): {e.strerror}"
             ) from None
+        address = _address(options.host, options.port)
+        try:
+            if grpc_credentials is None:
+                self.grpc_port = self._grpc.add_insecure_port(address)
+            else:
+                self.grpc_port = self._grpc.add_secure_port(address, grpc_credentials)
+        except RuntimeError as e:
+            self._rest.stop_accepting()
+            self._rest.stop(0)
+            raise StartError(f"cannot serve gRPC on {address} (--port): {e}") from None
         self.rest_port = self._rest.port
         self._grpc.start()
 

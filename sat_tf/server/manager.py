@@ -102,11 +102,44 @@ class _Version:
 
 
 class _Model:
+    """A model's config, the versions the manager knows and its labels."""
+
     def __init__(self, config):
         self.config, self.versions, self.labels, self.removed = config, {}, {}, False
 
     def available(self):
         return [v for v in self.versions.values() if v.state == "AVAILABLE"]
+
+    def aspire(self, aspired: dict, moved):
+        """Marks `aspired` ({version: folder}) the versions to serve: a version that left
+        stops its tries (`moved(record, "END")`), a new one or one back after it left
+        starts anew (`moved(record, "START")`)."""
+        for record in self.versions.values():
+            if record.aspired and record.version not in aspired:
+                record.aspired = False
+                if record.state == "LOADING":  # between tries: the tries end here
+                    moved(record, "END")
+        for version, path in aspired.items():
+            record = self.versions.get(version)
+            if record is None or (not record.aspired and record.state == "END"):
+                record = self.versions[version] = _Version(version, path)
+                moved(record, "START")
+            record.aspired = True
+
+    def next_action(self, now):
+        """("load" | "unload", record) to do next, or None: a retry that is due, else the
+        availability-preserving policy's choice."""
+        for record in self.versions.values():
+            if record.state == "LOADING" and record.aspired and record.retry_at <= now:
+                return "load", record
+        snapshots = [
+            availability.Snapshot(v.version, v.state, v.aspired) for v in self.versions.values()
+        ]
+        action = availability.next_action(snapshots)
+        return action and (action[0], self.versions[action[1]])
+
+    def retry_times(self):
+        return [v.retry_at for v in self.versions.values() if v.state == "LOADING" and v.aspired]
 
 
 class Manager:
@@ -340,13 +373,7 @@ class Manager:
             self._flush_events()
 
     def _next_wake(self):
-        retries = [
-            v.retry_at
-            for m in self._models.values()
-            for v in m.versions.values()
-            if v.state == "LOADING" and v.aspired
-        ]
-        return min([self._next_poll, *retries])
+        return min([self._next_poll, *(t for m in self._models.values() for t in m.retry_times())])
 
     def _tick(self, poll, asked):
         if poll:
@@ -379,37 +406,15 @@ class Manager:
                 return
         aspired = versions.aspired_versions(model.config.model_version_policy, found, name)
         with self._cond:
-            for record in model.versions.values():
-                if record.aspired and record.version not in aspired:
-                    record.aspired = False
-                    if record.state == "LOADING":  # between tries: the tries end here
-                        self._set(model, record, "END")
-            for version, path in aspired.items():
-                record = model.versions.get(version)
-                if record is None or (not record.aspired and record.state == "END"):
-                    model.versions[version] = _Version(version, path)
-                    self._set(model, model.versions[version], "START")
-                record = model.versions[version]
-                record.aspired = True
+            model.aspire(aspired, lambda record, state: self._set(model, record, state))
 
     def _act(self, model):
         while not self._stopping:
-            now = time.monotonic()
             with self._cond:
-                due = [
-                    v
-                    for v in model.versions.values()
-                    if v.state == "LOADING" and v.aspired and v.retry_at <= now
-                ]
-                snapshots = [
-                    availability.Snapshot(v.version, v.state, v.aspired)
-                    for v in model.versions.values()
-                ]
-            action = ("load", due[0].version) if due else availability.next_action(snapshots)
+                action = model.next_action(time.monotonic())
             if action is None:
                 return
-            kind, version = action
-            record = model.versions[version]
+            kind, record = action
             if kind == "load":
                 self._load(model, record)
             else:
