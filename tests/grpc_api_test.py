@@ -6,14 +6,12 @@ deadline gets DEADLINE_EXCEEDED and the next call is answered."""
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from unittest import mock
 
 import grpc
 import tensorflow as tf
 from fixtures import encode, scenes, tiny_export
-from rest_app_test import serve
+from server_process import serve_in_process
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
@@ -37,11 +35,7 @@ class GrpcApiTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        root = tempfile.mkdtemp()
-        cls.addClassCleanup(shutil.rmtree, root, ignore_errors=True)
-        cls.base = os.path.join(root, "sat")
-        shutil.copytree(tiny_export(), os.path.join(cls.base, "3"))
-        cls.manager, cls.server = serve(cls, cls.base)
+        cls.base, cls.manager, cls.server = serve_in_process(cls, version=3)
         cls.manager._models["sat"].labels = {"stable": 3}
         cls.channel = grpc.insecure_channel(f"127.0.0.1:{cls.server.grpc_port}")
         cls.addClassCleanup(cls.channel.close)

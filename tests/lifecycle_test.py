@@ -7,13 +7,12 @@ import os
 import shutil
 import signal
 import socket
-import tempfile
 import threading
 
 import requests
 import tensorflow as tf
 from fixtures import tiny_export
-from rest_app_test import serve
+from server_process import serve_in_process
 
 from sat_tf.server import batching, lifecycle, options
 
@@ -40,11 +39,8 @@ class LifecycleTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.root = tempfile.mkdtemp()
-        cls.addClassCleanup(shutil.rmtree, cls.root, ignore_errors=True)
-        cls.base = os.path.join(cls.root, "sat")
-        shutil.copytree(tiny_export(), os.path.join(cls.base, "1"))
-        cls.manager, cls.server = serve(cls, cls.base)
+        cls.base, cls.manager, cls.server = serve_in_process(cls)
+        cls.root = os.path.dirname(cls.base)
 
     def settings(self, **values):
         base = {"host": "127.0.0.1", "rest_api_num_threads": 4, "model_base_path": self.base}

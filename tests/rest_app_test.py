@@ -10,15 +10,15 @@ import importlib.util
 import json
 import os
 import shutil
-import tempfile
 import threading
 
 import numpy as np
 import requests
 import tensorflow as tf
 from fixtures import encode, scenes, tiny_export, wait_until
+from server_process import serve_in_process
 
-from sat_tf.server import batching, lifecycle, manager, observer, options
+from sat_tf.server import batching, observer
 from sat_tf.server.http_server import RestServer
 from sat_tf.server.rest_app import rest_app
 
@@ -34,32 +34,12 @@ def client(name):
     return module
 
 
-def serve(test_class, base, **settings):
-    """A started manager and server over `base` on free ports of 127.0.0.1, stopped when
-    `test_class`'s tests end; (manager, server)."""
-    parameters = batching.BatchingParameters(
-        max_batch_size=8, batch_timeout_micros=300_000, num_batch_threads=1
-    )
-    served = manager.Manager(
-        manager.one_model_config("sat", base),
-        manager.ManagerOptions(parameters, poll_wait_seconds=0.05, max_num_load_retries=0),
-    )
-    served.start()
-    settings = {"port": 0, "rest_api_port": 0, "host": "127.0.0.1", "rest_api_num_threads": 8}
-    server = lifecycle.Server(served, options.ServerOptions(**settings))
-    test_class.addClassCleanup(server.drain, 5)
-    return served, server
-
-
 class RestAppTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.root = tempfile.mkdtemp()
-        cls.addClassCleanup(shutil.rmtree, cls.root, ignore_errors=True)
-        cls.base = os.path.join(cls.root, "sat")
-        shutil.copytree(tiny_export(), os.path.join(cls.base, "1"))
-        cls.manager, cls.server = serve(cls, cls.base)
+        cls.base, cls.manager, cls.server = serve_in_process(cls)
+        cls.root = os.path.dirname(cls.base)
         cls.url = f"http://127.0.0.1:{cls.server.rest_port}/v1/models/sat"
         cls.direct = tf.saved_model.load(tiny_export()).signatures["serving_default"]
         cls.images = [encode(x, "PNG") for x in scenes(0, 3)] + [b"not an image"]

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import grpc
@@ -52,6 +53,31 @@ def add_version(base, version, broken=""):
     path = os.path.join(base, str(version))
     os.rename(staged, path)
     return path
+
+
+def serve_in_process(test_class, version=1):
+    """A copy of the tiny export as `version` of model sat, served in this process by a
+    started manager and server on free ports of 127.0.0.1 (batches of up to 8 waiting 0.3
+    s, a failed load not tried again), stopped and removed when `test_class`'s tests end:
+    (base path, manager, server)."""
+    from sat_tf.server import batching, lifecycle, manager, options
+
+    root = tempfile.mkdtemp()
+    test_class.addClassCleanup(shutil.rmtree, root, ignore_errors=True)
+    base = os.path.join(root, "sat")
+    shutil.copytree(tiny_export(), os.path.join(base, str(version)))
+    parameters = batching.BatchingParameters(
+        max_batch_size=8, batch_timeout_micros=300_000, num_batch_threads=1
+    )
+    served = manager.Manager(
+        manager.one_model_config("sat", base),
+        manager.ManagerOptions(parameters, poll_wait_seconds=0.05, max_num_load_retries=0),
+    )
+    served.start()
+    settings = {"port": 0, "rest_api_port": 0, "host": "127.0.0.1", "rest_api_num_threads": 8}
+    server = lifecycle.Server(served, options.ServerOptions(**settings))
+    test_class.addClassCleanup(server.drain, 5)
+    return base, served, server
 
 
 def predict_body(images):

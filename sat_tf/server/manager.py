@@ -252,17 +252,19 @@ class Manager:
             asked = self._asked
             self._cond.wait_for(lambda: self._settled >= asked or self._stopping)
 
-    def stop(self) -> None:
-        """Stops watching and unloads every version (after what is queued ran)."""
+    def stop(self, patience_seconds: float = 10.0) -> None:
+        """Stops watching and unloads every version, their queued batches run first.
+        A load under way, or a request still holding a version, is waited for at most
+        `patience_seconds` each."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(patience_seconds)
         for model in list(self._models.values()):
             for record in list(model.versions.values()):
                 if record.state == "AVAILABLE":
-                    self._unload(model, record)
+                    self._unload(model, record, patience_seconds)
         self._flush_events()
 
     def drain(self) -> None:
@@ -476,13 +478,15 @@ class Manager:
                 len(servable.warmup_requests),
             )
 
-    def _unload(self, model, record):
+    def _unload(self, model, record, patience_seconds=math.inf):
+        """Unloads `record` once no request holds it (or after `patience_seconds`)."""
         with self._cond:
             self._set(model, record, "UNLOADING")
         self._flush_events()
+        deadline = time.monotonic() + patience_seconds
         with self._cond:
-            while record.handles:
-                if not self._cond.wait(30):
+            while record.handles and time.monotonic() < deadline:
+                if not self._cond.wait(min(30, deadline - time.monotonic())):
                     _log.warning(
                         "version %d of %s waits for %d requests to unload",
                         record.version,
