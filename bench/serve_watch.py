@@ -11,9 +11,11 @@ serves. Then, for --minutes, the newest broken folders leave and come back in tu
 that the version the policy aspires changes and is tried anew (4 away: 3 tried; 3 away:
 2; 3 back: 3; 4 back: 4), each step waiting for its three failed loads, and one photo is
 posted after each round. Printed as JSON: the server's OS threads and resident memory
-once the first failures are listed and at the end, the failed loads counted in its log,
-every answer's status and the listing at the end. sat-serve holds its threads within +2
-and its memory within +100 MB over the ten minutes.
+once the first failures are listed and at the end, the memory after each round (it
+swings by a few hundred MB as models load and go, so its growth is the peak of the last
+third of the rounds over the peak of the first third), the failed loads counted in its
+log, every answer's status and the listing at the end. sat-serve holds its threads within
++2 and that growth within +100 MB over ten minutes.
 """
 
 import argparse
@@ -116,6 +118,12 @@ class Server:
         return {"threads": len(os.listdir(f"/proc/{self.process.pid}/task")), "rss_mb": rss}
 
 
+def peak_growth(values):
+    """The peak of the last third of `values` over the peak of the first third."""
+    third = max(1, len(values) // 3)
+    return max(values[-third:]) - max(values[:third]) if values else None
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--export", default="", help="a version folder; default: the preset's")
@@ -136,7 +144,7 @@ def main():
                 server.wait_for_failures(3 * (version - 1))
             time.sleep(1)
             first = {**server.resources(), "failed_loads": server.failed_loads()}
-            statuses, rounds, start = [], 0, time.monotonic()
+            statuses, rss_by_round, rounds, start = [], [], 0, time.monotonic()
             while time.monotonic() - start < 60 * args.minutes:
                 for version, there in ((4, "away"), (3, "away"), (3, "back"), (4, "back")):
                     here, away = (
@@ -147,6 +155,7 @@ def main():
                     os.rename(*((here, away) if there == "away" else (away, here)))
                     server.wait_for_failures(count + 3)
                 statuses.append(server.post(body))
+                rss_by_round.append(round(server.resources()["rss_mb"]))
                 rounds += 1
             last = {**server.resources(), "failed_loads": server.failed_loads()}
             report = {
@@ -156,8 +165,9 @@ def main():
                 "at_the_end": last,
                 "growth": {
                     "threads": last["threads"] - first["threads"],
-                    "rss_mb": round(last["rss_mb"] - first["rss_mb"], 1),
+                    "rss_mb_peak": peak_growth(rss_by_round),
                 },
+                "rss_mb_after_each_round": rss_by_round,
                 "answers": {str(s): statuses.count(s) for s in set(statuses)},
                 "listing": server.listing(),
             }
