@@ -1,6 +1,7 @@
 """Tests for sat_tf.server.lifecycle in this process: a port that cannot be bound ends the
 start with one line naming its flag and leaves the other port free; `run` over the tiny
-export announces its ports, answers, drains on SIGTERM and returns 0; a model that never
+export announces its ports, answers (with another page and gRPC service added, its
+listeners hearing the versions and the drain), drains on SIGTERM and returns 0; a model that never
 loads ends `run` with the reason; `manager_of` reads the batching flags."""
 
 import os
@@ -14,9 +15,20 @@ import tensorflow as tf
 from fixtures import tiny_export
 from server_process import serve_in_process
 
-from sat_tf.server import batching, lifecycle, options
+from sat_tf.server import batching, lifecycle, observer, options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Heard(observer.Listener):
+    def __init__(self):
+        self.events = []
+
+    def version_changed(self, status):
+        self.events.append(f"{status.version} {status.state}")
+
+    def draining(self):
+        self.events.append("draining")
 
 
 def free_port():
@@ -70,28 +82,44 @@ class LifecycleTest(tf.test.TestCase):
         self.assertTrue(bindable(grpc_port))
 
     def test_run_serves_until_sigterm(self):
-        lines, answers = [], []
+        lines, answers, added = [], [], []
+        heard = Heard()
+
+        def hello(environ, start_response):
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"hello"]
 
         def announce(line):
             lines.append(line)
             if line.startswith("serving"):
                 port = line.split("REST on 127.0.0.1:")[1].split(",")[0]
-                url = f"http://127.0.0.1:{port}/v1/models/sat"
+                url = f"http://127.0.0.1:{port}"
 
                 def use_then_stop():
-                    answers.append(requests.get(url, timeout=30).status_code)
+                    answers.append(requests.get(url + "/v1/models/sat", timeout=30).status_code)
+                    answers.append(requests.get(url + "/hello", timeout=30).text)
                     os.kill(os.getpid(), signal.SIGTERM)
 
                 threading.Thread(target=use_then_stop).start()
 
         settings = self.settings(port=0, rest_api_port=0, drain_seconds=5)
         before = signal.getsignal(signal.SIGTERM)
-        self.assertEqual(lifecycle.run(settings, announce), 0)
-        self.assertEqual(answers, [200])
+        code = lifecycle.run(
+            settings,
+            announce,
+            listeners=[heard],
+            routes={"/hello": hello},
+            grpc_services=[added.append],
+        )
+        self.assertEqual(code, 0)
+        self.assertEqual(answers, [200, "hello"])
+        self.assertLen(added, 1)  # the gRPC server, to add services to
         self.assertEqual(len(lines), 2)
         self.assertStartsWith(lines[0], f"serving sat from {self.base}: REST on 127.0.0.1:")
         self.assertEqual(lines[1], "stopped")
         self.assertIs(signal.getsignal(signal.SIGTERM), before)
+        self.assertEqual(heard.events[:3], ["1 START", "1 LOADING", "1 AVAILABLE"])
+        self.assertEqual(heard.events[3:], ["draining", "1 UNLOADING", "1 END"])
 
     def test_a_model_that_never_loads_ends_the_start(self):
         base = os.path.join(self.root, "broken")

@@ -365,7 +365,7 @@ class BrokenVersionsTest(tf.test.TestCase):
             os.rename(*((here, away) if there == "away" else (away, here)))
             time.sleep(0.5)  # the manager looks every 0.2 s
 
-        start, cycles = time.monotonic(), 0
+        start, cycles, peaks = time.monotonic(), 0, []
         while time.monotonic() - start < self.WATCH_SECONDS:
             # Each step changes the newest version the policy aspires, tried anew.
             tried(lambda: move(4, "away"))  # 3 again
@@ -374,11 +374,15 @@ class BrokenVersionsTest(tf.test.TestCase):
             tried(lambda: move(4, "back"))  # 4 again: its model loads three times
             answer = requests.post(server.url + ":predict", data=predict_body([png]), timeout=60)
             self.assertEqual(answer.status_code, 200)
+            peaks.append(server.rss_mb())
             cycles += 1
         self.assertGreaterEqual(failed_loads() - loads, 12 * cycles)
         self.assertEqual(server.states(), listed)
         self.assertLessEqual(server.threads() - threads, 2)
-        self.assertLess(server.rss_mb() - rss, 100, f"after {failed_loads() - loads} failed loads")
+        # Memory swings as models load and go: the late peak against the early one.
+        half = len(peaks) // 2
+        growth = max(peaks[half:]) - max([rss, *peaks[:half]])
+        self.assertLess(growth, 100, f"after {failed_loads() - loads} failed loads: {peaks}")
         self.assertEqual(server.stop(), 0)
 
 

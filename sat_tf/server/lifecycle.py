@@ -100,10 +100,11 @@ def _address(host, port):
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def manager_of(options, watcher=None):
-    """The `manager.Manager` of `options` (not started): the one model of
-    --model_name / --model_base_path, batched with --batching_parameters_file's
-    parameters (sat-serve's without it) unless batching is off.
+def manager_of(options, watcher=None, config=None):
+    """The `manager.Manager` of `options` (not started): the models of `config` (a
+    `ModelServerConfig`; None: the one model of --model_name / --model_base_path),
+    batched with --batching_parameters_file's parameters (sat-serve's without it) unless
+    batching is off, `watcher` (an `observer.Observer`) told of its work.
 
     Raises:
       ValueError: for a batching file that cannot be read or parsed.
@@ -121,13 +122,21 @@ def manager_of(options, watcher=None):
         max_num_load_retries=options.max_num_load_retries,
         load_retry_interval_seconds=options.load_retry_interval_micros / 1e6,
     )
-    config = manager.one_model_config(options.model_name, options.model_base_path)
+    if config is None:
+        config = manager.one_model_config(options.model_name, options.model_base_path)
     return manager.Manager(config, manager_options, watcher)
 
 
-def run(options, announce=print) -> int:
+def run(options, announce=print, *, config=None, watcher=None, listeners=(), **server) -> int:
     """Serves until SIGTERM or SIGINT, then drains; the exit status (0). A signal while
     the models load ends the load and the process.
+
+    Args:
+      options: `options.ServerOptions`.
+      announce: called with the line saying where it listens, and with "stopped".
+      config, watcher: `manager_of`'s.
+      listeners: `observer.Listener`s added to the manager before it starts.
+      **server: `Server`'s routes, grpc_services and grpc_credentials.
 
     Raises:
       StartError: when a model does not become available or a port cannot be bound.
@@ -136,17 +145,19 @@ def run(options, announce=print) -> int:
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        manager = manager_of(options)
-        server = _start(manager, options, stop)
-        if server is not None:
+        manager = manager_of(options, watcher, config)
+        for listener in listeners:
+            manager.add_listener(listener)
+        served = _start(manager, options, stop, server)
+        if served is not None:
             announce(
                 f"serving {options.model_name} from {options.model_base_path}: REST on "
-                f"{_address(options.host, server.rest_port)}, gRPC on "
-                f"{_address(options.host, server.grpc_port)}"
+                f"{_address(options.host, served.rest_port)}, gRPC on "
+                f"{_address(options.host, served.grpc_port)}"
             )
             stop.wait()
             _log.info("draining: finishing what was accepted (at most %s s)", options.drain_seconds)
-            server.drain(options.drain_seconds)
+            served.drain(options.drain_seconds)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -154,7 +165,7 @@ def run(options, announce=print) -> int:
     return 0
 
 
-def _start(manager, options, stop):
+def _start(manager, options, stop, server):
     """The `Server` once the manager has loaded its models, or None when `stop` was set
     first (the manager then stopped)."""
     from sat_tf.server.errors import ServingError
@@ -176,7 +187,7 @@ def _start(manager, options, stop):
             raise StartError(outcome[0].message)
         if isinstance(outcome[0], BaseException):
             raise outcome[0]
-        return Server(manager, options)
+        return Server(manager, options, **server)
     except BaseException:
         manager.stop()
         raise
