@@ -490,7 +490,8 @@ def test_the_helpers_beside_the_paper_are_not_counted_as_the_paper(tmp_path):
 def test_planted_top_level_modules_and_folders_are_found(tmp_path):
     root = _tree(tmp_path, {"config.py": "", "files.py": "", "serving/api.py": ""})
     (tmp_path / "sat_tf" / "assets").mkdir()
-    for name in set(PACKAGES) - {"data", "model", "training", "evaluation", "serving", "utils"}:
+    made = {"data", "model", "training", "evaluation", "serving", "server", "utils"}
+    for name in set(PACKAGES) - made:
         (tmp_path / "sat_tf" / name).mkdir()
         (tmp_path / "sat_tf" / name / "__init__.py").write_text("")
     assert top_level_problems(root) == [
@@ -519,6 +520,7 @@ def test_the_graph_sees_the_imports_that_exist():
     # training/ is where data and model meet; the model reads the vocabulary's ids.
     assert {("training", "model"), ("training", "data"), ("model", "data")} <= parts
     assert {("serving", "model"), ("serving", "data"), ("training", "serving")} <= parts
+    assert ("server", "serving") in parts
     assert {("data", "utils"), ("config", "utils"), ("model", "backbones")} <= parts
     assert not [b for a, b in modules if _within(a, "sat_tf.training") and "exporting" in b]
     serving = {("api", "inference"), ("inference", "tags"), ("inference", "preset")}
@@ -530,7 +532,7 @@ def test_the_graph_sees_the_imports_that_exist():
 
 def _tree(tmp_path, files):
     root = tmp_path / "sat_tf"
-    for name in ("", "data", "model", "training", "evaluation", "serving", "utils"):
+    for name in ("", "data", "model", "training", "evaluation", "serving", "server", "utils"):
         (root / name).mkdir(parents=True, exist_ok=True)
         (root / name / "__init__.py").write_text("")
     for name, text in files.items():
@@ -574,6 +576,9 @@ def test_a_planted_data_to_model_import_is_found(tmp_path):
         ),
         ("utils/files.py", "config.py", "utils may not import config"),
         ("data/vocab.py", "serving/preset.py", "data may not import serving"),
+        ("serving/exporting.py", "server/manager.py", "serving may not import server"),
+        ("training/loop.py", "server/manager.py", "training may not import server"),
+        ("server/manager.py", "training/loop.py", "server may not import training"),
     ],
 )
 def test_planted_imports_against_the_floors_are_found(tmp_path, importer, imported, message):
