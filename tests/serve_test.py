@@ -15,6 +15,7 @@ load.
 import concurrent.futures
 import http.client
 import os
+import re
 import shutil
 import signal
 import socket
@@ -289,8 +290,9 @@ class StartTest(tf.test.TestCase):
                 timeout=300,
             )
             self.assertEqual(done.stdout.split(), ["1", want_level], done.stderr[-2000:])
-            # TensorFlow's own lines while it loads show with -v only.
-            self.assertEqual("cpu_feature_guard" in done.stderr, verbose, done.stderr[-2000:])
+            # TensorFlow's own INFO lines (`I0000 00:00:...`) show with -v only.
+            informed = re.search(r"^I\d{4} ", done.stderr, re.M) is not None
+            self.assertEqual(informed, verbose, done.stderr[-2000:])
 
 
 def burst(count, send):
@@ -449,7 +451,8 @@ class SwapUnderLoadTest(tf.test.TestCase):
             changes = [b for a, b in zip(versions, versions[1:], strict=False) if a != b]
             self.assertEqual(changes, [2, 1])
         load = seen[(2, "AVAILABLE")] - seen.get((2, "LOADING"), seen[(2, "AVAILABLE")])
-        self.assertLess(first - added, 1 + load + 1.5, f"load and warm-up {load:.2f} s")
+        # One poll (1 s), the load and warm-up, and what the watcher's own polling misses.
+        self.assertLess(first - added, 1 + load + 3, f"load and warm-up {load:.2f} s")
         self.assertEqual(server.stop(), 0)
 
 

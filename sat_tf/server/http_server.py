@@ -105,18 +105,21 @@ class RestServer:
         """Closes the listening socket; open connections are answered, then closed."""
         from waitress import wasyncore
 
-        self.draining.set()
-        with self._idle:
-            self._last = time.monotonic()
         closed = threading.Event()
 
         def close_listener():
             self._server.accepting = False
             wasyncore.dispatcher.close(self._server)
+            # Only now: a client told to close reconnects to a closed port (refused), never
+            # to a backlog that is about to be reset.
+            self.draining.set()
             closed.set()
 
         self._server.trigger.pull_trigger(close_listener)
         closed.wait(5)
+        self.draining.set()
+        with self._idle:
+            self._last = time.monotonic()
 
     def stop(self, grace_seconds: float) -> None:
         """Waits (at most `grace_seconds`) until no request runs and none came for
