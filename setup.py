@@ -10,7 +10,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["sat_tf", "sat_tf.*"]),
-    package_data={"sat_tf": ["presets/*/*", "model/fast/kernels/*.cc", "serving/demo_assets/*"]},
+    package_data={"sat_tf": ["presets/*/*", "model/fast/kernels/*.cc", "server/demo_assets/*"]},
     python_requires=">=3.10,<3.13",
     entry_points={
         "console_scripts": [
@@ -62,6 +62,8 @@ setup(
             "orjson>=3.10,<4",
             "grpcio>=1.60",
             "tensorflow-serving-api>=2.21,<2.22",
+            # The runtime sat_tf/server/protos/*_pb2.py were generated for (protos_test.py).
+            "protobuf>=6.33.5,<7",
         ],
         # Beam 2.77 caps protobuf < 7 and pillow < 13 (TensorFlow 2.21 takes protobuf 6);
         # the range is the one tested here. [aws] brings boto3 for s3://; gs:// takes Beam's
@@ -79,6 +81,8 @@ setup(
             "requests>=2.31",
             "cryptography>=42",
             "moto[server]>=5,<6",
+            # Regenerates sat_tf/server/protos/ byte for byte (tests/protos_test.py).
+            "grpcio-tools==1.81.*",
         ],
     },
 )

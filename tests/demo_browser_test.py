@@ -23,7 +23,7 @@ from demo_test import bad_uploads, exports, photo, signature_outputs, start_serv
 from fixtures import scenes
 from PIL import Image
 
-from sat_tf.serving import demo
+from sat_tf.server import demo
 
 try:
     from selenium import webdriver

@@ -30,13 +30,14 @@ from PIL import Image
 
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
-from sat_tf.serving import batching, inference, model_server, off_world
+from sat_tf.server import batching
+from sat_tf.serving import inference, off_world, warmup
 
 # The `demo` extra (pip install -e ".[demo]"): without Flask these tests are skipped.
 pytest.importorskip("flask")
 
 from sat_tf.cli import demo as demo_cli  # noqa: E402
-from sat_tf.serving import demo  # noqa: E402
+from sat_tf.server import demo  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLICKR8K = os.path.join(os.path.dirname(REPO), "shared", "data", "flickr8k")
@@ -341,8 +342,8 @@ class BatchedDemoTest(tf.test.TestCase):
 
     def test_warm_up_requests_run_at_load(self):
         (captioner,) = self.captioners
-        warmup = model_server.read_warmup(os.path.join(captioner.path, model_server.WARMUP_FILE))
-        self.assertEqual([len(r.inputs["image_bytes"].string_val) for r in warmup], [1, 16])
+        logged = warmup.read_warmup(os.path.join(captioner.path, warmup.WARMUP_FILE))
+        self.assertEqual([len(r.inputs["image_bytes"].string_val) for r in logged], [1, 16])
         self.assertEqual(captioner.warmup_requests, 2)
         fresh = demo.ExportedCaptioner(captioner.path, self.parameters)
         self.addCleanup(fresh.close)

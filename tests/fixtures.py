@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 from unittest import mock
 
@@ -492,3 +493,26 @@ def fresh_python(script, *args, timeout=300):
         timeout=timeout,
     )
     return done.returncode, done.stdout.strip().splitlines(), done.stderr
+
+
+@functools.cache
+def tiny_export() -> str:
+    """`tiny_model()` exported once per test process by `exporting.export` (with its
+    warm-up file): the path of its version folder, which tests copy and never change."""
+    from sat_tf.serving import exporting
+
+    root = tempfile.mkdtemp(prefix="tiny_export_")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    model, vocab, config = tiny_model()
+    exporting.export(model, vocab, config, os.path.join(root, "1"))
+    return os.path.join(root, "1")
+
+
+def wait_until(condition, timeout=30.0, what="the condition"):
+    """Polls `condition()` every 5 ms until it is true; fails the test after `timeout`
+    seconds, naming `what`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout} s")
+        time.sleep(0.005)

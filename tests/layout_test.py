@@ -6,14 +6,15 @@ below it: `utils/` (files, messages, the machine) imports nothing of the package
 `config.py`; `data/` (readers, vocabulary, pixels, tf.data, the feature cache's format)
 and `backbones/` (weight porting); `model/` (the paper, with what the project adds
 beside it in modules of its own) and `evaluation/` (scores and pictures); `serving/`
-(inference: the API, presets, the export, the demo), which never goes through training;
-`training/`; the Beam pipelines of `pipelines/`; the console commands of `cli/`. Within
-a floor, finer rules: the model reads of `data/` only the vocabulary's ids, never a
-reader; the modules the model keeps beside the paper (self-critical training, the
-decoding rules, the location prior, the Keras base class that makes training resume)
-import none of the paper's; the preset format never imports the model; and the console
-commands that caption never load training code. Imports inside functions count as much
-as those at the top.
+(inference: the API, presets, the export), which never goes through training; then, side
+by side and apart, `server/` (the model server and the demo page, a room of small modules
+over the exports) and `training/`; the Beam pipelines of `pipelines/`; the console
+commands of `cli/`. Within a floor, finer rules: the model reads of `data/` only the
+vocabulary's ids, never a reader; the modules the model keeps beside the paper
+(self-critical training, the decoding rules, the location prior, the Keras base class that
+makes training resume) import none of the paper's; the preset format never imports the
+model; and the console commands that caption never load training code. Imports inside
+functions count as much as those at the top.
 
 Sizes, in lines of code (docstrings, comments and blank lines not counted): the paper's
 modules of `model/` (without `fast/` and what sits beside the paper) are read top to
@@ -53,6 +54,7 @@ PACKAGES = (
     "evaluation",
     "model",
     "pipelines",
+    "server",
     "serving",
     "training",
     "utils",
@@ -67,7 +69,7 @@ FLOORS = (
     ("data", "backbones"),
     ("model", "evaluation"),
     ("serving",),
-    ("training",),
+    ("server", "training"),
     ("pipelines",),
     ("cli",),
 )
@@ -361,14 +363,21 @@ def top_level_problems(package_root):
 def untested_modules(package_root, tests_dir):
     """Every module of `package_root` with `LOGIC_CODE_LINES` lines of code or more and no
     `<name>_test.py` in `tests_dir` (a package's `__init__.py`: its package's name), as
-    `sat_tf/a/b.py`."""
+    `sat_tf/a/b.py`; modules generated from a `.proto` (`*_pb2.py`) are tested by
+    tests/protos_test.py."""
     tests = set(os.listdir(tests_dir))
     untested = []
     for name, lines in sizes(package_root).items():
         folder, _, file_name = name.rpartition("/")
         # A package's __init__.py goes by the package's name.
         stem = os.path.basename(folder) if file_name == "__init__.py" else file_name[:-3]
-        if "::" not in name and lines >= LOGIC_CODE_LINES and f"{stem}_test.py" not in tests:
+        generated = file_name.endswith("_pb2.py")  # grpcio-tools' modules of a .proto
+        if (
+            "::" not in name
+            and not generated
+            and lines >= LOGIC_CODE_LINES
+            and f"{stem}_test.py" not in tests
+        ):
             untested.append(name)
     return sorted(untested)
 
@@ -507,7 +516,8 @@ def test_the_helpers_beside_the_paper_are_not_counted_as_the_paper(tmp_path):
 def test_planted_top_level_modules_and_folders_are_found(tmp_path):
     root = _tree(tmp_path, {"config.py": "", "files.py": "", "serving/api.py": ""})
     (tmp_path / "sat_tf" / "assets").mkdir()
-    for name in set(PACKAGES) - {"data", "model", "training", "evaluation", "serving", "utils"}:
+    made = {"data", "model", "training", "evaluation", "serving", "server", "utils"}
+    for name in set(PACKAGES) - made:
         (tmp_path / "sat_tf" / name).mkdir()
         (tmp_path / "sat_tf" / name / "__init__.py").write_text("")
     assert top_level_problems(root) == [
@@ -519,7 +529,9 @@ def test_planted_top_level_modules_and_folders_are_found(tmp_path):
 
 def test_a_module_with_logic_and_no_test_file_is_found(tmp_path):
     lines = [f"x{i} = {i}\n" for i in range(LOGIC_CODE_LINES)]
-    root = _tree(tmp_path, {"data/reader.py": "".join(lines), "data/small.py": "".join(lines[1:])})
+    files = {"data/reader.py": "".join(lines), "data/small.py": "".join(lines[1:])}
+    files["data/reader_config_pb2.py"] = "".join(lines)  # generated, tested by protos_test
+    root = _tree(tmp_path, files)
     tests = tmp_path / "tests"
     tests.mkdir()
     assert untested_modules(root, str(tests)) == ["sat_tf/data/reader.py"]
@@ -534,6 +546,7 @@ def test_the_graph_sees_the_imports_that_exist():
     # training/ is where data and model meet; the model reads the vocabulary's ids.
     assert {("training", "model"), ("training", "data"), ("model", "data")} <= parts
     assert {("serving", "model"), ("serving", "data"), ("training", "serving")} <= parts
+    assert ("server", "serving") in parts
     assert {("data", "utils"), ("config", "utils"), ("model", "backbones")} <= parts
     assert not [b for a, b in modules if _within(a, "sat_tf.training") and "exporting" in b]
     serving = {("api", "inference"), ("inference", "tags"), ("inference", "preset")}
@@ -545,7 +558,7 @@ def test_the_graph_sees_the_imports_that_exist():
 
 def _tree(tmp_path, files):
     root = tmp_path / "sat_tf"
-    for name in ("", "data", "model", "training", "evaluation", "serving", "utils"):
+    for name in ("", "data", "model", "training", "evaluation", "serving", "server", "utils"):
         (root / name).mkdir(parents=True, exist_ok=True)
         (root / name / "__init__.py").write_text("")
     for name, text in files.items():
@@ -589,6 +602,9 @@ def test_a_planted_data_to_model_import_is_found(tmp_path):
         ),
         ("utils/files.py", "config.py", "utils may not import config"),
         ("data/vocab.py", "serving/preset.py", "data may not import serving"),
+        ("serving/exporting.py", "server/manager.py", "serving may not import server"),
+        ("training/loop.py", "server/manager.py", "training may not import server"),
+        ("server/manager.py", "training/loop.py", "server may not import training"),
     ],
 )
 def test_planted_imports_against_the_floors_are_found(tmp_path, importer, imported, message):

@@ -427,9 +427,9 @@ def export(
         if tflite:
             info.update(tflite_lib.write(tmp, model, encoder, vocab, spec, quantize, tflite_greedy))
         try:
-            from sat_tf.serving import model_server
+            from sat_tf.serving import warmup
 
-            info["warmup_requests"] = os.path.relpath(model_server.write_warmup(tmp), tmp)
+            info["warmup_requests"] = os.path.relpath(warmup.write_warmup(tmp), tmp)
         except ImportError:  # tensorflow-serving-api (the export extra) is not installed
             info["warmup_requests"] = None
         files.write_json(os.path.join(tmp, EXPORT_INFO), info, indent=2, sort_keys=True)

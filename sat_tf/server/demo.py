@@ -39,7 +39,9 @@ from werkzeug import exceptions, serving
 
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
-from sat_tf.serving import batching, exporting, model_server
+from sat_tf.server import batching
+from sat_tf.server import servable as model_server
+from sat_tf.serving import exporting
 
 HOST = "127.0.0.1"
 ASSETS = {"index.html": "text/html", "demo.js": "text/javascript", "demo.css": "text/css"}
@@ -439,7 +441,7 @@ def _upload_name(filename: str | None) -> str:
 
 
 def _asset(name: str) -> bytes:
-    return (resources.files("sat_tf.serving") / "demo_assets" / name).read_bytes()
+    return (resources.files("sat_tf.server") / "demo_assets" / name).read_bytes()
 
 
 def _error(message, status):
