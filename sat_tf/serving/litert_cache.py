@@ -29,7 +29,7 @@ from sat_tf.utils import files
 FOLDER = "litert"
 INFO_FILE = "litert.json"
 # The graph's version: a change of its outputs or decoding makes every file anew.
-FORMAT = 1
+FORMAT = 2
 # The settings of a config that the file's graph fixes.
 DECODING_FIELDS = (
     "beam_size",
