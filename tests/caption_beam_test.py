@@ -36,6 +36,9 @@ class FlagsTest(tf.test.TestCase):
             ("--input=a", "--output=o", "--export=e", "--max_image_bytes=0"): (
                 "--max_image_bytes=0 must be at least 1"
             ),
+            ("--input=a", "--output=o", "--export=e", "--num_captions=0"): (
+                "--num_captions=0 must be at least 1"
+            ),
             (
                 "--input=a",
                 "--output=o",

@@ -26,13 +26,14 @@ OPTIONS = ["--runner=FnApiRunner", "--direct_running_mode=in_memory"]
 
 
 @functools.cache
-def tiny_export():
-    """(the tiny model's workdir, its export), made once per process."""
+def tiny_export(beam_size=None):
+    """(the tiny model's workdir, its export with `beam_size`, greedy by default), made
+    once per process."""
     root = tempfile.mkdtemp(prefix="caption_pipeline_test_")
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     workdir, model, vocab, config = tiny_workdir(root)
     export = os.path.join(root, "export")
-    exporting.export(model, vocab, config, export)
+    exporting.export(model, vocab, config, export, beam_size=beam_size)
     return workdir, export
 
 
@@ -130,6 +131,42 @@ class CaptionPipelineTest(tf.test.TestCase):
             got = dict(self.rows[row["path"]])
             self.assertAllClose(got.pop("score"), row.pop("score"), rtol=1e-5)
             self.assertEqual(got, row)
+
+    def test_several_captions_are_the_exports_best(self):
+        _, export = tiny_export(beam_size=3)
+        prefix = os.path.join(self.root, "several", "captions")
+        caption_pipeline.run(
+            export, self.good[:3], prefix, PipelineOptions(OPTIONS), num_captions=2
+        )
+        rows = read_rows(prefix)
+        one = os.path.join(self.root, "several", "one")
+        caption_pipeline.run(export, self.good[:3], one, PipelineOptions(OPTIONS))
+        one = read_rows(one)
+        data = []
+        for path in self.good[:3]:
+            with open(path, "rb") as f:
+                data.append(f.read())
+        outputs = tf.saved_model.load(export).signatures["serving_default"](
+            image_bytes=tf.constant(data)
+        )
+        for i, path in enumerate(self.good[:3]):
+            got = rows[path]
+            texts = [c["caption"] for c in got["captions"]]
+            self.assertEqual(texts, [t.decode() for t in outputs["captions"][i, :2].numpy()])
+            self.assertAllClose(
+                [c["score"] for c in got["captions"]], outputs["log_probs"][i, :2], rtol=1e-5
+            )
+            self.assertEqual(texts[0], got["caption"])
+            self.assertEqual(got, {**one[path], "captions": got["captions"]})
+
+    def test_more_captions_than_the_beam_are_refused_before_running(self):
+        self.assertEqual(caption_pipeline.EXPORT_INFO, exporting.EXPORT_INFO)
+        for beam_size in (None, 3):
+            _, export = tiny_export(beam_size)
+            caption_pipeline.check_export(export, beam_size or 1)
+            want = f"--num_captions={(beam_size or 1) + 1} is over the beam of {beam_size or 1} "
+            with self.assertRaisesRegex(ValueError, want):
+                caption_pipeline.check_export(export, (beam_size or 1) + 1)
 
     def test_each_bad_file_is_a_row_with_its_status_and_reason(self):
         reasons = {

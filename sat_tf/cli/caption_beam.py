@@ -11,9 +11,10 @@ Spark.
 Each file that --input names (a path or a glob; the flag repeats) gets one JSON line in
 `<output>-SSSSS-of-NNNNN.jsonl`, with the fields `sat-caption --output` writes (path,
 caption, tokens, score; tag and tag_prob, off_world_score and off_world where the model
-has them); a file that gets no caption (missing, empty, not an image, truncated or
-corrupt, too many pixels, too large) a line {path, error, status} instead, and the others
-go on. At the end it prints the output files and the counts of captioned and refused
+has them; with --num_captions=n over 1, "captions": the n best with their scores); a file
+that gets no caption (missing, empty, not an image, truncated or corrupt, too many pixels,
+too large) a line {path, error, status} instead, and the others go on. At the end it
+prints the output files and the counts of captioned and refused
 photos (Beam metrics); the exit status is 2 when some were refused.
 
 Every path goes through Beam's FileSystems: local, s3:// (with Beam's --s3_endpoint_url,
@@ -73,6 +74,14 @@ flags.DEFINE_integer(
     "from their headers.",
     flag_values=FLAGS,
 )
+flags.DEFINE_integer(
+    "num_captions",
+    1,
+    'Over 1: each line also holds "captions", the beam\'s best n with their scores '
+    "(as sat-caption --num_captions); --export's beam must be at least n, --preset / "
+    "--workdir are exported with a beam of at least n.",
+    flag_values=FLAGS,
+)
 define_model_source(FLAGS)
 define_override("beam_size", "With --preset / --workdir: beam size of the export", FLAGS)
 
@@ -82,7 +91,12 @@ def _check_flags():
         raise ValueError("give --input=<a path or glob of photos> (repeat for more)")
     if not FLAGS.output:
         raise ValueError("give --output=<prefix of the JSON-lines files>")
-    for name, least in (("batch_size", 1), ("num_shards", 0), ("max_image_bytes", 1)):
+    for name, least in (
+        ("batch_size", 1),
+        ("num_shards", 0),
+        ("max_image_bytes", 1),
+        ("num_captions", 1),
+    ):
         if FLAGS[name].value < least:
             raise ValueError(f"--{name}={FLAGS[name].value} must be at least {least}")
     if FLAGS.export and (FLAGS.preset or FLAGS.workdir):
@@ -97,12 +111,13 @@ def _export_model(folder):
 
     model, vocab, config, off_world, _ = flags_lib.load_trained(FLAGS)
     path = os.path.join(folder, "export")
+    beam_size = override(FLAGS, "beam_size") or config.beam_size
     exporting.export(
         model,
         vocab,
         config,
         path,
-        beam_size=override(FLAGS, "beam_size"),
+        beam_size=max(beam_size, FLAGS.num_captions),
         max_image_pixels=FLAGS.max_image_pixels,
         off_world=off_world,
     )
@@ -147,6 +162,7 @@ def _main(pipeline_args, argv):
             batch_size=FLAGS.batch_size,
             num_shards=FLAGS.num_shards,
             max_image_bytes=FLAGS.max_image_bytes,
+            num_captions=FLAGS.num_captions,
         )
     finally:
         if temporary:

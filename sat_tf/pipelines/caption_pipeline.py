@@ -28,6 +28,9 @@ from sat_tf.data.image_files import MAX_IMAGE_BYTES
 from sat_tf.pipelines import caption_rows, launch
 from sat_tf.pipelines.beam_handler import SavedModelHandler
 
+# The export's info file (`exporting.EXPORT_INFO`; that module imports TensorFlow).
+EXPORT_INFO = "sat_tf_export.json"
+
 NAMESPACE = "sat_caption"
 _CAPTIONED = Metrics.counter(NAMESPACE, "captioned")
 _REFUSED = Metrics.counter(NAMESPACE, "refused")
@@ -103,9 +106,9 @@ def _line(row):
     return json.dumps(row)
 
 
-def _export_row(keyed):
+def _export_row(keyed, num_captions):
     path, result = keyed
-    return caption_rows.export_row(path, result.inference)
+    return caption_rows.export_row(path, result.inference, num_captions)
 
 
 def caption_files(
@@ -117,6 +120,7 @@ def caption_files(
     batch_size=16,
     num_shards=0,
     max_image_bytes=MAX_IMAGE_BYTES,
+    num_captions=1,
     worker_options=None,
 ):
     """Adds the captioning of the files `patterns` name to `pipeline`.
@@ -129,6 +133,8 @@ def caption_files(
       batch_size: most photos per call of the model (Beam's batching may send fewer).
       num_shards: output files; 0 lets the runner choose.
       max_image_bytes: a larger file is refused unread (`caption_rows.TOO_LARGE`).
+      num_captions: over 1, each row also holds the export's best `num_captions`
+        captions with their scores (at most its beam size: `check_export`).
       worker_options: `launch.worker_options` of the pipeline's options, set in each
         worker that reads files; None leaves the workers' as the runner gives them.
 
@@ -154,7 +160,7 @@ def caption_files(
     captioned = (
         files.photos
         | "Caption" >> RunInference(KeyedModelHandler(model))
-        | "Row" >> beam.Map(_export_row)
+        | "Row" >> beam.Map(_export_row, num_captions)
     )
     return (
         (captioned, files.refused)
@@ -169,12 +175,28 @@ def counts(result) -> dict:
     return launch.counters(result, NAMESPACE, ("captioned", "refused"))
 
 
-def check_export(export_dir) -> None:
-    """Raises ValueError unless `export_dir` holds a SavedModel (read through
-    `FileSystems`, whose options must be set)."""
+def check_export(export_dir, num_captions=1) -> None:
+    """Raises ValueError unless `export_dir` holds a SavedModel whose beam gives
+    `num_captions` captions a photo (read through `FileSystems`, whose options must be
+    set), before any worker starts."""
     path = FileSystems.join(export_dir, "saved_model.pb")
     if not FileSystems.exists(path):
         raise ValueError(f"--export={export_dir} holds no saved_model.pb (sat-export writes one)")
+    if num_captions > 1:
+        info_path = FileSystems.join(export_dir, EXPORT_INFO)
+        try:
+            with FileSystems.open(info_path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                beam_size = int(json.loads(f.read())["beam_size"])
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(
+                f"--num_captions={num_captions}: cannot read the beam size from {info_path} "
+                f"({e}); sat-export writes it"
+            ) from e
+        if num_captions > beam_size:
+            raise ValueError(
+                f"--num_captions={num_captions} is over the beam of {beam_size} of "
+                f"--export={export_dir}: export it with --beam_size={num_captions} or more"
+            )
 
 
 def run(export_dir, patterns, output_prefix, options, **kwargs) -> dict:
@@ -185,7 +207,7 @@ def run(export_dir, patterns, output_prefix, options, **kwargs) -> dict:
       `counts` of the run.
     """
     FileSystems.set_options(options)
-    check_export(export_dir)
+    check_export(export_dir, kwargs.get("num_captions", 1))
     pipeline = beam.Pipeline(runner=launch.runner(options), options=options)
     caption_files(
         pipeline,
