@@ -4,14 +4,31 @@ seen half-written, no temporary object left), a size comes from the listing, a l
 copy is removed after use, a mirror copies only what changed, Beam's filesystem options
 are taken apart from a command line, and a missing extra is named."""
 
+import contextlib
 import os
 import sys
-from unittest import mock
 
 import tensorflow as tf
 from fixtures import fake_s3
 
 from sat_tf.utils import filesystem
+
+
+@contextlib.contextmanager
+def without_module(name):
+    """Makes `import name` fail inside the block and puts back only that entry after it
+    (`mock.patch.dict(sys.modules)` would also drop every module the block imported, and
+    importing some twice registers their protobuf descriptors twice)."""
+    missing = object()
+    kept = sys.modules.get(name, missing)
+    sys.modules[name] = None
+    try:
+        yield
+    finally:
+        if kept is missing:
+            del sys.modules[name]
+        else:
+            sys.modules[name] = kept
 
 
 class LocalAndElsewhereTest(tf.test.TestCase):
@@ -95,17 +112,17 @@ class OptionsTest(tf.test.TestCase):
         )
 
     def test_a_missing_extra_is_named(self):
-        with mock.patch.dict(sys.modules, {"boto3": None}):
+        with without_module("boto3"):
             with self.assertRaisesRegex(
                 ValueError,
                 r"^s3://b/f/index.json: reading and writing s3:// needs Apache Beam's "
                 r"filesystems and boto3: pip install 'sat_tf\[beam\]'$",
             ):
                 filesystem.exists("s3://b/f/index.json")
-        with mock.patch.dict(sys.modules, {"google.cloud.storage": None}):
+        with without_module("google.cloud.storage"):
             with self.assertRaisesRegex(ValueError, r"gs://.*pip install 'sat_tf\[gcp\]'$"):
                 filesystem.read_bytes("gs://b/f/index.json")
-        with mock.patch.dict(sys.modules, {"apache_beam.io.filesystems": None}):
+        with without_module("apache_beam.io.filesystems"):
             with self.assertRaisesRegex(ValueError, r"pip install 'sat_tf\[beam\]'$"):
                 filesystem.size("hdfs://h/f")
 
