@@ -261,6 +261,7 @@ class ShippedPresetTest(tf.test.TestCase):
 
     def test_flickr8k_photos_as_tensorflow_captions_them(self):
         photos = flickr8k_photos(12) or []
+        real = bool(photos)
         root = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, root, ignore_errors=True)
         for i in range(len(photos), 4):
@@ -272,7 +273,8 @@ class ShippedPresetTest(tf.test.TestCase):
         got = litert.LiteRTCaptioner(folder).caption(photos)
         want = sat_tf.Captioner.from_preset(GRID_PRESET, runtime="tensorflow").caption(photos)
         assert_same_captions(self, got, want)
-        self.assertTrue(any(c.tag for c in want))
+        if real:  # the tag path was taken (made pictures get no tag)
+            self.assertTrue(any(c.tag for c in want))
 
 
 if __name__ == "__main__":
