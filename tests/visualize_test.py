@@ -51,6 +51,28 @@ def test_smoothing_keeps_constant_maps_and_symmetry():
     np.testing.assert_allclose(across, along.T, atol=1e-12)
 
 
+@pytest.mark.parametrize(
+    "grid, image_hw, sigma",
+    [((14, 14), (224, 224), None), ((7, 7), (224, 224), None), ((14, 10), (150, 97), 6.0)],
+)
+def test_upsampling_equals_filtering_the_upsampled_map(grid, image_hw, sigma):
+    # The map as drawn by blocks, then scipy's 2-D Gaussian over it: the picture the
+    # row and column matrices must reproduce.
+    import scipy.ndimage
+
+    rows, cols = grid
+    h, w = image_hw
+    alpha = np.random.default_rng(rows + w).random(rows * cols)
+    r = np.minimum((np.arange(h) + 0.5) * rows / h, rows - 1).astype(int)
+    c = np.minimum((np.arange(w) + 0.5) * cols / w, cols - 1).astype(int)
+    blocks = alpha.reshape(rows, cols)[r[:, None], c[None, :]]
+    spread = sigma if sigma is not None else 1.25 * max(h / rows, w / cols)
+    want = scipy.ndimage.gaussian_filter(blocks, spread, mode="reflect", truncate=4.0)
+    want = (want - want.min()) / (want.max() - want.min())
+    got = visualize.upsample_attention(alpha, grid, image_hw, sigma)
+    np.testing.assert_allclose(got, want, atol=1e-12)
+
+
 @pytest.mark.parametrize("cell", [(0, 0), (7, 7), (3, 11), (13, 2), (13, 13)])
 def test_one_hot_peak_lies_in_its_cell(cell):
     heat = visualize.upsample_attention(_one_hot([cell]), GRID, (224, 224))

@@ -11,6 +11,7 @@ neither (its first caption is timed, bench/first_caption.py).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Sequence
@@ -58,19 +59,35 @@ def upsample_attention(
     if alpha.shape != (rows * cols,):
         raise ValueError(f"alpha has shape {alpha.shape}, expected ({rows * cols},) for {grid}")
     h, w = image_hw
-    r_index = np.minimum((np.arange(h) + 0.5) * rows / h, rows - 1).astype(int)
-    c_index = np.minimum((np.arange(w) + 0.5) * cols / w, cols - 1).astype(int)
-    heat = alpha.reshape(rows, cols)[r_index[:, None], c_index[None, :]]  # (h, w)
     if sigma is None:
         sigma = _SIGMA_PER_UPSCALE * max(h / rows, w / cols)
-    if sigma > 0:  # edges mirrored (d c b a | a b c d), taps out to 4 sigma
-        import scipy.ndimage
-
-        heat = scipy.ndimage.gaussian_filter(heat, sigma, mode="reflect", truncate=4.0)
+    # Upsampling and the Gaussian (edges mirrored, d c b a | a b c d, taps out to 4 sigma)
+    # are both linear and act on rows and columns apart: one (h, rows) and one (w, cols)
+    # matrix: 0.1 ms for a 14 x 14 grid on 224 pixels, where filtering the upsampled map
+    # took 6 ms (EPYC 25/17), a cost the demo pays for every word of every alternative.
+    heat = _spread(h, rows, sigma) @ alpha.reshape(rows, cols) @ _spread(w, cols, sigma).T
     low, high = heat.min(), heat.max()
     if high - low > 1e-12 * max(abs(high), 1e-300):
         return (heat - low) / (high - low)
     return np.ones_like(heat) if high > 0 else np.zeros_like(heat)
+
+
+@functools.lru_cache(maxsize=16)
+def _spread(size: int, cells: int, sigma: float) -> np.ndarray:
+    """(size, cells): a cell's weight at each pixel after nearest-neighbour upsampling and
+    scipy's Gaussian of `sigma` pixels (mode "reflect", truncate 4), read off the filter
+    applied to each pixel's unit impulse."""
+    index = np.minimum((np.arange(size) + 0.5) * cells / size, cells - 1).astype(int)
+    upsample = np.zeros((size, cells))
+    upsample[np.arange(size), index] = 1.0
+    if sigma <= 0:
+        return upsample
+    import scipy.ndimage
+
+    smooth = scipy.ndimage.gaussian_filter1d(
+        np.eye(size), sigma, axis=0, mode="reflect", truncate=4.0
+    )
+    return smooth @ upsample
 
 
 def overlay_attention(image: np.ndarray, heat: np.ndarray) -> np.ndarray:
