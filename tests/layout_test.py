@@ -7,7 +7,8 @@ below it: `utils/` (files, messages, the machine) imports nothing of the package
 and `backbones/` (weight porting); `model/` (the paper, with what the project adds
 beside it in modules of its own) and `evaluation/` (scores and pictures); `serving/`
 (inference: the API, presets, the export, the demo), which never goes through training;
-`training/`; the console commands of `cli/`. Within a floor, finer rules: the model
+`training/` and `server/` (the model server), neither importing the other; the console
+commands of `cli/`. Within a floor, finer rules: the model
 reads of `data/` only the vocabulary's ids, never a reader; the modules the model keeps
 beside the paper (self-critical training, the decoding rules, the location prior, the
 Keras base class that makes training resume) import none of the paper's; the preset
@@ -45,7 +46,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # What sat_tf/ holds: its modules, its subpackages, and folders of data.
 TOP_MODULES = ("__init__.py", "config.py")
-PACKAGES = ("backbones", "cli", "data", "evaluation", "model", "serving", "training", "utils")
+PACKAGES = (
+    "backbones",
+    "cli",
+    "data",
+    "evaluation",
+    "model",
+    "server",
+    "serving",
+    "training",
+    "utils",
+)
 DATA_FOLDERS = ("presets",)  # the shipped presets: setup.py's package_data, PRESETS_DIR
 
 # The floors, lowest first: a part imports only parts of the floors below its own.
@@ -56,7 +67,7 @@ FLOORS = (
     ("data", "backbones"),
     ("model", "evaluation"),
     ("serving",),
-    ("training",),
+    ("training", "server"),
     ("cli",),
 )
 # The model's modules that are the paper; beside them, what the project adds and keeps

@@ -1,0 +1,1 @@
+"""The model server: TF Serving's REST and gRPC APIs over exported SavedModels."""
