@@ -57,6 +57,9 @@ setup(
             "waitress>=3.0,<4",
             "orjson>=3.10,<4",
             "grpcio>=1.60",
+            "grpcio-health-checking>=1.60",
+            "prometheus-client>=0.20,<1",
+            "cryptography>=42",
             "tensorflow-serving-api>=2.21,<2.22",
         ],
         # Beam 2.77 caps protobuf < 7 and pillow < 13 (TensorFlow 2.21 takes protobuf 6);
