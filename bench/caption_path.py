@@ -2,11 +2,14 @@
 
     python bench/caption_path.py [--image=photo.jpg] [--preset=NAME]
 
-Traces two ways of captioning one image with a preset (the shipped
-flickr8k_lite0_grid14_soft by default), each in a fresh process with `tf.function`s run
-eagerly (so their Python bodies are traced as they run):
-- `command`: `sat-caption IMAGE --preset=NAME` (`sat_tf.cli.caption.main`);
-- `api`: `Captioner.from_preset(NAME).caption(IMAGE)`.
+Traces three ways of captioning one image with a preset (the shipped
+flickr8k_lite0_grid14_soft by default), each in a fresh process, the TensorFlow ones
+with `tf.function`s run eagerly (so their Python bodies are traced as they run):
+- `command`: `sat-caption IMAGE --preset=NAME --runtime=tensorflow`
+  (`sat_tf.cli.caption.main`), the path evaluation and the export share;
+- `api`: `Captioner.from_preset(NAME, runtime="tensorflow").caption(IMAGE)`;
+- `litert`: `sat-caption IMAGE --preset=NAME --runtime=litert`, its TFLite file built
+  first (not traced).
 
 For each it prints, as one JSON object: the package files that ran any code (module
 bodies included: the files imported), the functions that ran (their number and the code
@@ -25,6 +28,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WAYS = ("command", "api", "litert")
 
 PACKAGE = os.path.join(ROOT, "sat_tf") + os.sep
 # Modules that belong to training, which captioning never runs.
@@ -62,9 +66,10 @@ def function_spans(path, code_lines):
 
 def trace(way, image, preset):
     """Runs one way of captioning under `sys.setprofile`; returns its report."""
-    import tensorflow as tf
+    if way != "litert":
+        import tensorflow as tf
 
-    tf.config.run_functions_eagerly(True)
+        tf.config.run_functions_eagerly(True)
     files, functions = set(), set()
 
     def profile(frame, event, arg):
@@ -77,16 +82,19 @@ def trace(way, image, preset):
     # Module bodies run under the import system's frames, which `setprofile` sees.
     sys.setprofile(profile)
     try:
-        if way == "command":
+        if way in ("command", "litert"):
             from sat_tf.cli import caption
 
-            status = caption.main(["sat-caption", image, f"--preset={preset}"])
+            runtime = "litert" if way == "litert" else "tensorflow"
+            status = caption.main(
+                ["sat-caption", image, f"--preset={preset}", f"--runtime={runtime}"]
+            )
             if status:
                 raise SystemExit(f"sat-caption exited with {status}")
         else:
             from sat_tf import Captioner
 
-            print(Captioner.from_preset(preset).caption(image)[0].text)
+            print(Captioner.from_preset(preset, runtime="tensorflow").caption(image)[0].text)
     finally:
         sys.setprofile(None)
     # The layout test's count of code lines (no docstrings, comments or blank lines),
@@ -141,15 +149,19 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image", default="")
     parser.add_argument("--preset", default="flickr8k_lite0_grid14_soft")
-    parser.add_argument("--way", choices=("command", "api"), help=argparse.SUPPRESS)
+    parser.add_argument("--way", choices=WAYS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.way:  # the child: one way, traced from a fresh interpreter
         print("REPORT " + json.dumps(trace(args.way, args.image, args.preset)))
         return
     with tempfile.TemporaryDirectory() as folder:
         image = args.image or drawn_photo(folder)
+        built = [sys.executable, os.path.join(ROOT, "scripts", "caption.py"), image]
+        subprocess.run(
+            [*built, f"--preset={args.preset}", "--runtime=litert"], capture_output=True, check=True
+        )
         reports = []
-        for way in ("command", "api"):
+        for way in WAYS:
             out = subprocess.run(
                 [
                     sys.executable,

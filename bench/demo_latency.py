@@ -30,7 +30,8 @@ sys.path[:0] = [_ROOT, os.path.join(_ROOT, "bench")]
 
 from run import machine_info, stats  # noqa: E402
 
-from sat_tf.serving import demo, inference  # noqa: E402
+from sat_tf.server import demo  # noqa: E402
+from sat_tf.serving import inference  # noqa: E402
 
 FLICKR8K = os.path.join(os.path.dirname(_ROOT), "shared", "data", "flickr8k")
 

@@ -88,7 +88,7 @@ def _child(path, bomb, preset, export):
                 raise ValueError(out["error"].numpy()[0].decode())
 
     else:
-        from sat_tf.serving import demo
+        from sat_tf.server import demo
 
         def warm_up():
             pass

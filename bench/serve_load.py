@@ -3,6 +3,7 @@ beside the export's own rates in this process, measured in the same run.
 
     python bench/serve_load.py [--export=DIR] [--count=144] [--clients=1,8,32]
         [--batching_parameters_file=export/serving/batching_parameters.txt]
+        [--flickr8k=../shared/data/flickr8k]
 
 Without --export, the default preset (sat-caption's, flickr8k_lite0_grid14_soft) is
 exported with export/export.py into a temporary version folder, as `sat-export
@@ -48,13 +49,13 @@ BATCHING_FILE = os.path.join(ROOT, "export", "serving", "batching_parameters.txt
 ENV = {**os.environ, "PYTHONPATH": ROOT}
 
 
-def photos(count):
-    """The bytes of the first `count` Flickr8k test photos."""
-    with open(os.path.join(FLICKR8K, "Flickr_8k.testImages.txt"), encoding="utf-8") as f:
+def photos(count, folder=FLICKR8K):
+    """The bytes of the first `count` Flickr8k test photos (of Flickr8k in `folder`)."""
+    with open(os.path.join(folder, "Flickr_8k.testImages.txt"), encoding="utf-8") as f:
         names = [line.strip() for line in f if line.strip()][:count]
     found = []
     for name in names:
-        with open(os.path.join(FLICKR8K, "Flicker8k_Dataset", name), "rb") as f:
+        with open(os.path.join(folder, "Flicker8k_Dataset", name), "rb") as f:
             found.append(f.read())
     return found
 
@@ -222,12 +223,13 @@ def main():
     parser.add_argument("--count", type=int, default=144, help="requests per level")
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--batching_parameters_file", default=BATCHING_FILE)
+    parser.add_argument("--flickr8k", default=FLICKR8K, help="the Flickr8k folder")
     args = parser.parse_args()
-    from sat_tf.serving import batching
+    from sat_tf.server import batching
     from sat_tf.utils import machine
 
     clients = [int(c) for c in args.clients.split(",")]
-    requests_ = requests_of(photos(args.count), args.count)
+    requests_ = requests_of(photos(args.count, args.flickr8k), args.count)
     good = [d for i, d in requests_ if i is not None]
     report = {
         "machine": machine.describe(),

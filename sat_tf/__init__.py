@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 # The public names load on first use (PEP 562): `import sat_tf` stays free of TensorFlow,
 # which `cpu_allocator` and the allocator choice above rely on.
 _LAZY = {
-    "Caption": "sat_tf.serving.api",
+    "Caption": "sat_tf.serving.captions",
     "Captioner": "sat_tf.serving.api",
     "ShowAttendTell": "sat_tf.model.show_attend_tell",
     "load": "sat_tf.serving.inference",

@@ -46,9 +46,11 @@ CHOICES = {
 # Choices and defaults of command flags that are not settings of a run, here (no
 # TensorFlow) so that the commands define their flags before it loads: the export's
 # TFLite weight quantizations ("dynamic": dynamic-range quantization, int8 weights with
-# float activations, quantized per product at run time), and the principal directions
-# and the threshold's quantile of the off-world statistics (`serving/off_world.py`).
+# float activations, quantized per product at run time), the principal directions and
+# the threshold's quantile of the off-world statistics (`serving/off_world.py`), and
+# the runtimes that caption (`serving/litert.py`).
 QUANTIZATIONS = ("dynamic",)
+RUNTIMES = ("auto", "litert", "tensorflow")
 OFF_WORLD_COMPONENTS = 64
 OFF_WORLD_QUANTILE = 0.99
 
@@ -506,13 +508,14 @@ PATH_FIELDS = ("data_dir", "cache_dir", "feature_dir", "init_from")
 
 def absolute_paths(config: Config) -> Config:
     """`config` with its folders (`PATH_FIELDS`) as absolute paths, so that a workdir's
-    config finds its data and cache from any working directory. `--init_from` stays as
-    given when it names no file or folder here (a shipped preset's name, a URL);
-    `--captions` is relative to `--data_dir` and stays as given."""
+    config finds its data and cache from any working directory. A folder elsewhere
+    (`s3://...`) and `--init_from` naming no file or folder here (a shipped preset's
+    name, a URL) stay as given; `--captions` is relative to `--data_dir` and stays as
+    given."""
     values = {}
     for name in PATH_FIELDS:
         value = getattr(config, name)
-        if value and (name != "init_from" or os.path.exists(value)):
+        if value and "://" not in value and (name != "init_from" or os.path.exists(value)):
             values[name] = os.path.abspath(value)
     return dataclasses.replace(config, **values)
 

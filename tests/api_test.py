@@ -14,6 +14,7 @@ import tempfile
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 from admission_test import png_bomb
@@ -22,8 +23,10 @@ from PIL import Image
 
 import sat_tf
 from sat_tf.data import image_io
-from sat_tf.serving import inference
+from sat_tf.data import vocab as vocab_lib
+from sat_tf.serving import inference, tags
 from sat_tf.serving.inference import feature_encoder
+from sat_tf.serving.tags import TagRow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLICKR8K = os.environ.get("SAT_TF_FLICKR8K", os.path.join(ROOT, "..", "shared", "data", "flickr8k"))
@@ -274,6 +277,194 @@ class TinyCaptionerTest(tf.test.TestCase):
         self.assertEqual(text.shape, (4, *self.captioner.grid))
         self.assertAllClose(unknown, spelled)
         self.assertEqual(self.captioner.attend(self.pngs[0], []), [])
+
+
+def ranking(caption, length_penalty):
+    """The beam's ranking of a caption: its score over ((5 + n) / 6)^α, n its tokens."""
+    return caption.score / ((5.0 + len(caption.attention)) / 6.0) ** length_penalty
+
+
+class SeveralCaptionsTest(tf.test.TestCase, parameterized.TestCase):
+    """`caption(num_captions=k)`, drawn captions and `score` on a tiny model, with and
+    without a tag to say (the shipped preset on 50 Flickr8k photos: FlickrSeveralCaptionsTest)."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        model, vocab, config = tiny_model()
+        cls.images = list(scenes(0, 4))
+        cls.captioner = sat_tf.Captioner(model, vocab, config, batch_size=3)
+        tagged, tag_vocab, tag_config = tiny_model()
+        rows = [TagRow(0, "n0", "circle", "circle", "")]
+        kernel = np.zeros((tagged.feature_dim, 1))
+        tagged.tagger = tags.Tagger.from_rows(rows, tag_vocab, kernel, np.zeros(1))
+        cls.tagged = sat_tf.Captioner(tagged, tag_vocab, tag_config, batch_size=3)
+
+    @parameterized.parameters(dict(beam=3, k=3), dict(beam=3, k=2), dict(beam=2, k=4))
+    def test_the_beams_best_captions(self, beam, k):
+        for captioner in (self.captioner, self.tagged):
+            length_penalty = captioner.config.length_penalty
+            several = captioner.caption(self.images, beam_size=beam, num_captions=k)
+            # A beam narrower than k is widened to k: the first is that beam's caption.
+            one = captioner.caption(self.images, beam_size=max(beam, k))
+            self.assertLen(several, len(self.images))
+            for captions, best in zip(several, one, strict=True):
+                self.assertIsInstance(captions, list)
+                self.assertBetween(len(captions), 1, k)
+                self.assertEqual(captions[0].text, best.text)
+                self.assertEqual(captions[0].score, best.score)
+                self.assertLen({c.text for c in captions}, len(captions))
+                ranks = [ranking(c, length_penalty) for c in captions]
+                self.assertEqual(ranks, sorted(ranks, reverse=True))
+                for caption in captions:
+                    self.assertEqual(caption.words, captioner.vocab.decode(caption.tokens))
+                    self.assertEqual(caption.tag, best.tag)
+                    if caption.tag:
+                        self.assertIn(caption.tag, caption.words)
+            self.assertTrue(all(len(c) == k for c in several) or captioner is self.tagged)
+
+    def test_one_caption_is_todays(self):
+        # num_captions=1 is the default: a `Caption` per image, not a list.
+        for captioner in (self.captioner, self.tagged):
+            default, one = captioner.caption(self.images), captioner.caption(self.images, None, 1)
+            self.assertTrue(all(isinstance(c, sat_tf.Caption) for c in one))
+            self.assertEqual([c.text for c in one], [c.text for c in default])
+
+    def test_scores_are_the_models_under_teacher_forcing(self):
+        """`score` of every caption the searches and the draws return equals its score;
+        a caption of no search gets the sum of its words' and `<end>`'s log-probabilities,
+        computed here one step at a time from the decoder's step."""
+        for captioner in (self.captioner, self.tagged):
+            found = captioner.caption(self.images, beam_size=3, num_captions=3)
+            drawn = captioner.caption(self.images, num_captions=3, sample=True, seed=2)
+            for returned in (found, drawn):
+                texts = [[c.text for c in captions] for captions in returned]
+                scores = captioner.score(self.images, texts)
+                for captions, got in zip(returned, scores, strict=True):
+                    for caption, score in zip(captions, got, strict=True):
+                        # A caption cut at the length limit has no `<end>` in its score.
+                        if len(caption.attention) == len(caption.words) + 1:
+                            self.assertAllClose(score, caption.score, atol=1e-3)
+        words = ["a", "big", "red", "circle", "circle"]
+        (got,) = self.captioner.score(self.images[0], " ".join(words))
+        self.assertAllClose(got, self.step_by_step(self.images[0], words), atol=1e-4)
+        (nothing,) = self.captioner.score(self.images[0], "")
+        self.assertAllClose(nothing, self.step_by_step(self.images[0], []), atol=1e-4)
+
+    def step_by_step(self, image, words):
+        """log p(words, <end>) fed to the decoder's step one word at a time."""
+        model, vocab = self.captioner.model, self.captioner.vocab
+        features = model.encode({"image": tf.constant(image[None], tf.float32)})
+        state = model.decoder.initial_state(features)
+        total, previous = 0.0, vocab_lib.START_ID
+        for word in [*vocab.ids(words), vocab_lib.END_ID]:
+            log_probs, state, _ = model.decoder.step(tf.constant([previous]), state)
+            total += float(log_probs[0, word])
+            previous = word
+        return total
+
+    def test_score_takes_one_text_or_several_per_image(self):
+        c, image = self.captioner, self.images[1]
+        (one,) = c.score(image, "a red circle")
+        (several,) = c.score(image, ["a red circle", "A red circle!", "a blue square"])
+        self.assertIsInstance(one, float)
+        self.assertAllClose(several[:2], [one, one])  # split as training splits it
+        self.assertNotEqual(several[2], one)
+        batch = c.score(self.images[:2], ["a red circle", ["a circle", "top"]])
+        self.assertEqual(batch[0], c.score(self.images[0], "a red circle")[0])
+        self.assertLen(batch[1], 2)
+        self.assertEqual(c.score(self.images[:1], [[]]), [[]])
+
+    def test_score_refuses_what_it_cannot_score(self):
+        c = self.captioner
+        cases = {
+            "a red zebra in the dark": (
+                self.images[0],
+                r"caption 'a red zebra in the dark' of image 0 of the batch \(ndarray\) holds "
+                r"words outside the model's vocabulary of 12 words: 'zebra', 'in', 'the', 'dark'$",
+            ),
+            "count": (self.images[:2], [["a"]], r"2 images take a list of 2 captions .* of 1$"),
+            "not text": (self.images[0], [3], r"give a text or a list of texts, not \[3\]"),
+            "one text for a batch": (self.images[:2], "a red circle", r"got str$"),
+        }
+        for name, case in cases.items():
+            images, captions, message = case if len(case) == 3 else (case[0], name, case[1])
+            with self.assertRaisesRegex(ValueError, message, msg=name):
+                c.score(images, captions)
+
+    def test_draws_repeat_with_their_seed(self):
+        c = self.captioner
+        kwargs = dict(num_captions=4, sample=True, temperature=1.5)
+        first = c.caption(self.images, seed=7, **kwargs)
+        again, other = (
+            c.caption(self.images, seed=7, **kwargs),
+            c.caption(self.images, seed=8, **kwargs),
+        )
+        texts = lambda found: [[x.text for x in captions] for captions in found]  # noqa: E731
+        self.assertEqual(texts(first), texts(again))
+        self.assertNotEqual(texts(first), texts(other))
+        for captions in first:
+            self.assertLen(captions, 4)
+            scores = [x.score for x in captions]
+            self.assertEqual(scores, sorted(scores, reverse=True))
+        # A batch of three and one more (batch_size=3): each chunk draws with its own seed.
+        self.assertNotEqual(texts(first)[0], texts(first)[3])
+
+    @parameterized.parameters(dict(temperature=1e-6), dict(top_p=1e-6))
+    def test_near_greedy_draws_are_the_greedy_caption(self, **drawing):
+        # A nucleus of one word leaves a tag out of every step but where it is the most
+        # likely word: the tag holds at temperature 0 only.
+        for captioner in (self.captioner, self.tagged)[: 1 if "top_p" in drawing else 2]:
+            greedy = captioner.caption(self.images, beam_size=1)
+            drawn = captioner.caption(self.images, sample=True, seed=3, **drawing)
+            self.assertEqual([c.text for c in drawn], [c.text for c in greedy])
+            self.assertEqual([c.tag for c in drawn], [c.tag for c in greedy])
+            self.assertAllClose([c.score for c in drawn], [c.score for c in greedy])
+
+    def test_bad_decoding_arguments(self):
+        image = self.images[0]
+        cases = {
+            "temperature, top_p and seed draw captions: pass sample=True": dict(temperature=0.5),
+            r"seed draw captions": dict(seed=1),
+            r"temperature=0 must be a positive number": dict(sample=True, temperature=0),
+            r"top_p=1.5 must lie in \(0, 1\]": dict(sample=True, top_p=1.5),
+            r"seed=-1 must be a non-negative int": dict(sample=True, seed=-1),
+            r"beam_size=3 and sampling": dict(sample=True, beam_size=3),
+            r"num_captions=0 must be a positive integer": dict(num_captions=0),
+        }
+        for message, kwargs in cases.items():
+            with self.assertRaisesRegex(ValueError, message, msg=kwargs):
+                self.captioner.caption(image, **kwargs)
+
+
+@pytest.mark.slow
+class FlickrSeveralCaptionsTest(tf.test.TestCase):
+    """The shipped default preset (beam 3, length penalty 1, tags) on the first 50
+    Flickr8k test photos."""
+
+    def test_three_captions_their_scores_and_draws(self):
+        photos = flickr8k_photos(50)
+        if not photos:
+            self.skipTest(f"no Flickr8k test photos under {os.path.abspath(FLICKR8K)}")
+        captioner = sat_tf.Captioner.from_preset("flickr8k_lite0_grid14_soft")
+        self.assertEqual(captioner.config.beam_size, 3)
+        one = captioner.caption(photos)
+        three = captioner.caption(photos, num_captions=3)
+        scores = captioner.score(photos, [[c.text for c in captions] for captions in three])
+        for best, captions, got in zip(one, three, scores, strict=True):
+            self.assertLen({c.text for c in captions}, 3)
+            self.assertEqual(captions[0].text, best.text)
+            ranks = [ranking(c, captioner.config.length_penalty) for c in captions]
+            self.assertEqual(ranks, sorted(ranks, reverse=True))
+            self.assertAllClose(got, [c.score for c in captions], atol=1e-3)
+        greedy = captioner.caption(photos, beam_size=1)
+        self.assertGreater(sum(c.tag is not None for c in greedy), 5)  # tags said
+        drawn = captioner.caption(photos, sample=True, temperature=1e-6, seed=1)
+        self.assertEqual([c.text for c in drawn], [c.text for c in greedy])
+        texts = lambda seed: [c.text for c in captioner.caption(photos, sample=True, seed=seed)]  # noqa: E731
+        first = texts(5)
+        self.assertEqual(texts(5), first)
+        self.assertGreater(sum(a != b for a, b in zip(first, texts(6), strict=True)), 40)
 
 
 class AttendHardTest(tf.test.TestCase, parameterized.TestCase):

@@ -1,6 +1,7 @@
-"""Tests for sat_tf.serving.beam_handler: `SavedModelHandler` on a tiny SavedModel of
+"""Tests for sat_tf.pipelines.beam_handler: `SavedModelHandler` on a tiny SavedModel of
 tensor and string signatures, alone, under `KeyedModelHandler` and in a pipeline on the
-DirectRunner's batch engine."""
+DirectRunner's batch engine; a folder elsewhere copied, its copy removed once loaded, an
+object key with `..` refused."""
 
 import os
 import shutil
@@ -10,12 +11,14 @@ from unittest import mock
 import apache_beam as beam
 import numpy as np
 import tensorflow as tf
+from apache_beam.io.filesystem import FileMetadata, MatchResult
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 
-from sat_tf.serving import beam_handler
-from sat_tf.serving.beam_handler import SavedModelHandler
+from sat_tf.pipelines import beam_handler
+from sat_tf.pipelines.beam_handler import SavedModelHandler
 
 OPTIONS = ["--runner=FnApiRunner", "--direct_running_mode=in_memory"]
 
@@ -100,24 +103,52 @@ class SavedModelHandlerTest(tf.test.TestCase):
         self.assertEqual(shared.model_copies(), 3)
         self.assertEqual(handler.get_num_bytes(self.rows), 3 * 3 * 8)
 
-    def test_a_folder_elsewhere_is_copied_first(self):
+    def test_a_folder_elsewhere_is_copied_first_and_the_copy_removed(self):
         # As for gs:// or s3://: not a local folder, so read file by file through FileSystems.
         with mock.patch.object(beam_handler, "_is_local_folder", return_value=False):
-            copy = beam_handler.local_copy(self.path)
-        self.addCleanup(shutil.rmtree, copy, ignore_errors=True)
-        self.assertNotEqual(copy, self.path)
-        for folder, _, names in os.walk(self.path):
-            for name in names:
-                original = os.path.join(folder, name)
-                with open(original, "rb") as a:
-                    copied = os.path.join(copy, os.path.relpath(original, self.path))
-                    with open(copied, "rb") as b:
-                        self.assertEqual(a.read(), b.read(), name)
-        loaded = tf.saved_model.load(copy)
-        y = loaded.signatures["serving_default"](x=tf.constant([self.rows[0]], tf.float32))["y"]
-        self.assertAllClose(y[0], _affine(self.rows[0]))
-        with self.assertRaisesRegex(ValueError, "no SavedModel at .*nowhere"):
-            beam_handler.local_copy(os.path.join(self.root, "nowhere"))
+            with beam_handler.local_copy(self.path) as copy:
+                self.assertNotEqual(copy, self.path)
+                for folder, _, names in os.walk(self.path):
+                    for name in names:
+                        original = os.path.join(folder, name)
+                        with open(original, "rb") as a:
+                            copied = os.path.join(copy, os.path.relpath(original, self.path))
+                            with open(copied, "rb") as b:
+                                self.assertEqual(a.read(), b.read(), name)
+            self.assertFalse(os.path.exists(copy))
+            with self.assertRaisesRegex(ValueError, "no SavedModel at .*nowhere"):
+                with beam_handler.local_copy(os.path.join(self.root, "nowhere")):
+                    pass
+
+    def test_a_loaded_model_needs_no_file_and_leaves_none(self):
+        temp = os.path.join(self.root, "tmp")
+        os.makedirs(temp)
+        with (
+            mock.patch.object(beam_handler, "_is_local_folder", return_value=False),
+            mock.patch.object(tempfile, "tempdir", temp),
+        ):
+            handler = SavedModelHandler(self.path)
+            model = handler.load_model()
+        self.assertEqual(os.listdir(temp), [])
+        (result,) = handler.run_inference(self.rows[:1], model)
+        self.assertAllClose(result.inference["y"], _affine(self.rows[0]))
+
+    def test_a_key_with_dot_dot_is_refused_and_nothing_written(self):
+        root = self.path.rstrip("/")
+        listed = FileSystems.match([os.path.join(root, "**")])[0].metadata_list
+        evil = FileMetadata(f"{root}/variables/../../evil.txt", 4)
+        outside = os.path.join(os.path.dirname(self.root), "evil.txt")
+        with (
+            mock.patch.object(beam_handler, "_is_local_folder", return_value=False),
+            mock.patch.object(
+                FileSystems, "match", return_value=[MatchResult(root, [*listed, evil])]
+            ),
+        ):
+            with self.assertRaisesRegex(ValueError, r"evil\.txt: its name leads outside"):
+                with beam_handler.local_copy(self.path):
+                    pass
+        self.assertFalse(os.path.exists(outside))
+        self.assertFalse(os.path.exists(os.path.join(self.root, "evil.txt")))
 
     def test_keyed_in_a_pipeline(self):
         keyed = [(f"row{i}", row) for i, row in enumerate(self.rows)]

@@ -1,12 +1,15 @@
-"""Tests for sat-caption-beam (sat_tf.cli.caption_beam): its flags apart from the Beam
-pipeline options, the refusals before anything runs, a run from a workdir on the
-DirectRunner's batch engine, and an import that loads neither TensorFlow nor Beam."""
+"""Tests for sat-caption-beam (sat_tf.cli.caption_beam; its options: launch_test.py): the
+refusals before anything runs (a local path for a remote runner among them, no process
+or connection started), a run from a workdir on the DirectRunner's batch engine that
+leaves nothing behind, and an import that loads neither TensorFlow nor Beam."""
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 import tensorflow as tf
 from caption_pipeline_test import photo_folder, read_rows, tiny_export
@@ -18,35 +21,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class FlagsTest(tf.test.TestCase):
-    def test_own_flags_and_pipeline_options_apart(self):
-        argv = ["sat-caption-beam", "--export=e", "--input", "a*.jpg", "--runner", "DirectRunner"]
-        argv += ["--direct_num_workers=2", "-v", "--batch_size", "4", "--save_main_session"]
-        argv += ["--input=b.jpg"]
-        own, pipeline = caption_beam.split_args(argv)
-        self.assertEqual(
-            own,
-            ["sat-caption-beam", "--export=e", "--input", "a*.jpg", "-v", "--batch_size", "4"]
-            + ["--input=b.jpg"],
-        )
-        self.assertEqual(
-            pipeline,
-            ["--runner", "DirectRunner", "--direct_num_workers=2", "--save_main_session"],
-        )
-
-    def test_default_options_are_the_measured_local_ones(self):
-        options = caption_beam.pipeline_options([]).get_all_options()
-        self.assertEqual(options["runner"], "FnApiRunner")
-        self.assertEqual(options["direct_running_mode"], "multi_threading")
-        self.assertEqual(options["direct_num_workers"], 2)
-        given = caption_beam.pipeline_options(["--runner=DirectRunner"]).get_all_options()
-        self.assertEqual(given["direct_running_mode"], "in_memory")  # Beam's own default
-
-    def test_an_unknown_flag_is_named_with_the_closest(self):
-        with self.assertRaisesRegex(
-            ValueError, "unknown flag --direct_num_worker=2: .*did you mean --direct_num_workers"
-        ):
-            caption_beam.pipeline_options(["--direct_num_worker=2"])
-
     def test_refusals_before_anything_runs(self):
         cases = {
             ("--output=o",): "give --input=",
@@ -57,7 +31,11 @@ class FlagsTest(tf.test.TestCase):
                 "--output=o",
                 "--preset=p",
                 "--runner=DataflowRunner",
-            ): "DataflowRunner's workers cannot read",
+            ): "--preset / --workdir export to a local folder, which the workers of "
+            "DataflowRunner cannot read",
+            ("--input=a", "--output=o", "--export=e", "--max_image_bytes=0"): (
+                "--max_image_bytes=0 must be at least 1"
+            ),
             (
                 "--input=a",
                 "--output=o",
@@ -70,6 +48,39 @@ class FlagsTest(tf.test.TestCase):
             self.assertEqual(code, 1, flags)
             self.assertStartsWith(stderr, "error: ")
             self.assertIn(message, stderr)
+            self.assertEqual(stderr.count("\n"), 1, stderr)
+
+    def test_remote_runners_refuse_local_paths_before_anything_starts(self):
+        remote = "s3://bucket/"
+        cases = {
+            ("--runner=FlinkRunner", f"--export={remote}e", "--input=photos/*.jpg"): (
+                "--input=photos/*.jpg is a path on this machine, which the workers of "
+                "FlinkRunner cannot read"
+            ),
+            ("--runner=DataflowRunner", "--export=exports/1", f"--input={remote}*.jpg"): (
+                "--export=exports/1 is a path on this machine, which the workers of "
+                "DataflowRunner cannot read"
+            ),
+            (
+                "--runner=PortableRunner",
+                "--environment_type=EXTERNAL",
+                f"--export={remote}e",
+                f"--input={remote}*.jpg",
+                "--output=runs/c",
+            ): "--output=runs/c is a path on this machine, which the workers of PortableRunner",
+        }
+        for flags, message in cases.items():
+            output = () if any(f.startswith("--output") for f in flags) else ("--output=s3://b/o",)
+            with (
+                mock.patch.object(subprocess, "Popen", side_effect=AssertionError("started")),
+                mock.patch.object(socket, "create_connection", side_effect=AssertionError("net")),
+            ):
+                code, stdout, stderr = run_main(
+                    caption_beam.main, "sat-caption-beam", *flags, *output
+                )
+            self.assertEqual((code, stdout), (1, ""), flags)
+            self.assertStartsWith(stderr, f"error: {message}")
+            self.assertIn("give one on a filesystem they share (gs://, s3://, hdfs://)", stderr)
             self.assertEqual(stderr.count("\n"), 1, stderr)
 
     def test_import_loads_neither_tensorflow_nor_beam(self):
@@ -95,16 +106,23 @@ class CommandTest(tf.test.TestCase):
         good, bad = photo_folder(root)
         workdir, _ = tiny_export()
         prefix = os.path.join(root, "out", "c")
-        code, stdout, stderr = run_main(
-            caption_beam.main,
-            "sat-caption-beam",
-            f"--workdir={workdir}",
-            f"--input={os.path.join(root, '*.png')}",
-            f"--input={os.path.join(root, '*.jpeg')}",
-            f"--output={prefix}",
-            "--direct_running_mode=in_memory",
-            "--num_shards=2",
-        )
+        cwd, temp = os.path.join(root, "cwd"), os.path.join(root, "tmp")
+        os.makedirs(cwd)
+        os.makedirs(temp)
+        with mock.patch.object(tempfile, "tempdir", temp):
+            code, stdout, stderr = run_main(
+                caption_beam.main,
+                "sat-caption-beam",
+                f"--workdir={workdir}",
+                f"--input={os.path.join(root, '*.png')}",
+                f"--input={os.path.join(root, '*.jpeg')}",
+                f"--output={prefix}",
+                "--direct_running_mode=in_memory",
+                "--num_shards=2",
+                cwd=cwd,
+            )
+        # The temporary export is removed, nothing lands in the working directory.
+        self.assertEqual((os.listdir(temp), os.listdir(cwd)), ([], []))
         refused = [p for p in bad if p.endswith(".png")]
         self.assertEqual(code, caption_beam.REFUSED, stderr)
         self.assertEqual(

@@ -1,4 +1,4 @@
-"""Tests for sat_tf.serving.caption_pipeline on the DirectRunner's batch engine: the rows
+"""Tests for sat_tf.pipelines.caption_pipeline on the DirectRunner's batch engine: the rows
 of a tiny export equal its signature called directly and sat-caption's lines, every
 kind of bad file is a row with its status and reason, and the counts are Beam metrics."""
 
@@ -9,15 +9,18 @@ import json
 import os
 import shutil
 import tempfile
+from unittest import mock
 
 import tensorflow as tf
 from admission_test import png_bomb
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 from fixtures import encode, run_main, scenes, tiny_workdir
 
 from sat_tf.cli import caption as caption_cli
 from sat_tf.data import image_io
-from sat_tf.serving import caption_pipeline, caption_rows, exporting
+from sat_tf.pipelines import caption_pipeline, caption_rows
+from sat_tf.serving import exporting
 
 OPTIONS = ["--runner=FnApiRunner", "--direct_running_mode=in_memory"]
 
@@ -150,7 +153,34 @@ class CaptionPipelineTest(tf.test.TestCase):
         os.makedirs(folder, exist_ok=True)
         gone = os.path.join(self.root, "gone.jpg")
         for path in (folder, gone):
-            (row,) = caption_pipeline.ReadFiles().process(path)
+            (row,) = caption_pipeline.ReadFiles().process((path, 10))
             self.assertEqual(row.tag, "refused")
             self.assertEqual(row.value["status"], caption_rows.MISSING)
             self.assertStartsWith(row.value["error"], f"{path} cannot be read")
+
+
+class SizeFirstTest(tf.test.TestCase):
+    """A file's listed size decides before its bytes: one over the limit is a row naming
+    its size and is never opened; one that grew past it since it was listed is refused."""
+
+    def test_a_file_over_the_limit_is_refused_unread(self):
+        path = os.path.join(self.get_temp_dir(), "huge.jpg")
+        with open(path, "wb") as f:
+            f.write(b"\xff\xd8\xff" + bytes(997))
+        ((listed_path, size),) = caption_pipeline.Match().process(path)
+        self.assertEqual((listed_path, size), (path, 1000))
+        read = caption_pipeline.ReadFiles(max_image_bytes=999)
+        with mock.patch.object(FileSystems, "open", side_effect=AssertionError("read")):
+            (row,) = read.process((path, size))
+        self.assertEqual(row.tag, "refused")
+        self.assertEqual(row.value["status"], caption_rows.TOO_LARGE)
+        self.assertEqual(
+            row.value["error"],
+            f"{path} is 1,000 bytes, more than the 999 bytes a photo may have "
+            "(--max_image_bytes); it was not read",
+        )
+        ((got, data),) = caption_pipeline.ReadFiles(max_image_bytes=1000).process((path, size))
+        self.assertEqual((got, len(data)), (path, 1000))
+        (row,) = read.process((path, 10))  # listed small, grown since
+        self.assertEqual(row.value["status"], caption_rows.TOO_LARGE)
+        self.assertIn("grew past the 999 bytes", row.value["error"])

@@ -1,11 +1,12 @@
-"""Tests for sat_tf.serving.caption_rows: the row of a caption from its fields and from the
+"""Tests for sat_tf.pipelines.caption_rows: the row of a caption from its fields and from the
 export's outputs, the row of a refused photo."""
 
 import json
 
 import numpy as np
+import pytest
 
-from sat_tf.serving import caption_rows
+from sat_tf.pipelines import caption_rows
 
 
 def outputs(**changes):
@@ -18,6 +19,8 @@ def outputs(**changes):
         "attention": np.zeros((6, 2, 2), np.float32),
         "tag": np.bytes_(b""),
         "tag_prob": np.float32(0.0),
+        "captions": np.array([b"a red circle", b"a circle", b""], object),
+        "log_probs": np.array([-2.5, -3.25, -np.inf], np.float32),
         "status": np.int32(0),
         "error": np.bytes_(b""),
     }
@@ -62,6 +65,34 @@ def test_export_row_with_tags_and_off_world_statistics():
     assert (unused["tag"], unused["tag_prob"]) == (None, 0.125)
 
 
+def test_a_row_of_several_captions():
+    row = caption_rows.caption_row(
+        "a.jpg", "a cat", [4, 5], -1.5, captions=[("a cat", np.float32(-1.5)), ("cats", -2.0)]
+    )
+    assert row["captions"] == [
+        {"caption": "a cat", "score": -1.5},
+        {"caption": "cats", "score": -2.0},
+    ]
+    assert "captions" not in caption_rows.caption_row("a.jpg", "a cat", [4, 5], -1.5)
+    json.dumps(row)
+
+
+def test_export_row_of_several_captions_takes_those_the_export_has():
+    two = caption_rows.export_row("a.jpg", outputs(), num_captions=2)
+    assert two["captions"] == [
+        {"caption": "a red circle", "score": -2.5},
+        {"caption": "a circle", "score": -3.25},
+    ]
+    assert (two["caption"], two["score"]) == ("a red circle", -2.5)
+    # The third place is empty ("" and -inf): left out.
+    assert (
+        caption_rows.export_row("a.jpg", outputs(), num_captions=3)["captions"] == two["captions"]
+    )
+    assert "captions" not in caption_rows.export_row("a.jpg", outputs())
+    with pytest.raises(ValueError, match="4 captions a photo: the export gives 3 .its beam size."):
+        caption_rows.export_row("a.jpg", outputs(), num_captions=4)
+
+
 def test_export_row_of_a_refused_photo_names_the_file():
     refused = outputs(status=np.int32(1), error=np.bytes_(b"image_bytes[7] is empty (0 bytes)"))
     assert caption_rows.export_row("dir/e.jpg", refused) == {
@@ -69,3 +100,10 @@ def test_export_row_of_a_refused_photo_names_the_file():
         "error": "dir/e.jpg is empty (0 bytes)",
         "status": 1,
     }
+
+
+def test_a_path_with_backslashes_is_named_as_it_is():
+    # A replacement template would read `\1` as a group and `\x` as an escape.
+    for path in (r"C:\photos\1\x.jpg", r"s3://bucket/a\g<0>.jpg", "dir/\\"):
+        refused = outputs(status=np.int32(2), error=np.bytes_(b"image_bytes[0] is not an image"))
+        assert caption_rows.export_row(path, refused)["error"] == f"{path} is not an image"

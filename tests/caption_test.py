@@ -2,6 +2,7 @@
 a corrupt photo, globs and files, its output file, pictures, bombs, README's command and
 the default preset (the scripts as a user runs them: scripts_test.py)."""
 
+import dataclasses
 import json
 import os
 import shlex
@@ -13,7 +14,7 @@ import tensorflow as tf
 from admission_test import png_bomb
 from api_test import flickr8k_photos, made_photo
 from cli_test import run_main
-from fixtures import tiny_model
+from fixtures import MAX_LENGTH, tiny_model
 
 import sat_tf
 from sat_tf.cli import caption as caption_cli
@@ -29,20 +30,27 @@ def assert_printed_line(test, line, path, caption):
     test.assertEqual("[off-world photo: score" in line, caption.off_world, line)
 
 
+def photo_folder(test_class, count):
+    """(a scratch folder removed after the class, its photos/ folder of `count` photos:
+    the first two Flickr8k test photos where the data is there, drawn ones for the rest)."""
+    root = tempfile.mkdtemp()
+    test_class.addClassCleanup(shutil.rmtree, root, ignore_errors=True)
+    folder = os.path.join(root, "photos")
+    os.makedirs(folder)
+    photos = flickr8k_photos(2) or []
+    for i, path in enumerate(photos):
+        shutil.copy(path, os.path.join(folder, f"p{i}.jpg"))
+    for i in range(len(photos), count):
+        made_photo(os.path.join(folder, f"p{i}.png"), i)
+    return root, folder
+
+
 @pytest.mark.long(8)
 class CaptionCommandTest(tf.test.TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.dir = tempfile.mkdtemp()
-        cls.addClassCleanup(shutil.rmtree, cls.dir, ignore_errors=True)
-        cls.folder = os.path.join(cls.dir, "photos")
-        os.makedirs(cls.folder)
-        photos = flickr8k_photos(2) or []
-        for i, path in enumerate(photos):
-            shutil.copy(path, os.path.join(cls.folder, f"p{i}.jpg"))
-        for i in range(len(photos), 3):
-            made_photo(os.path.join(cls.folder, f"p{i}.png"), i)
+        cls.dir, cls.folder = photo_folder(cls, 3)
         cls.bad = os.path.join(cls.folder, "p1_broken.jpg")
         with open(cls.bad, "wb") as f:
             f.write(b"\xff\xd8\xff\xe0 this JPEG ends here")
@@ -216,6 +224,75 @@ class CaptionCommandTest(tf.test.TestCase):
         assert_printed_line(self, stdout.splitlines()[0], self.good[0], want)
         self.assertIn(caption_cli.DEFAULT_PRESET, caption_cli.__doc__)
 
+    def test_several_captions_are_numbered_and_written(self):
+        output = os.path.join(self.dir, "several", "captions.jsonl")
+        code, stdout, stderr = self.caption(
+            *self.good, "--num_captions=3", "--beam_size=1", f"--output={output}"
+        )
+        self.assertEqual(code, 0, stderr)
+        with open(output, encoding="utf-8") as f:
+            records = [json.loads(line) for line in f]
+        # --beam_size=1 is widened to the three captions asked for.
+        want = self.captioner.caption(self.good, beam_size=1, num_captions=3)
+        lines = stdout.splitlines()
+        for record, captions in zip(records, want, strict=True):
+            self.assertEqual([c["caption"] for c in record["captions"]], [c.text for c in captions])
+            self.assertAllClose(
+                [c["score"] for c in record["captions"]], [c.score for c in captions]
+            )
+            self.assertEqual(
+                (record["caption"], record["score"]), tuple(record["captions"][0].values())
+            )
+            at = lines.index(f"{record['path']}: {record['caption']}")
+            for number, caption in enumerate(captions, 1):
+                self.assertStartsWith(lines[at + number], f"  {number}. {caption.text}  (log p -")
+
+    def test_drawn_captions_repeat_with_their_seed(self):
+        def drawn(*flags):
+            output = os.path.join(self.dir, "drawn.jsonl")
+            code, _, stderr = self.caption(*self.good, "--sample", *flags, f"--output={output}")
+            self.assertEqual(code, 0, stderr)
+            with open(output, encoding="utf-8") as f:
+                return [json.loads(line) for line in f]
+
+        first = drawn("--num_captions=4", "--seed=4", "--temperature=2", "--batch_size=2")
+        self.assertEqual(
+            drawn("--num_captions=4", "--seed=4", "--temperature=2", "--batch_size=2"), first
+        )
+        other = drawn("--num_captions=4", "--seed=5", "--temperature=2", "--batch_size=2")
+        self.assertNotEqual([r["captions"] for r in other], [r["captions"] for r in first])
+        texts = [[c["caption"] for c in r["captions"]] for r in first]
+        scores = self.captioner.score([r["path"] for r in first], texts)
+        for record, got in zip(first, scores, strict=True):
+            want = [c["score"] for c in record["captions"]]
+            self.assertEqual(want, sorted(want, reverse=True))
+            for caption, score in zip(record["captions"], got, strict=True):
+                # A caption cut at the length limit has no `<end>` in its score.
+                if len(caption["caption"].split()) < MAX_LENGTH:
+                    self.assertAllClose(score, caption["score"], atol=1e-3)
+        # Towards temperature 0: the greedy caption.
+        (greedy,) = self.captioner.caption([self.good[0]], beam_size=1)
+        code, stdout, _ = self.caption(self.good[0], "--sample", "--temperature=1e-6")
+        self.assertStartsWith(stdout, f"{self.good[0]}: {greedy.text}\n")
+
+    def test_decoding_flags_that_do_not_fit_exit_1(self):
+        cases = {
+            ("--temperature=0.5",): "--temperature draw captions: add --sample",
+            ("--top_p=0.9", "--seed=3"): "--top_p, --seed draw captions: add --sample",
+            (
+                "--sample",
+                "--beam_size=2",
+            ): "--sample draws captions word by word: leave --beam_size out",
+            ("--sample", "--temperature=0"): "--temperature=0.0 must be above 0",
+            ("--sample", "--top_p=1.5"): r"--top_p=1.5 must lie in (0, 1]",
+            ("--sample", "--seed=-2"): "--seed=-2 must be at least 0",
+            ("--num_captions=0",): "--num_captions=0 must be at least 1",
+        }
+        for flags, message in cases.items():
+            code, _, stderr = self.caption(self.good[0], *flags)
+            self.assertEqual(code, 1, flags)
+            self.assertEqual(stderr.strip(), f"error: {message}", flags)
+
     def test_no_arguments_and_bad_flags_exit_1(self):
         code, _, stderr = run_main(caption_cli.main, "sat-caption", f"--preset={self.preset}")
         self.assertEqual(
@@ -227,6 +304,78 @@ class CaptionCommandTest(tf.test.TestCase):
         )
         self.assertEqual(code, 1)
         self.assertIn("--beam_size=0 must be at least 1", stderr)
+
+
+@pytest.mark.long(22)
+class RuntimeTest(tf.test.TestCase):
+    """--runtime: LiteRT and TensorFlow print and write the same, refuse bad files alike;
+    which one `auto` takes."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.dir, cls.folder = photo_folder(cls, 5)
+        bad = {"empty.jpg": b"", "broken.jpg": b"\xff\xd8\xff\xe0 ends here", "text.png": b"hi\n"}
+        for name, data in bad.items():
+            with open(os.path.join(cls.folder, name), "wb") as f:
+                f.write(data)
+        cls.preset = os.path.join(cls.dir, "tiny_preset")
+        model, vocab, settings = tiny_model()
+        preset.save(
+            model, vocab, dataclasses.replace(settings, beam_size=2), cls.preset, name="tiny"
+        )
+        cls.cache = os.path.join(cls.dir, "cache")
+        cls.patch = pytest.MonkeyPatch()
+        cls.patch.setenv("SAT_TF_CACHE", cls.cache)
+        cls.addClassCleanup(cls.patch.undo)
+
+    def caption(self, *args):
+        return run_main(caption_cli.main, "sat-caption", *args, f"--preset={self.preset}")
+
+    def test_both_runtimes_print_write_and_refuse_alike(self):
+        outputs = {}
+        for runtime in ("litert", "tensorflow"):
+            output = os.path.join(self.dir, f"{runtime}.jsonl")
+            code, stdout, stderr = self.caption(
+                self.folder, f"--output={output}", f"--runtime={runtime}", "--batch_size=3"
+            )
+            self.assertEqual(caption_cli._chosen[0], runtime)
+            with open(output, encoding="utf-8") as f:
+                rows = [json.loads(line) for line in f]
+            outputs[runtime] = code, stdout, stderr.splitlines(), rows
+        (code, stdout, stderr, rows), (want_code, want_stdout, want_stderr, want_rows) = (
+            outputs["litert"],
+            outputs["tensorflow"],
+        )
+        self.assertEqual(code, caption_cli.SKIPPED)
+        self.assertEqual(code, want_code)
+        self.assertEqual([line for line in stderr if "LiteRT" not in line], want_stderr)
+        self.assertLen([line for line in stderr if line.startswith("error: ")], 4)
+        self.assertEqual([set(r) for r in rows], [set(r) for r in want_rows])
+        for row, want in zip(rows, want_rows, strict=True):
+            self.assertEqual(
+                (row["path"], row["caption"], row["tokens"]),
+                (want["path"], want["caption"], want["tokens"]),
+            )
+            self.assertAllClose(row["score"], want["score"], atol=1e-4)
+        printed = [line for line in stdout.splitlines() if ": " in line]
+        self.assertEqual(printed, [line for line in want_stdout.splitlines() if ": " in line])
+
+    def test_auto_takes_litert_where_its_file_is_built(self):
+        photo = os.path.join(self.folder, "p3.png")
+        fresh = os.path.join(self.dir, "fresh_cache")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("SAT_TF_CACHE", fresh)
+            code, _, stderr = self.caption(photo)
+            self.assertEqual((code, caption_cli._chosen[0]), (0, "tensorflow"), stderr)
+            self.assertFalse(os.path.exists(os.path.join(fresh, "litert")))  # nothing built
+            code, stdout, stderr = self.caption(photo, "--runtime=litert")  # builds it
+            self.assertEqual((code, caption_cli._chosen[0]), (0, "litert"), stderr)
+            code, again, _ = self.caption(photo)
+            self.assertEqual((code, caption_cli._chosen[0], again), (0, "litert", stdout))
+            # Another decoding than the file's: TensorFlow, the same flags' captions.
+            code, _, stderr = self.caption(photo, "--beam_size=1")
+            self.assertEqual((code, caption_cli._chosen[0]), (0, "tensorflow"), stderr)
 
 
 if __name__ == "__main__":

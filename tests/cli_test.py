@@ -112,7 +112,7 @@ class QuietCommandsTest(tf.test.TestCase):
 
     def test_the_demo_without_flask_says_which_install_brings_it(self):
         with mock.patch.dict(sys.modules, {"flask": None}):
-            for name in ("sat_tf.cli.demo", "sat_tf.serving.demo"):
+            for name in ("sat_tf.cli.demo", "sat_tf.server.demo"):
                 sys.modules.pop(name, None)
             demo_cli = importlib.import_module("sat_tf.cli.demo")
             self.assertEqual(run_main(demo_cli.main, "sat-demo", "--help")[0], 0)
@@ -123,7 +123,7 @@ class QuietCommandsTest(tf.test.TestCase):
             "error: the demo needs Flask, which sat_tf installs with its demo extra: "
             'pip install "sat_tf[demo]"\n',
         )
-        for name in ("sat_tf.cli.demo", "sat_tf.serving.demo"):
+        for name in ("sat_tf.cli.demo", "sat_tf.server.demo"):
             sys.modules.pop(name, None)
 
 
@@ -137,7 +137,7 @@ def test_sat_demo_serves_the_default_preset_without_a_model_flag(tmp_path):
     try:
         with (
             mock.patch.object(demo_cli, "load_trained", return_value=loaded) as load,
-            mock.patch("sat_tf.serving.demo.export_decodings", return_value=["a", "b"]) as export,
+            mock.patch("sat_tf.server.demo.export_decodings", return_value=["a", "b"]) as export,
         ):
             assert demo_cli.export_dirs(str(tmp_path)) == ["a", "b"]
         assert demo_cli.FLAGS.preset == flags_lib.DEFAULT_PRESET

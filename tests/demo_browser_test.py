@@ -16,13 +16,14 @@ import sys
 import tempfile
 import unittest
 
+import numpy as np
 import pytest
 from absl.testing import absltest
 from demo_test import bad_uploads, exports, photo, signature_outputs, start_server
 from fixtures import scenes
 from PIL import Image
 
-from sat_tf.serving import demo
+from sat_tf.server import demo
 
 try:
     from selenium import webdriver
@@ -177,6 +178,40 @@ class BrowserTest(absltest.TestCase):
         self.assertEqual(self.page.act(sample.click), "done")
         with open(self.sample, "rb") as f:
             self.assertEqual(self.page.text("caption"), self.caption_of(f.read(), 3))
+
+    def test_the_beams_captions_and_the_attention_of_the_one_clicked(self):
+        self.assertEqual(self.page.upload(self.photo), "done")
+        box = self.driver.find_element(By.ID, "alternatives-box")
+        self.assertFalse(box.is_displayed())  # greedy: one caption
+        self.assertEqual(self.page.choose(3), "done")
+        self.assertTrue(box.is_displayed())
+        outputs = signature_outputs(self.export_dirs[1], self.photo_bytes)
+        pairs = zip(outputs["captions"], outputs["log_probs"], strict=True)
+        texts = [text.decode() for text, log_prob in pairs if log_prob > -np.inf]
+        buttons = self.driver.find_elements(By.CSS_SELECTOR, "#alternatives button")
+        self.assertLen(buttons, len(texts))
+        self.assertGreater(len(texts), 1)
+        for button, text, log_prob in zip(buttons, texts, outputs["log_probs"], strict=False):
+            self.assertStartsWith(button.text, f"{text} p = ")
+            self.assertIn(f"(log p {log_prob:.3f})", button.text)
+        self.assertIn("chosen", buttons[0].get_attribute("class"))
+        first = self.strip_pictures()
+        # The second caption: its words in the caption line, its pictures in the strip.
+        buttons[1].click()
+        self.assertEqual(self.page.text("caption"), texts[1])
+        self.assertIn("chosen", buttons[1].get_attribute("class"))
+        self.assertNotIn("chosen", buttons[0].get_attribute("class"))
+        second = self.strip_pictures()
+        self.assertLen(second, len(self.page.words()) + 1)
+        self.assertNotEqual(second, first)
+        self.assertNotEqual(self.page.hover(len(self.page.words()) - 1), first[0])
+        buttons[0].click()
+        self.assertEqual(self.page.text("caption"), texts[0])
+        self.assertEqual(self.strip_pictures(), first)
+
+    def strip_pictures(self):
+        figures = self.driver.find_elements(By.CSS_SELECTOR, "#strip img")
+        return [f.get_attribute("src") for f in figures]
 
     def test_bad_files_get_one_line_and_the_page_goes_on(self):
         # One bad file after another (each refusal replaces the last), then a photo: the

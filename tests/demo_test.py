@@ -30,13 +30,14 @@ from PIL import Image
 
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
-from sat_tf.serving import batching, inference, model_server, off_world
+from sat_tf.server import batching
+from sat_tf.serving import inference, off_world, warmup
 
 # The `demo` extra (pip install -e ".[demo]"): without Flask these tests are skipped.
 pytest.importorskip("flask")
 
 from sat_tf.cli import demo as demo_cli  # noqa: E402
-from sat_tf.serving import demo  # noqa: E402
+from sat_tf.server import demo  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLICKR8K = os.path.join(os.path.dirname(REPO), "shared", "data", "flickr8k")
@@ -188,6 +189,48 @@ class DemoTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(page["file"], self.photo_name)
         self.assertIsNone(page["off_world_score"])
 
+    @parameterized.parameters(1, 3)
+    def test_the_beams_captions_are_the_signatures(self, beam_size):
+        """A beam export's page lists the beam's captions from `caption_alternatives`,
+        each with its probability and the overlays of its own attention; a greedy
+        export's, its one caption."""
+        page = self.assertGood(beam_size)
+        captioner = self.captioners[0 if beam_size == 1 else 1]
+        path = self.export_dirs[0 if beam_size == 1 else 1]
+        self.assertEqual(
+            captioner.signature, "serving_default" if beam_size == 1 else "caption_alternatives"
+        )
+        want = tf.saved_model.load(path).signatures[captioner.signature](
+            image_bytes=tf.constant([self.photo])
+        )
+        want.setdefault("attentions", want["attention"][:, None])
+        found = want["log_probs"].numpy()[0] > -np.inf
+        texts = [t.decode() for t in want["captions"].numpy()[0][found]]
+        alternatives = page["alternatives"]
+        self.assertEqual([a["caption"] for a in alternatives], texts)
+        self.assertLen(alternatives, beam_size)  # the tiny model fills its beam
+        self.assertLen(set(texts), beam_size)
+        self.assertAllClose([a["log_prob"] for a in alternatives], want["log_probs"][0], atol=1e-5)
+        self.assertAllClose(
+            [a["probability"] for a in alternatives], np.exp([a["log_prob"] for a in alternatives])
+        )
+        for key in ("caption", "log_prob", "length", "words", "attention", "cells"):
+            self.assertEqual(page[key], alternatives[0][key], key)
+        fraction = captioner.info["crop_fraction"]
+        crop = image_io.decode_image(tf.constant(self.photo), demo.DISPLAY_SIZE, fraction)
+        crop = np.clip(np.round(crop.numpy()), 0, 255).astype(np.uint8)
+        attentions = want["attentions"].numpy()[0]
+        for j, alternative in enumerate(alternatives):
+            length = len(alternative["caption"].split()) if alternative["caption"] else 0
+            self.assertEqual(alternative["length"], length)
+            ends = length < attentions.shape[1]
+            self.assertEqual(alternative["words"][length:], ["<end>"] * ends)
+            self.assertLen(alternative["attention"], length + ends)
+            for t, url in enumerate(alternative["attention"]):
+                heat = visualize.upsample_attention(attentions[j, t].ravel(), (14, 14), (224, 224))
+                expected = visualize.overlay_attention(crop, heat).astype(float)
+                self.assertLess(np.abs(decode_data_url(url) - expected).mean(), 3.0, (j, t))
+
     def test_pictures_are_the_visualize_overlays(self):
         page = self.assertGood(1)
         want = self.want[1]
@@ -299,8 +342,8 @@ class BatchedDemoTest(tf.test.TestCase):
 
     def test_warm_up_requests_run_at_load(self):
         (captioner,) = self.captioners
-        warmup = model_server.read_warmup(os.path.join(captioner.path, model_server.WARMUP_FILE))
-        self.assertEqual([len(r.inputs["image_bytes"].string_val) for r in warmup], [1, 16])
+        logged = warmup.read_warmup(os.path.join(captioner.path, warmup.WARMUP_FILE))
+        self.assertEqual([len(r.inputs["image_bytes"].string_val) for r in logged], [1, 16])
         self.assertEqual(captioner.warmup_requests, 2)
         fresh = demo.ExportedCaptioner(captioner.path, self.parameters)
         self.addCleanup(fresh.close)

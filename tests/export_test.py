@@ -62,15 +62,18 @@ calls = {
     "serving_default": {"image_bytes": tf.constant(image_bytes)},
     "caption_images": {"images": tf.constant(arrays["images"])},
     "caption_features": {"features": tf.constant(arrays["features"])},
+    "caption_alternatives": {"image_bytes": tf.constant(image_bytes)},
 }
 results = {}
 for name, path in exports.items():
     signatures = tf.saved_model.load(path).signatures
     for signature, inputs in calls.items():
+        if signature not in signatures:
+            continue
         for key, value in signatures[signature](**inputs).items():
             value = value.numpy()
             if value.dtype == object:
-                value = np.array([v.decode("utf-8") for v in value])
+                value = np.char.decode(value.astype(bytes), "utf-8")
             results[f"{name}/{signature}/{key}"] = value
 results["modules/findable"] = np.array(findable, dtype=str)
 results["modules/after_import"] = np.array(after_import, dtype=str)
@@ -141,7 +144,9 @@ def session_rest_predict(session, meta_graph, body):
     values = session.run([signature.outputs[k].name for k in names], feed)
     rows = [
         {
-            name: (v[i].decode() if v.dtype == object else v[i].tolist())
+            name: (
+                np.char.decode(v[i : i + 1].astype(bytes))[0] if v.dtype == object else v[i]
+            ).tolist()
             for name, v in zip(names, values, strict=True)
         }
         for i in range(len(body["instances"]))
@@ -247,7 +252,7 @@ class ExportTest(tf.test.TestCase):
 
     def assertFreshResults(self, results):
         for name, beam in (("greedy", 1), ("beam", 2)):
-            for signature in exporting.SIGNATURES:
+            for signature in [*exporting.SIGNATURES, *[exporting.ALTERNATIVES][: beam - 1]]:
                 got = {
                     k.rsplit("/", 1)[1]: results[k]
                     for k in results.files
@@ -262,13 +267,24 @@ class ExportTest(tf.test.TestCase):
                     "tag",
                     "tag_prob",
                 ]
-                if signature == "serving_default":
+                outputs += ["captions", "log_probs"]
+                if signature in ("serving_default", "caption_alternatives"):
                     outputs += ["status", "error"]
                     self.assertAllEqual(got["status"], np.zeros_like(got["status"]))
                     self.assertAllEqual(got["error"], [""] * len(got["error"]))
+                if signature == "caption_alternatives":
+                    outputs.append("attentions")
+                    self.assertEqual(got["attentions"].shape, (4, beam, MAX_LENGTH, *GRID))
+                    self.assertAllClose(got["attentions"][:, 0], got["attention"])
                 self.assertCountEqual(got, outputs)
                 want = self.want_resized if signature == "caption_images" else self.want
                 self.assertMatches(got, want[beam])
+                # The beam's `beam` best, the first the caption (their values: exporting_test).
+                self.assertEqual(got["captions"].shape, (4, beam))
+                self.assertAllEqual(got["captions"][:, 0], got["caption"])
+                self.assertAllEqual(got["log_probs"][:, 0], got["log_prob"])
+        # The greedy export's caption is its only one: no signature of alternatives.
+        self.assertFalse([k for k in results.files if k.startswith("greedy/caption_alternatives")])
 
     def test_fresh_process_without_sat_tf_matches_generate(self):
         # TensorFlow without Keras, tensorflow-text or sat_tf installed: none of them is
@@ -319,6 +335,10 @@ class ExportTest(tf.test.TestCase):
             predictions = session_rest_predict(session, meta_graph, body)["predictions"]
             columns = {k: np.array([p[k] for p in predictions]) for k in predictions[0]}
             self.assertMatches(columns, want)
+            self.assertEqual(
+                [p["captions"] for p in predictions], [[c] for c in self.captions(want)]
+            )
+            self.assertAllClose(columns["log_probs"][:, 0], want.log_prob, atol=1e-4)
 
             bad = grpc_client.predict_request([self.png[0], b"GIF87"], model_name="sat")
             results = grpc_client.parse_response(session_predict(session, meta_graph, bad))

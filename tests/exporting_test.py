@@ -156,37 +156,94 @@ class SignaturesTest(tf.test.TestCase, parameterized.TestCase):
         self.assertNotAllClose(own.attention, told.attention)
 
     def _check_signatures(self, model, vocab, spec):
-        """The three captioning signatures give `model.generate`'s captions and maps."""
+        """The captioning signatures give `model.generate`'s captions and maps, and its
+        K = beam_size best captions with their log-probabilities."""
         fns = traced(model, vocab, spec)
         pixels = self.images.astype(np.float32)
-        want = model.generate(
-            {"image": pixels},
+        decoding = dict(
             max_length=MAX_LENGTH,
             beam_size=spec.beam_size,
             block_repeats=spec.block_repeats,
             bad_ending_ids=spec.bad_ending_ids,
             hard_decoding=spec.hard_decoding,
         )
+        want = model.generate({"image": pixels}, **decoding)
+        k = spec.beam_size
+        best = model.generate({"image": pixels}, **decoding, num_return=k)
+        if k == 1:
+            best = best._replace(**{f: getattr(best, f)[:, None] for f in exporting._PER_CAPTION})
         features = model.encoder(pixels)
+        image_bytes = tf.constant([encode(x, "PNG") for x in self.images])
         outputs = {
-            "serving_default": fns["serving_default"](
-                tf.constant([encode(x, "PNG") for x in self.images])
-            ),
+            "serving_default": fns["serving_default"](image_bytes),
             "caption_images": fns["caption_images"](tf.constant(self.images)),
             "caption_features": fns["caption_features"](features),
         }
+        # A greedy export's caption is its only one: it has no signature of alternatives.
+        self.assertCountEqual(fns, [*exporting.SIGNATURES, *[exporting.ALTERNATIVES][: k - 1]])
+        if k > 1:
+            outputs["caption_alternatives"] = fns["caption_alternatives"](image_bytes)
         captions = [
             " ".join(vocab.decode(t[:n])).encode()
             for t, n in zip(want.tokens.numpy(), want.length.numpy(), strict=True)
         ]
         self.assertGreater(len(set(captions)), 1)
-        for got in outputs.values():
+        texts = [
+            [" ".join(vocab.decode(t[:n])).encode() for t, n in zip(ts, ns, strict=True)]
+            for ts, ns in zip(best.tokens.numpy(), best.length.numpy(), strict=True)
+        ]
+        for name, got in outputs.items():
             self.assertAllEqual(got["tokens"], want.tokens)
             self.assertAllEqual(got["length"], want.length)
             self.assertAllClose(got["log_prob"], want.log_prob, atol=1e-4)
             attention = tf.reshape(want.attention, [4, MAX_LENGTH, 14, 14])
             self.assertAllClose(got["attention"], attention, atol=1e-5)
             self.assertEqual(got["caption"].numpy().tolist(), captions)
+            # The beam's K best, best first: the first column is the caption.
+            self.assertEqual(got["captions"].shape, (4, k))
+            self.assertEqual(got["captions"].numpy().tolist(), texts, name)
+            self.assertAllClose(got["log_probs"], best.log_prob, atol=1e-4)
+            self.assertAllEqual(got["captions"][:, 0], got["caption"])
+            self.assertAllEqual(got["log_probs"][:, 0], got["log_prob"])
+            self.assertEqual("attentions" in got, name == "caption_alternatives")
+        if k > 1:
+            alternatives, default = outputs["caption_alternatives"], outputs["serving_default"]
+            self.assertCountEqual(alternatives, [*default, "attentions"])
+            attentions = tf.reshape(best.attention, [4, k, MAX_LENGTH, 14, 14])
+            self.assertAllClose(alternatives["attentions"], attentions, atol=1e-5)
+            for row in texts:
+                self.assertLen(set(row), k)
+
+    def test_a_bad_image_in_either_signature_of_bytes(self):
+        fns = traced(self.model, self.vocab, self.spec(2))
+        image_bytes = tf.constant([encode(self.images[0], "PNG"), b"no image"])
+        default = fns["serving_default"](image_bytes)
+        alternatives = fns["caption_alternatives"](image_bytes)
+        for got in (default, alternatives):
+            self.assertAllEqual(got["status"], [0, image_io.NOT_AN_IMAGE])
+            self.assertEqual(got["error"][0], b"")
+            self.assertEqual(got["error"][1], default["error"][1])
+            self.assertAllEqual(got["captions"][1], [b"", b""])
+            self.assertAllEqual(got["log_probs"][1], [0.0, 0.0])
+            self.assertNotEqual(got["captions"][0, 1], b"")
+        self.assertAllEqual(alternatives["attentions"][1], tf.zeros([2, MAX_LENGTH, 14, 14]))
+
+    def test_places_a_photo_has_no_caption_for_are_blank(self):
+        # Image 0 holds two captions, image 1 one (a tag constraint left no other).
+        spec = dataclasses.replace(self.spec(2), max_length=3)
+        words = tf.constant(self.vocab.words)
+        neg_inf = float("-inf")
+        result = self.model.generate({"image": self.images[:2].astype(np.float32)}, max_length=3)
+        found = result._replace(
+            tokens=tf.constant([[[4, 9, 2], [5, 2, 0]], [[10, 2, 0], [6, 6, 6]]]),
+            length=tf.constant([[2, 1], [1, 3]]),
+            log_prob=tf.constant([[-1.0, -2.0], [-0.5, neg_inf]]),
+            attention=tf.zeros([2, 2, 3, 196]),
+        )
+        got = exporting._serving_outputs(found, words, spec, None)
+        self.assertAllEqual(got["captions"], [[b"a circle", b"big"], [b"square", b""]])
+        self.assertAllEqual(got["log_probs"], [[-1.0, -2.0], [-0.5, neg_inf]])
+        self.assertAllEqual(got["caption"], [b"a circle", b"square"])
 
     def test_empty_request_is_refused(self):
         fns = traced(self.model, self.vocab, self.spec(1))

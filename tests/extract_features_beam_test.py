@@ -1,9 +1,9 @@
 """Tests for sat-extract-features-beam (sat_tf.cli.extract_features_beam; its pipeline:
-extract_pipeline_test.py): its flags apart from the Beam pipeline options, the refusals
-before anything runs, and on the DirectRunner's batch engine in the command's default
-setting a cache equal to sat-extract-features' (`extract.extract_features`, which it
-runs), which a rerun leaves as it is, sat-train's reader reads and an epoch of training
-on it does not rewrite."""
+extract_pipeline_test.py; its options: launch_test.py): the refusals before anything
+runs (local paths for a remote runner among them), and on the DirectRunner's batch
+engine in the command's default setting a cache equal to sat-extract-features'
+(`extract.extract_features`, which it runs), which a rerun leaves as it is, sat-train's
+reader reads and an epoch of training on it does not rewrite."""
 
 import os
 from unittest import mock
@@ -15,7 +15,7 @@ from extract_pipeline_test import SHARDS, CocoCache
 from feature_cache_test import DEPTH, IMAGE_SIZE, _bleu4_only
 from fixtures import run_main
 
-from sat_tf.cli import caption_beam, extract_features_beam
+from sat_tf.cli import extract_features_beam
 from sat_tf.config import Config
 from sat_tf.data import feature_cache
 from sat_tf.evaluation import metrics
@@ -23,27 +23,25 @@ from sat_tf.training import extract, train_lib
 
 
 class FlagsTest(tf.test.TestCase):
-    def test_own_flags_and_pipeline_options_apart(self):
-        argv = ["sat-extract-features-beam", "--shard_size", "4", "--runner", "DirectRunner"]
-        argv += ["--noskip_bad_images", "--direct_num_workers=2", "--encoder=vgg19"]
-        own, pipeline = caption_beam.split_args(argv, extract_features_beam.FLAGS)
-        self.assertEqual(
-            own,
-            ["sat-extract-features-beam", "--shard_size", "4", "--noskip_bad_images"]
-            + ["--encoder=vgg19"],
-        )
-        self.assertEqual(pipeline, ["--runner", "DirectRunner", "--direct_num_workers=2"])
-
     def test_refusals_before_anything_runs(self):
         out = os.path.join(self.get_temp_dir(), "refused")
+        data = self.get_temp_dir()
         cases = {
             ("--direct_num_worker=2",): "unknown flag --direct_num_worker=2: not a flag of "
             "sat-extract-features-beam nor a Beam pipeline option; did you mean "
             "--direct_num_workers?",
             ("--shard_size=0",): "--shard_size=0 must be at least 1",
-            ("--feature_dir=gs://b/f",): "--feature_dir=gs://b/f: the feature cache is a local",
+            ("--max_image_bytes=0",): "--max_image_bytes=0 must be at least 1",
             ("photos/",): "unexpected arguments: photos/",
             ("--dataset=coco", f"--data_dir={out}"): f"--dataset=coco: --data_dir={out} is not",
+            ("--runner=FlinkRunner", "--dataset=coco", "--data_dir=s3://b/coco"): (
+                f"--feature_dir={out} is a path on this machine, which the workers of "
+                "FlinkRunner cannot read: give one on a filesystem they share"
+            ),
+            ("--runner=DataflowRunner", "--dataset=coco", f"--data_dir={data}"): (
+                f"--data_dir={data} is a path on this machine, which the workers of "
+                "DataflowRunner cannot read"
+            ),
         }
         for flags, message in cases.items():
             code, stdout, stderr = run_main(
@@ -56,6 +54,24 @@ class FlagsTest(tf.test.TestCase):
             self.assertStartsWith(stderr, f"error: {message}")
             self.assertEqual(stderr.count("\n"), 1, stderr)
         self.assertFalse(os.path.exists(out))
+
+    def test_a_data_folder_elsewhere_needs_a_feature_folder(self):
+        remote = ("--dataset=coco", "--data_dir=gs://b/coco")
+        code, _, stderr = run_main(extract_features_beam.main, "sat-extract-features-beam", *remote)
+        self.assertEqual(code, 1)
+        self.assertStartsWith(
+            stderr, "error: --data_dir=gs://b/coco is elsewhere: give --feature_dir too"
+        )
+        with mock.patch.object(extract_features_beam, "_main", return_value=0) as started:
+            code, _, stderr = run_main(
+                extract_features_beam.main,
+                "sat-extract-features-beam",
+                "--runner=DataflowRunner",
+                *remote,
+                "--feature_dir=gs://b/features",
+            )
+        self.assertEqual(code, 0, stderr)
+        started.assert_called_once()
 
 
 @pytest.mark.long(12)

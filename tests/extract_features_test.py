@@ -1,18 +1,22 @@
 """Tests for sat_tf.cli.extract_features (sat-extract-features), the command around
 `training.extract.extract_for_config` (stood in here; the extraction: extract_test.py;
 the command in a fresh process, quiet: quiet_test.py): the config and the extraction
-flags passed on, the summary line naming the feature folder, with and without
-undecodable images, and stray arguments refused."""
+flags passed on, resolved as sat-train resolves them, the summary line naming the
+feature folder, with and without undecodable images, an encoder with random weights and
+stray arguments refused."""
 
 import os
 from unittest import mock
 
 import tensorflow as tf
-from fixtures import run_main
+from fixtures import run_main, write_photo_folder
 
 from sat_tf.cli import extract_features
 from sat_tf.config import derived_dir
 from sat_tf.training import extract
+
+# The encoder of the shipped grid preset, whose recipe a folder trains with.
+PRESET_ENCODER = "efficientnet_lite0_head_dilated"
 
 
 def _index(num_records, shards_skipped):
@@ -40,6 +44,7 @@ class ExtractFeaturesCommandTest(tf.test.TestCase):
                 f"--data_dir={data_dir}",
                 f"--cache_dir={cache_dir}",
                 "--encoder=vgg19",
+                "--encoder_weights=imagenet",
                 "--shard_size=16",
                 "--extract_batch_size=4",
             )
@@ -64,6 +69,7 @@ class ExtractFeaturesCommandTest(tf.test.TestCase):
                 "sat-extract-features",
                 f"--feature_dir={feature_dir}",
                 "--skip_bad_images",
+                "--allow_random_encoder",
             )
         self.assertEqual(code, 0, err)
         self.assertTrue(run.call_args.kwargs["skip_bad_images"])
@@ -72,6 +78,44 @@ class ExtractFeaturesCommandTest(tf.test.TestCase):
             f"27 images, 196 x 512 float16 features in 3 shards: {feature_dir} "
             "(3 undecodable images skipped)\n",
         )
+
+    def test_an_encoder_with_random_weights_is_refused(self):
+        with mock.patch.object(extract, "extract_for_config") as run:
+            code, out, err = run_main(
+                extract_features.main, "sat-extract-features", "--encoder=shapes_cnn"
+            )
+        self.assertEqual((code, out), (1, ""))
+        self.assertEqual(
+            err,
+            "error: --encoder=shapes_cnn with --encoder_weights='' has random weights: its "
+            "features mean nothing (and differ in every process), so no cache is written; "
+            "give --encoder_weights=imagenet or a weights file (--allow_random_encoder "
+            "writes one anyway, for tests)\n",
+        )
+        run.assert_not_called()
+
+    def test_settings_resolved_as_sat_train_resolves_them(self):
+        # A folder trains with the shipped grid preset's recipe (workdir.FOLDER_RECIPE):
+        # EfficientNet-Lite0 with ImageNet weights, cropped at 1.0 (not the encoder's own
+        # 0.875), for every setting not given.
+        data_dir = write_photo_folder(os.path.join(self.get_temp_dir(), "mine"))
+        flags = ["--dataset=folder", f"--data_dir={data_dir}", "--image_size=224"]
+        lite0 = ["--encoder=efficientnet_lite0", "--encoder_weights=imagenet"]
+        for given, encoder in ((lite0, "efficientnet_lite0"), ([], PRESET_ENCODER)):
+            with mock.patch.object(
+                extract, "extract_for_config", return_value=_index(12, [0])
+            ) as run:
+                code, _, err = run_main(
+                    extract_features.main, "sat-extract-features", *flags, *given
+                )
+            self.assertEqual(code, 0, err)
+            (config,), _ = run.call_args
+            self.assertEqual(
+                (config.encoder, config.encoder_weights, config.image_size),
+                (encoder, "imagenet", 224),
+            )
+            self.assertEqual(config.effective_crop_fraction, 1.0)
+            self.assertEqual(config.data_dir, data_dir)
 
     def test_stray_arguments_are_refused_before_extracting(self):
         with mock.patch.object(extract, "extract_for_config") as run:

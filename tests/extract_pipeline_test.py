@@ -1,4 +1,4 @@
-"""Tests for sat_tf.training.extract_pipeline on the DirectRunner's batch engine, on a tiny
+"""Tests for sat_tf.pipelines.extract_pipeline on the DirectRunner's batch engine, on a tiny
 COCO folder in the official format (`CocoCache`): the cache equal to
 `extract.extract_features`' (index, shard files, every record's features), a rerun that
 encodes no finished shard (also after a run that did not write its index, but not from a
@@ -19,7 +19,8 @@ from feature_cache_test import IMAGE_SIZE, encoder_weights, read_shard, write_co
 
 from sat_tf.config import Config
 from sat_tf.data import feature_cache
-from sat_tf.training import extract, extract_pipeline
+from sat_tf.pipelines import extract_pipeline
+from sat_tf.training import extract
 
 OPTIONS = ["--runner=FnApiRunner", "--direct_running_mode=in_memory"]
 # The six images of `write_coco` in shards of two: three shards, val and test first.

@@ -1,6 +1,7 @@
 """Tests for sat_tf.data.feature_cache and the feature-cache path of training, on tiny
 datasets written in the exact on-disk formats: read -> vocabulary -> extract -> train ->
-decode (the extraction's own tests: extract_test.py)."""
+decode (the extraction's own tests: extract_test.py); a cache on S3 (moto, in this
+process) read from a local copy that copies only the shards that changed."""
 
 import collections
 import contextlib
@@ -25,6 +26,7 @@ from sat_tf.evaluation import metrics
 from sat_tf.model.encoder import ImageEncoder
 from sat_tf.serving import inference, preset
 from sat_tf.training import extract, scoring, train_lib
+from sat_tf.utils import filesystem
 
 IMAGE_SIZE = 32  # shapes_cnn has stride 8: a 4 x 4 grid of 48 + 2 channels.
 GRID, DEPTH = (4, 4), 50
@@ -276,6 +278,28 @@ class FeatureCacheTest(_Extracted, tf.test.TestCase, parameterized.TestCase):
         self.assertIn(cut, captions)
         self.assertLen(captions, 15)
         self.assertLessEqual(max(len(c) for c in captions), 6)
+
+    def test_a_cache_elsewhere_is_read_from_a_local_copy_kept_up_to_date(self):
+        cache_dir = os.path.join(self.get_temp_dir(), "cache")
+        with fixtures.fake_s3() as bucket:
+            address = f"{bucket}/features"
+            fixtures.upload_folder(self.out, address)
+            local = feature_cache.local_copy(address, cache_dir)
+            self.assertStartsWith(local, os.path.join(cache_dir, "copies", "s3-"))
+            self.assertEqual(sorted(os.listdir(local)), sorted(os.listdir(self.out)))
+            for name in os.listdir(self.out):
+                with open(os.path.join(local, name), "rb") as a:
+                    with open(os.path.join(self.out, name), "rb") as b:
+                        self.assertEqual(a.read(), b.read(), name)
+            mtimes = {n: os.stat(os.path.join(local, n)).st_mtime_ns for n in self._shards()}
+            shard = self._shards()[1]
+            with open(os.path.join(self.out, self._shards()[0]), "rb") as f:
+                other = f.read() + b"!"  # another size: copied again
+            filesystem.write_bytes(f"{address}/{shard}", other)
+            self.assertEqual(feature_cache.local_copy(address, cache_dir), local)
+        after = {n: os.stat(os.path.join(local, n)).st_mtime_ns for n in self._shards()}
+        self.assertEqual([after[n] == mtimes[n] for n in self._shards()], [True, False, True])
+        self.assertEqual(feature_cache.local_copy(self.out, cache_dir), self.out)  # local
 
 
 def _bleu4_only(references, hypotheses, **_):

@@ -12,7 +12,10 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
 import urllib.error
 from unittest import mock
 
@@ -413,3 +416,103 @@ def karpathy_entry(filename, imgid, split, captions, **extra):
 
 def write_karpathy(path: str, entries, name="flickr8k") -> str:
     return write_file(path, json.dumps({"dataset": name, "images": entries}, indent=1))
+
+
+# An object store for the tests of the filesystem layer: S3 as moto fakes it in this
+# process (the slow tests use a moto server, tests/object_store_test.py).
+S3_OPTIONS = ["--s3_access_key_id=k", "--s3_secret_access_key=s", "--s3_region_name=us-east-1"]
+
+
+def s3_client(endpoint_url=None):
+    """A boto3 S3 client with the tests' keys: the store's own side, which makes buckets
+    and puts what a user's photos and models would be."""
+    import boto3
+
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+    )
+
+
+@contextlib.contextmanager
+def fake_s3(bucket="photos"):
+    """A bucket of moto's in-process S3, with Beam's `FileSystems` set to reach it;
+    yields its address `s3://<bucket>`. Both are undone when the block ends."""
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from moto import mock_aws
+
+    with mock_aws():
+        s3_client().create_bucket(Bucket=bucket)
+        FileSystems.set_options(PipelineOptions(S3_OPTIONS))
+        try:
+            yield f"s3://{bucket}"
+        finally:
+            FileSystems.set_options(None)
+
+
+def upload_folder(folder, address, client=None):
+    """Puts every file under the local `folder` at `address` (`s3://bucket/prefix`) with
+    the store's own client (`s3_client()` by default); returns the addresses written."""
+    client = client or s3_client()
+    bucket, _, prefix = address[len("s3://") :].partition("/")
+    written = []
+    for parent, _, names in os.walk(folder):
+        for name in sorted(names):
+            relative = os.path.relpath(os.path.join(parent, name), folder).replace(os.sep, "/")
+            key = f"{prefix.rstrip('/')}/{relative}" if prefix else relative
+            with open(os.path.join(parent, name), "rb") as f:
+                client.put_object(Bucket=bucket, Key=key, Body=f.read())
+            written.append(f"s3://{bucket}/{key}")
+    return written
+
+
+# The modules a process that captions without TensorFlow may not import.
+TENSORFLOW_MODULES = ("tensorflow", "keras", "tensorflow_text")
+# Prints, last, the top-level modules of `TENSORFLOW_MODULES` (and Pillow's, PIL) that a
+# script run by `fresh_python` imported.
+PRINT_HEAVY_MODULES = (
+    "\nimport sys as _sys\n"
+    "print(sorted({m.split('.')[0] for m in _sys.modules} & {'tensorflow', 'keras', "
+    "'tensorflow_text', 'PIL'}))"
+)
+
+
+def fresh_python(script, *args, timeout=300):
+    """(status, stdout lines, stderr) of `python -c script args` in a fresh process of
+    this checkout's package, with `PRINT_HEAVY_MODULES` run after the script."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(
+        [sys.executable, "-c", script + PRINT_HEAVY_MODULES, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": root},
+        timeout=timeout,
+    )
+    return done.returncode, done.stdout.strip().splitlines(), done.stderr
+
+
+@functools.cache
+def tiny_export() -> str:
+    """`tiny_model()` exported once per test process by `exporting.export` (with its
+    warm-up file): the path of its version folder, which tests copy and never change."""
+    from sat_tf.serving import exporting
+
+    root = tempfile.mkdtemp(prefix="tiny_export_")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    model, vocab, config = tiny_model()
+    exporting.export(model, vocab, config, os.path.join(root, "1"))
+    return os.path.join(root, "1")
+
+
+def wait_until(condition, timeout=30.0, what="the condition"):
+    """Polls `condition()` every 5 ms until it is true; fails the test after `timeout`
+    seconds, naming `what`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout} s")
+        time.sleep(0.005)

@@ -157,12 +157,25 @@ class BlockingTest(tf.test.TestCase):
             "bad_ending_ids": (),
             "hard_decoding": None,
             "tag_threshold": 0.4,
+            "num_return": 1,
         }
         self.assertEqual(inference.decoding_arguments(config, self.vocab), want)
         # An explicit beam wins; tags off leave no threshold.
         untagged = dataclasses.replace(config, tags=False)
         got = inference.decoding_arguments(untagged, self.vocab, beam_size=2)
         self.assertEqual(got, {**want, "beam_size": 2, "tag_threshold": None})
+        # n captions: a beam narrower than n is widened to n, a wider one kept.
+        for beam, captions, widened in ((2, 4, 4), (None, 3, 5), (1, 2, 2)):
+            got = inference.decoding_arguments(config, self.vocab, beam, captions)
+            self.assertEqual(got, {**want, "beam_size": widened, "num_return": captions})
+        # Drawn captions: no beam, the tag kept (a beam of one per state says it).
+        drawn = inference.decoding_arguments(config, self.vocab, None, 3, sample=True)
+        self.assertEqual(drawn, {**want, "beam_size": 1, "num_return": 3})
+        with self.assertRaisesRegex(ValueError, "beam_size=3 and sampling"):
+            inference.decoding_arguments(config, self.vocab, 3, sample=True)
+        for bad in (0, 1.5, True):
+            with self.assertRaisesRegex(ValueError, f"num_captions={bad!r} must be a positive"):
+                inference.decoding_arguments(config, self.vocab, None, bad)
         # Hard attention's context is a decoding argument too.
         hard = dataclasses.replace(config, attention="hard", hard_decoding="argmax")
         self.assertEqual(inference.decoding_arguments(hard, self.vocab)["hard_decoding"], "argmax")

@@ -57,7 +57,7 @@ def shapes_dir(tmp_path_factory):
 
 
 def test_extract_features_plain_lines_and_with_v_absl_lines(shapes_dir, tmp_path):
-    flags = (f"--data_dir={shapes_dir}", *SHAPES, "--shard_size=12")
+    flags = (f"--data_dir={shapes_dir}", *SHAPES, "--shard_size=12", "--allow_random_encoder")
     code, stdout, stderr = command("extract_features", *flags, f"--cache_dir={tmp_path / 'a'}")
     assert code == 0, stderr[-3000:]
     assert_quiet(stdout, stderr)

@@ -13,7 +13,7 @@ from train_lib_test import Interrupted, _final_state, _interrupt, stopping_callb
 
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.model import search
+from sat_tf.model import sampling, search
 from sat_tf.serving import inference, preset
 from sat_tf.training import train_lib
 from sat_tf.training import workdir as workdir_lib
@@ -39,7 +39,7 @@ def test_sampling_draws_from_the_step_distribution_and_is_seeded():
     step_fn = _two_word_step(np.log(0.3))
     state = {"h": tf.zeros([2000, 1])}
     seed = tf.constant([3, 4], tf.int32)
-    out = search.greedy_decode(step_fn, state, sample_seed=seed, **common)
+    out = search.greedy_decode(step_fn, state, drawing=sampling.Drawing(seed), **common)
     first = out.tokens.numpy()[:, 0]
     assert set(first) == {4, 5}
     assert abs(np.mean(first == 4) - 0.3) < 0.04  # 2000 draws: sd about 0.01
@@ -47,7 +47,7 @@ def test_sampling_draws_from_the_step_distribution_and_is_seeded():
     np.testing.assert_array_equal(out.length.numpy(), 1)
     expected = np.where(first == 4, np.log(0.3), np.log(0.7))
     np.testing.assert_allclose(out.log_prob.numpy(), expected, rtol=1e-5)
-    again = search.greedy_decode(step_fn, state, sample_seed=seed, **common)
+    again = search.greedy_decode(step_fn, state, drawing=sampling.Drawing(seed), **common)
     np.testing.assert_array_equal(again.tokens.numpy(), out.tokens.numpy())
     greedy = search.greedy_decode(step_fn, state, **common)
     np.testing.assert_array_equal(greedy.tokens.numpy()[:, 0], 5)

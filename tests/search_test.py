@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from sat_tf.model import search
+from sat_tf.model import sampling, search
 
 PAD, START, END, A, B = 0, 1, 2, 3, 4
 VOCAB = 5
@@ -888,6 +888,154 @@ class ConstrainedBeamSearchTest(tf.test.TestCase, parameterized.TestCase):
             decode(codes, mask), _beam(fn, codes, 3, 5, 2, constraint=mask), strict=True
         ):
             self.assertAllClose(got, want)
+
+
+class NBestTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters(0.0, 1.0)
+    def test_n_best_of_an_exhaustive_beam_are_the_best_captions(self, length_penalty):
+        """A beam as wide as every prefix returns the n best captions of all there are,
+        enumerated in Python, best first, each with its own log-probability."""
+        fn = PathStep(seed=6)
+        codes = np.array([2, 40, 311], np.int32)
+        got = _beam(fn, tf.constant(codes), 3, 3, 25, length_penalty=length_penalty, num_return=5)
+        for i, code in enumerate(codes):
+            for n, (_, tokens, log_prob) in enumerate(
+                _all_sequences(fn, code, 3, length_penalty)[:5]
+            ):
+                padded_tokens, padded_alphas = _pad(tokens, fn.path(code, tokens)[1], 3)
+                self.assertAllEqual(got.tokens[i, n], padded_tokens, msg=(i, n))
+                self.assertAllClose(got.log_prob[i, n], log_prob)
+                self.assertAllClose(got.attention[i, n], padded_alphas)
+
+    @parameterized.parameters(0.0, 1.0)
+    def test_first_of_n_is_the_caption_of_one(self, length_penalty):
+        fn = PathStep(seed=8, end_logit=-1.0)
+        codes = tf.constant(np.arange(0, 200, 10, dtype=np.int32))
+        words = _constraint([({A}, {B}, set(), {END})[i % 4] for i in range(20)])
+        for constraint in (None, words):
+            one = _beam(fn, codes, 20, 8, 3, length_penalty=length_penalty, constraint=constraint)
+            three = _beam(
+                fn,
+                codes,
+                20,
+                8,
+                3,
+                length_penalty=length_penalty,
+                constraint=constraint,
+                num_return=3,
+            )
+            for got, want in zip(three, one, strict=True):
+                self.assertAllEqual(got[:, 0], want)
+
+    def test_constrained_n_best_hold_the_word_or_are_marked(self):
+        """After one step image 0 (b: 0.1) holds one caption that says b: the second
+        place is -inf, not a caption without b; image 1 can never say b and returns its
+        two best without it."""
+        rows = {
+            (0, 0, START): _probs(end=0.8, a=0.1, b=0.1),
+            (1, 0, START): _probs(end=0.6, a=0.4),
+        }
+        fn = TableStep(rows, num_images=2, max_length=1)
+        got = _beam(
+            fn, fn.initial_state([0, 1]), 2, 1, 2, num_return=2, constraint=_constraint([{B}] * 2)
+        )
+        self.assertAllEqual(got.tokens[0, 0], [B])
+        self.assertAllClose(got.log_prob[0], [np.log(0.1), -np.inf])
+        self.assertAllEqual(got.tokens[1], [[END], [A]])
+        self.assertAllClose(got.log_prob[1], np.log([0.6, 0.4]))
+
+
+def _sampled_beam(fn, codes, max_length, **kwargs):
+    return _beam(fn, tf.constant(codes), len(codes), max_length, 1, **kwargs)
+
+
+class SamplingTest(tf.test.TestCase, parameterized.TestCase):
+    """Captions drawn by greedy decoding (`sampling.draw`) and by a beam of one per state
+    (`sampling.perturb`): towards temperature 0 the undrawn captions, the log-probability
+    the step's own, the first word as often as its probability says."""
+
+    CODES = np.arange(0, 400, 7, dtype=np.int32)
+
+    @parameterized.parameters(
+        dict(),
+        dict(length_penalty=1.0, block_repeats=True, bad_ending_ids=(A,)),
+        dict(length_penalty=1.0, constraint="words"),
+    )
+    def test_near_zero_temperature_equals_the_undrawn_caption(self, **kwargs):
+        fn = PathStep(seed=4, end_logit=-1.0)
+        if kwargs.get("constraint"):
+            kwargs["constraint"] = _constraint(
+                [({A}, {B}, set())[i % 3] for i in range(len(self.CODES))]
+            )
+        seed = dict(drawing=sampling.Drawing(tf.constant([1, 2]), 1e-6))
+        if "constraint" in kwargs:
+            drawn = _sampled_beam(fn, self.CODES, 7, **seed, **kwargs)
+            want = _sampled_beam(fn, self.CODES, 7, **kwargs)
+        else:
+            blocking = {k: v for k, v in kwargs.items() if k != "length_penalty"}
+            drawn = _greedy(fn, tf.constant(self.CODES), len(self.CODES), 7, **seed, **blocking)
+            want = _greedy(fn, tf.constant(self.CODES), len(self.CODES), 7, **blocking)
+            beam = _sampled_beam(fn, self.CODES, 7, **seed, **kwargs)
+            self.assertAllEqual(beam.tokens, want.tokens)
+        for got, expected in zip(drawn, want, strict=True):
+            self.assertAllClose(got, expected)
+
+    @parameterized.parameters(dict(temperature=2.0), dict(temperature=0.7, top_p=0.8))
+    def test_a_drawn_captions_log_prob_is_the_steps_own(self, **drawing):
+        fn = PathStep(seed=5, end_logit=-1.0)
+        seed = sampling.Drawing(tf.constant([9, 9]), **drawing)
+        words = _constraint([({A}, set())[i % 2] for i in range(len(self.CODES))])
+        drawn = [
+            _greedy(fn, tf.constant(self.CODES), len(self.CODES), 6, drawing=seed),
+            _sampled_beam(fn, self.CODES, 6, drawing=seed, constraint=words),
+        ]
+        for result in drawn:
+            for i, code in enumerate(self.CODES):
+                tokens = result.tokens[i].numpy()
+                num_tokens = int(result.length[i]) + int(END in tokens)
+                log_prob, alphas = fn.path(code, tokens[:num_tokens])
+                self.assertAllClose(result.log_prob[i], log_prob)
+                self.assertAllClose(result.attention[i, :num_tokens], alphas)
+        # The constrained draws say their word (from every word; a nucleus may leave it
+        # out of every step, as a beam may never reach it).
+        if "top_p" not in drawing:
+            for i in range(0, len(self.CODES), 2):
+                self.assertIn(A, drawn[1].tokens[i, : drawn[1].length[i]].numpy().tolist())
+
+    def test_first_words_follow_their_probabilities(self):
+        # Every image starts from end .2, a .45, b .35: over 20,000 draws of each path,
+        # the first word's shares; at temperature 2 those of sqrt(p), normalised.
+        rows, probs = 20_000, np.array([0.0, 0.0, 0.2, 0.45, 0.35])
+        fn = TableStep({}, num_images=1, max_length=1)
+        state = fn.initial_state(np.zeros(rows, np.int32))
+        for temperature, want in ((None, probs), (2.0, np.sqrt(probs) / np.sqrt(probs).sum())):
+            drawing = dict(drawing=sampling.Drawing(tf.constant([3, 1]), temperature))
+            paths = {
+                "greedy": _greedy(fn, state, rows, 1, **drawing),
+                "beam of one": _beam(fn, state, rows, 1, 1, **drawing),
+                "constrained": _beam(
+                    fn, state, rows, 1, 1, constraint=_constraint([set()] * rows), **drawing
+                ),
+            }
+            for name, result in paths.items():
+                got = np.bincount(result.tokens[:, 0].numpy(), minlength=VOCAB) / rows
+                self.assertAllClose(got, want, atol=0.015, msg=(name, temperature))
+
+    def test_a_seed_repeats_its_draws_and_another_does_not(self):
+        fn = PathStep(seed=2)
+        words = _constraint([{A}] * len(self.CODES))
+        for draw in (
+            lambda seed: _greedy(
+                fn, tf.constant(self.CODES), len(self.CODES), 6, drawing=sampling.Drawing(seed)
+            ),
+            lambda seed: _sampled_beam(
+                fn, self.CODES, 6, drawing=sampling.Drawing(seed), constraint=words
+            ),
+        ):
+            first, again = draw(tf.constant([4, 5])), draw(tf.constant([4, 5]))
+            other = draw(tf.constant([4, 6]))
+            self.assertAllEqual(first.tokens, again.tokens)
+            self.assertNotAllEqual(first.tokens, other.tokens)
 
 
 if __name__ == "__main__":

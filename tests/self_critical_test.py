@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.model import search, self_critical
+from sat_tf.model import sampling, search, self_critical
 from sat_tf.model.show_attend_tell import build_model
 
 
@@ -125,7 +125,7 @@ def test_log_likelihood_matches_the_sampling_loop(attention):
         end_id=2,
         max_length=6,
         num_locations=4,
-        sample_seed=seed,
+        drawing=sampling.Drawing(seed),
     )
     model.rewarder = lambda tokens, index: np.zeros(len(tokens), np.float32)
     settings = dataclasses.replace(model.self_critical, baseline="mean")

@@ -70,7 +70,7 @@ class ServingStatusTest(tf.test.TestCase):
         self.assertAllClose(out["log_prob"][0], want_log_prob, rtol=1e-5, atol=1e-5)
         self.assertEqual(self.info["max_image_pixels"], image_io.MAX_IMAGE_PIXELS)
 
-    def test_the_model_server_path_and_its_clients(self):
+    def test_the_session_loader_path_and_its_clients(self):
         from export_test import session_predict, session_rest_predict
 
         with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph) as session:

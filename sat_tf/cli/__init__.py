@@ -17,8 +17,9 @@ lines plainly. `import sat_tf` and the Python API change none of this.
 """
 
 import os
-import sys
 import warnings
+
+from sat_tf.utils import quiet
 
 # The modules whose Python warnings a command without -v leaves out.
 QUIET_MODULES = r"(tensorflow|tensorflow_text|keras|tf_keras|absl|google\.protobuf)(\.|$)"
@@ -44,27 +45,26 @@ def verbose(argv) -> bool:
     return asked
 
 
+def quiet_litert() -> None:
+    """Leaves out TensorFlow's and LiteRT's C++ log lines: `TF_CPP_MIN_LOG_LEVEL` set to 3
+    (unless the environment sets a level), which TensorFlow reads as it loads and the
+    LiteRT captioner as it starts an interpreter (`sat_tf.utils.quiet.info_hidden`)."""
+    if not os.environ.get("TF_CPP_MIN_LOG_LEVEL"):
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+
+
 def quiet_tensorflow() -> None:
     """Imports TensorFlow (and tensorflow_text, which loads its own copy of the logging
     library) with its log lines hidden, sets TensorFlow's Python logger to errors, and
     leaves out the Python warnings of `QUIET_MODULES` from then on; Python errors of the
     import still show."""
-    if not os.environ.get("TF_CPP_MIN_LOG_LEVEL"):
-        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    quiet_litert()
     warnings.filterwarnings("ignore", module=QUIET_MODULES)
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 2)
-        os.close(null)
+    with quiet.stderr_silenced():
         import tensorflow as tf
 
         try:
             import tensorflow_text  # noqa: F401
         except ImportError:
             pass
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
     tf.get_logger().setLevel("ERROR")

@@ -12,20 +12,25 @@ Each file that --input names (a path or a glob; the flag repeats) gets one JSON 
 `<output>-SSSSS-of-NNNNN.jsonl`, with the fields `sat-caption --output` writes (path,
 caption, tokens, score; tag and tag_prob, off_world_score and off_world where the model
 has them); a file that gets no caption (missing, empty, not an image, truncated or
-corrupt, too many pixels) a line {path, error, status} instead, and the others go on. At
-the end it prints the output files and the counts of captioned and refused photos (Beam
-metrics); the exit status is 2 when some were refused.
+corrupt, too many pixels, too large) a line {path, error, status} instead, and the others
+go on. At the end it prints the output files and the counts of captioned and refused
+photos (Beam metrics); the exit status is 2 when some were refused.
+
+Every path goes through Beam's FileSystems: local, s3:// (with Beam's --s3_endpoint_url,
+--s3_access_key_id, ... options), gs://, hdfs://. A file's size is read from the listing
+first, and a file over --max_image_bytes gets its error line unread (status 6).
 
 Every flag that is not one of this command's is a Beam pipeline option (--runner,
---direct_num_workers, Dataflow's --project --region --temp_location, ...). Without
---runner it runs on this machine with `DEFAULT_OPTIONS`, the fastest local setting
-measured (BUILD_NOTES.md, "Beam"). --preset or --workdir export the model to a
-temporary folder first, which only a local runner can read; give other runners
---export, a `sat-export` folder their workers read.
+--direct_running_mode, --direct_num_workers, the --s3_* options, Dataflow's --project
+--region --temp_location, ...); every worker gets them. Without --runner it runs on this
+machine in the fastest local setting measured (`launch.LOCAL_DEFAULT`, BUILD_NOTES.md,
+"Beam"), for the options not given. A runner whose workers are elsewhere (Dataflow,
+Flink, Spark, a portable runner without LOOPBACK) refuses a local --export, --input or
+--output at once. --preset or --workdir export the model to a temporary folder first
+(removed at the end), which only a local runner can read; give other runners --export, a
+`sat-export` folder copied where their workers read it.
 """
 
-import difflib
-import functools
 import os
 import shutil
 import sys
@@ -34,17 +39,10 @@ import tempfile
 from absl import flags
 
 from sat_tf.cli import flags_lib
-from sat_tf.cli.flags_lib import define_model_source, define_override, override, run
+from sat_tf.cli.flags_lib import define_model_source, define_override, override
+from sat_tf.data.image_files import MAX_IMAGE_BYTES
 
-# The local setting when no --runner is given: the DirectRunner's batch engine (without
-# its attempt to fetch the Prism runner), two threads sharing one model (faster here than
-# one thread or two processes, each of which loads the model: BUILD_NOTES.md, "Beam").
-DEFAULT_OPTIONS = (
-    "--runner=FnApiRunner",
-    "--direct_running_mode=multi_threading",
-    "--direct_num_workers=2",
-)
-LOCAL_RUNNERS = ("DirectRunner", "FnApiRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner")
+PROGRAM = "sat-caption-beam"
 # The exit status when some photos were refused.
 REFUSED = 2
 
@@ -62,6 +60,13 @@ flags.DEFINE_string("output", None, "Prefix of the JSON-lines files.", flag_valu
 flags.DEFINE_integer("batch_size", 16, "Most photos per call of the model.", flag_values=FLAGS)
 flags.DEFINE_integer("num_shards", 0, "Output files; 0 lets the runner choose.", flag_values=FLAGS)
 flags.DEFINE_integer(
+    "max_image_bytes",
+    MAX_IMAGE_BYTES,
+    "A larger file is refused from its listed size, unread (status 6); the default is "
+    "more than a photo of --max_image_pixels takes as a JPEG or a PNG.",
+    flag_values=FLAGS,
+)
+flags.DEFINE_integer(
     "max_image_pixels",
     50_000_000,
     "With --preset / --workdir: the export refuses photos of more pixels (status 4), read "
@@ -72,75 +77,18 @@ define_model_source(FLAGS)
 define_override("beam_size", "With --preset / --workdir: beam size of the export", FLAGS)
 
 
-def split_args(argv, flag_values=FLAGS):
-    """(this command's arguments, the Beam pipeline options) of a command line (program
-    name first, flagfiles expanded): a flag this command (`flag_values`; another Beam
-    command passes its own) or absl defines goes to the first list, with its value when
-    that is the next argument; every other flag and its value to the second."""
-    own, pipeline = [argv[0]], []
-    args = list(argv[1:])
-    while args:
-        arg = args.pop(0)
-        if arg == "--":
-            own += [arg, *args]
-            break
-        name = arg.lstrip("-").split("=", 1)[0]
-        known = flag_values if name in flag_values else flags.FLAGS
-        flag = known[name] if name in known else None
-        negated = (
-            name.startswith("no") and name[2:] in flag_values and flag_values[name[2:]].boolean
-        )
-        if not arg.startswith("-") or flag is not None or negated or arg in flags_lib.HELP_FLAGS:
-            takes_next = flag is not None and not flag.boolean and "=" not in arg
-            own += [arg, args.pop(0)] if takes_next and args else [arg]
-            continue
-        takes_next = "=" not in arg and args and not args[0].startswith("-")
-        pipeline += [arg, args.pop(0)] if takes_next else [arg]
-    return own, pipeline
-
-
-def pipeline_options(args, program="sat-caption-beam"):
-    """`PipelineOptions` of the arguments, `DEFAULT_OPTIONS` first when no --runner is
-    among them; `program` names the command in the error.
-
-    Raises:
-      ValueError: naming an argument that is no Beam pipeline option (with the closest).
-    """
-    from apache_beam.options import pipeline_options as beam_options
-
-    if not any(a.split("=", 1)[0] == "--runner" for a in args):
-        args = [*DEFAULT_OPTIONS, *args]
-    parser = beam_options._BeamArgumentParser(allow_abbrev=False)
-    for cls in {str(c): c for c in beam_options.PipelineOptions.__subclasses__()}.values():
-        cls._add_argparse_args(parser)
-    _, unknown = parser.parse_known_args(args)
-    for arg in unknown:
-        if arg.startswith("-"):
-            known = [o for action in parser._actions for o in action.option_strings]
-            close = difflib.get_close_matches(arg.split("=", 1)[0], known, 1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise ValueError(
-                f"unknown flag {arg}: not a flag of {program} nor a Beam "
-                f"pipeline option{hint} (--helpfull lists this command's)"
-            )
-    return beam_options.PipelineOptions(args)
-
-
 def _check_flags():
     if not FLAGS.input:
         raise ValueError("give --input=<a path or glob of photos> (repeat for more)")
     if not FLAGS.output:
         raise ValueError("give --output=<prefix of the JSON-lines files>")
-    if FLAGS.batch_size < 1 or FLAGS.num_shards < 0:
-        raise ValueError(
-            f"--batch_size={FLAGS.batch_size} must be >= 1 and --num_shards={FLAGS.num_shards} >= 0"
-        )
+    for name, least in (("batch_size", 1), ("num_shards", 0), ("max_image_bytes", 1)):
+        if FLAGS[name].value < least:
+            raise ValueError(f"--{name}={FLAGS[name].value} must be at least {least}")
     if FLAGS.export and (FLAGS.preset or FLAGS.workdir):
         raise ValueError("give --export or --preset / --workdir, not both")
     if not FLAGS.export and not FLAGS.workdir and not FLAGS.preset:
         FLAGS.preset = flags_lib.DEFAULT_PRESET
-    if FLAGS.export and "://" not in FLAGS.export and not os.path.isdir(FLAGS.export):
-        raise ValueError(f"--export={FLAGS.export} is not a folder (sat-export writes one)")
 
 
 def _export_model(folder):
@@ -162,26 +110,32 @@ def _export_model(folder):
 
 
 def _check(pipeline_args, argv):
-    """Checks the pipeline options, the flags and the model source before TensorFlow
-    loads (Beam's options load none)."""
-    options = pipeline_options(pipeline_args)
+    """Checks the pipeline options, the flags, the paths the runner's workers must reach
+    and the model source before TensorFlow loads (Beam's options load none)."""
+    from sat_tf.pipelines import launch
+
+    options = launch.parse(pipeline_args, PROGRAM)
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])} (give photos with --input)")
     _check_flags()
-    runner = options.get_all_options()["runner"]
-    if not FLAGS.export and runner not in LOCAL_RUNNERS:
+    if not FLAGS.export and not launch.workers_are_local(options):
         raise ValueError(
-            f"--preset / --workdir export to a local folder, which {runner}'s "
-            "workers cannot read: run sat-export and give --export=<its folder>"
+            f"--preset / --workdir export to a local folder, which the workers of "
+            f"{launch.runner_name(options)} cannot read: run sat-export, copy the folder "
+            f"where they read ({launch.SHARED_FILESYSTEMS}) and give --export=<it>"
         )
+    paths = [("export", FLAGS.export), *(("input", p) for p in FLAGS.input)]
+    launch.check_paths(options, [*paths, ("output", FLAGS.output)])
+    if FLAGS.export and launch.is_local(FLAGS.export) and not os.path.isdir(FLAGS.export):
+        raise ValueError(f"--export={FLAGS.export} is not a folder (sat-export writes one)")
     if not FLAGS.export:
         flags_lib.check_model_source(FLAGS)
 
 
 def _main(pipeline_args, argv):
-    options = pipeline_options(pipeline_args)
-    from sat_tf.serving import caption_pipeline
+    from sat_tf.pipelines import caption_pipeline, launch
 
+    options = launch.parse(pipeline_args, PROGRAM)
     temporary = None if FLAGS.export else tempfile.mkdtemp(prefix="sat_caption_beam_")
     try:
         export = FLAGS.export or _export_model(temporary)
@@ -192,6 +146,7 @@ def _main(pipeline_args, argv):
             options,
             batch_size=FLAGS.batch_size,
             num_shards=FLAGS.num_shards,
+            max_image_bytes=FLAGS.max_image_bytes,
         )
     finally:
         if temporary:
@@ -212,22 +167,7 @@ def main(argv=None):
       the exit status: 0, 1 when nothing could start, `REFUSED` when some photos were
       refused.
     """
-    return run_beam_command(_main, _check, FLAGS, __doc__, argv)
-
-
-def run_beam_command(main, check, flag_values, doc, argv=None):
-    """`flags_lib.run` for a Beam command: its flagfiles expanded, its own flags
-    (`flag_values`) parsed apart from the pipeline options, which `check(pipeline_args)`
-    and `main(pipeline_args)` take first; 1 for a flagfile that cannot be read."""
-    argv = list(sys.argv if argv is None else argv)
-    try:
-        argv = [argv[0], *flags_lib.expand_flagfiles(argv[1:])]
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    own, pipeline_args = split_args(argv, flag_values)
-    check = functools.partial(check, pipeline_args)
-    return run(functools.partial(main, pipeline_args), flag_values, own, doc, check=check)
+    return flags_lib.run_beam_command(_main, _check, FLAGS, __doc__, argv)
 
 
 if __name__ == "__main__":

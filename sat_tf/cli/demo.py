@@ -57,7 +57,7 @@ def _exports():
 def export_dirs(folder):
     """The export folders to serve: --export's, or the model of --preset or --workdir
     exported into `folder`."""
-    from sat_tf.serving import demo
+    from sat_tf.server import demo
 
     exports = _exports()
     trained = FLAGS.workdir or FLAGS.preset
@@ -94,7 +94,7 @@ def _check(argv):
 
 
 def _main(argv):
-    from sat_tf.serving import demo
+    from sat_tf.server import demo
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     samples = demo.find_samples(FLAGS.samples) if FLAGS.samples else []

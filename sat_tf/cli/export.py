@@ -7,8 +7,10 @@ TFLite).
 
 The export directory gets the SavedModel (signatures serving_default, caption_images,
 caption_features; serving_default also returns a status and an error per image),
-vocab.txt, sat_tf_export.json and, with --tflite, caption.tflite;
---quantize=dynamic adds caption_int8.tflite (int8 weights, float activations).
+vocab.txt, sat_tf_export.json and, with --tflite, caption.tflite: the export's decoding
+(beam search, tags, off-world score) and its K hypotheses in builtin ops, or greedy with
+--tflite_greedy; --quantize=dynamic adds caption_int8.tflite (int8 weights, float
+activations).
 See export/serving/README.md for serving it.
 """
 
@@ -40,7 +42,14 @@ define_override("max_decode_length", "Most tokens per exported caption (<end> in
 flags.DEFINE_bool(
     "tflite",
     False,
-    "Also write caption.tflite (builtin ops, greedy decoding).",
+    "Also write caption.tflite (builtin ops, the export's decoding and its K hypotheses).",
+    flag_values=FLAGS,
+)
+flags.DEFINE_bool(
+    "tflite_greedy",
+    False,
+    "With --tflite, caption.tflite decodes greedily without tags (the SavedModel keeps "
+    "the export's decoding).",
     flag_values=FLAGS,
 )
 flags.DEFINE_enum(
@@ -84,6 +93,7 @@ def _main(argv):
         max_length=override(FLAGS, "max_decode_length"),
         tflite=FLAGS.tflite,
         quantize=FLAGS.quantize,
+        tflite_greedy=FLAGS.tflite_greedy,
         overwrite=FLAGS.overwrite,
         max_image_pixels=FLAGS.max_image_pixels,
         off_world=off_world,

@@ -417,7 +417,9 @@ def _print_help(text):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to say
 
 
-def run(main, flag_values=flags.FLAGS, argv=None, doc="", check=None, help_first=()):
+def run(
+    main, flag_values=flags.FLAGS, argv=None, doc="", check=None, help_first=(), tensorflow=None
+):
     """Parses `argv` into `flag_values` and calls `main` with the arguments left, through
     `absl.app.run` (its --help / --helpfull, logging flags and flagfiles, with names
     looked up by `expand_flagfiles`). TensorFlow loads (`cli.quiet_tensorflow`) after
@@ -441,6 +443,9 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc="", check=None, help_first
         exit status, and `main` does not run.
       help_first: for a command with its own `flag_values`, the flags its --help
         lists first, in that order (`task_help`); left out: absl's --help.
+      tensorflow: a function of no arguments, called after `check`, that says whether
+        `main` runs TensorFlow (False: it is not loaded, as for a command that captions
+        with LiteRT); None: it does.
 
     Returns:
       the exit status: main's, 0 after --help, 1 for a ValueError or for flags absl
@@ -463,8 +468,10 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc="", check=None, help_first
             status = check(args) if check else None
             if status is not None:
                 return status
-            if not verbose:
+            if not verbose and (tensorflow is None or tensorflow()):
                 cli.quiet_tensorflow()
+            elif not verbose:
+                cli.quiet_litert()
             return main(args)
         except ValueError as e:
             return _error(e)
@@ -498,3 +505,41 @@ def run(main, flag_values=flags.FLAGS, argv=None, doc="", check=None, help_first
         if own:
             flags.FLAGS.remove_flag_values(flag_values)
     return 0
+
+
+def run_beam_command(main, check, flag_values, doc, argv=None):
+    """`run` for a Beam command: its flagfiles expanded, its own flags (`flag_values`)
+    parsed apart from the pipeline options (`launch.split_args`), which
+    `check(pipeline_args)` and `main(pipeline_args)` take first; 1 for a flagfile that
+    cannot be read."""
+    from sat_tf.pipelines import launch
+
+    argv = list(sys.argv if argv is None else argv)
+    try:
+        argv = [argv[0], *expand_flagfiles(argv[1:])]
+    except ValueError as e:
+        return _error(e)
+    own, pipeline_args = launch.split_args(argv, flag_values, keep=HELP_FLAGS)
+    check = functools.partial(check, pipeline_args)
+    return run(functools.partial(main, pipeline_args), flag_values, own, doc, check=check)
+
+
+def run_with_filesystem_options(main, flag_values, argv=None, doc="", **kwargs):
+    """`run` for a command that reads or writes a folder elsewhere (`s3://`, `hdfs://`):
+    Beam's options of those filesystems (`--s3_endpoint_url=...`, `--hdfs_host=...`, on
+    the command line or in a flagfile) are taken apart and given to them
+    (`filesystem.set_options`) before `main(argv)` runs; `kwargs` as for `run`."""
+    from sat_tf.utils import filesystem
+
+    argv = list(sys.argv if argv is None else argv)
+    try:
+        argv = [argv[0], *expand_flagfiles(argv[1:])]
+    except ValueError as e:
+        return _error(e)
+    argv, options = filesystem.split_options(argv)
+
+    def with_options(args):
+        filesystem.set_options(options)
+        return main(args)
+
+    return run(with_options, flag_values, argv, doc, **kwargs)

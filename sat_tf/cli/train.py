@@ -5,13 +5,16 @@ its test metrics.
   sat-train --flagfile=configs/coco.flags --workdir=runs/coco
 
 Running the same command again after an interruption resumes from the last backup.
+--feature_dir may name a cache on s3:// or gs:// (apache-beam's filesystems: the beam or
+gcp extra), read from a local copy under --cache_dir; Beam's --s3_* options reach it.
 """
 
 import json
 
 from absl import flags
 
-from sat_tf.cli.flags_lib import check_data_dir, config_from_flags, define_config_flags, run
+from sat_tf.cli import flags_lib
+from sat_tf.cli.flags_lib import check_data_dir, config_from_flags, define_config_flags
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string(
@@ -43,6 +46,7 @@ def main(argv=None):
     Returns:
       the exit status.
     """
+    run = flags_lib.run_with_filesystem_options
     return run(_main, FLAGS, argv, __doc__, check=_check, help_first=HELP_FIRST)
 
 

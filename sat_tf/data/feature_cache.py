@@ -15,6 +15,12 @@ it once per image and stores the (L, D) map as float16 in TFRecord shards:
 Shard i holds records [i * shard_size, (i + 1) * shard_size). This module is the cache's
 format (the index, one record's bytes) and its reader: `feature_dataset` streams the
 shards back in record order without holding them in memory.
+
+The folder may be elsewhere (`s3://`, `gs://`, `hdfs://`): the index and the shards are
+read and written through `sat_tf.utils.filesystem` (Beam's `FileSystems`), each written
+whole. TensorFlow reads neither s3:// nor gs:// itself, so training reads such a cache
+from a local copy (`local_copy`, kept under the cache folder and brought up to date with
+the shards that changed).
 """
 
 import hashlib
@@ -29,7 +35,7 @@ from absl import logging
 
 from sat_tf import config as config_lib
 from sat_tf.data import datasets
-from sat_tf.utils import files
+from sat_tf.utils import filesystem
 from sat_tf.utils.messages import preview
 
 INDEX_FILE = "index.json"
@@ -66,22 +72,21 @@ def read_index(feature_dir: str) -> dict:
     Raises:
       ValueError: when it is absent (naming the command that writes it) or unreadable.
     """
-    path = os.path.join(feature_dir, INDEX_FILE)
-    if not os.path.exists(path):
+    path = filesystem.join(feature_dir, INDEX_FILE)
+    if not filesystem.exists(path):
         raise ValueError(
             f"no feature cache in {feature_dir} ({INDEX_FILE} is missing); run "
             "sat-extract-features with the same --dataset, --data_dir, --encoder, "
             "--encoder_weights, --image_size and --feature_dir first"
         )
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(filesystem.read_bytes(path).decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read feature index {path}: {e}") from e
 
 
 def write_index(feature_dir: str, index: dict) -> None:
-    files.write_json(os.path.join(feature_dir, INDEX_FILE), index)
+    filesystem.write_bytes(filesystem.join(feature_dir, INDEX_FILE), json.dumps(index).encode())
 
 
 def _differences(saved: dict, wanted: dict, keys) -> list[str]:
@@ -104,17 +109,18 @@ def check_settings(index: dict, feature_dir: str, **settings) -> None:
         )
 
 
-def is_done(feature_dir: str, index: dict, shard: int) -> bool:
-    entry = index["shards"][shard]
-    return entry is not None and os.path.exists(os.path.join(feature_dir, entry["file"]))
+def unfinished(index: dict, present) -> list[int]:
+    """The shards not done: not in the index, or their file not among `present` (the
+    names of the files in the feature folder)."""
+    shards = index["shards"]
+    return [i for i, entry in enumerate(shards) if entry is None or entry["file"] not in present]
 
 
 def start_index(feature_dir, settings, records) -> dict:
     """The existing index if it was made with the same settings and records, else a new one."""
-    path = os.path.join(feature_dir, INDEX_FILE)
     num_shards = math.ceil(len(records) / settings["shard_size"])
     fingerprint = records_fingerprint(records)
-    if os.path.exists(path):
+    if filesystem.exists(filesystem.join(feature_dir, INDEX_FILE)):
         index = read_index(feature_dir)
         diff = _differences(index, settings, _CHECKED)
         if index.get("records_fingerprint") != fingerprint:
@@ -151,10 +157,34 @@ def encode_example(image_id: str, features: np.ndarray) -> bytes:
 
 
 def shard_image_ids(path: str) -> list[str]:
-    """The image ids of a shard file, in its order."""
+    """The image ids of a shard file (anywhere `filesystem` reads), in its order."""
     spec = {"image_id": tf.io.FixedLenFeature([], tf.string)}
-    ds = tf.data.TFRecordDataset(path).map(lambda s: tf.io.parse_single_example(s, spec))
-    return [example["image_id"].decode() for example in ds.as_numpy_iterator()]
+    with filesystem.local_file(path) as local:
+        ds = tf.data.TFRecordDataset(local).map(lambda s: tf.io.parse_single_example(s, spec))
+        return [example["image_id"].decode() for example in ds.as_numpy_iterator()]
+
+
+def local_copy(feature_dir: str, cache_dir: str) -> str:
+    """A local folder holding the cache `feature_dir`: itself when it is local, else
+    `<cache_dir>/copies/<scheme>-<hash of its address>`, where its index and finished
+    shards are copied (a shard already there with the same size is kept, so a second
+    run copies only what changed).
+
+    Raises:
+      ValueError: as `read_index`, or when the extra the filesystem needs is missing.
+    """
+    if not filesystem.is_remote(feature_dir):
+        return feature_dir
+    index = read_index(feature_dir)
+    digest = hashlib.sha256(feature_dir.rstrip("/").encode()).hexdigest()[:12]
+    local = os.path.join(cache_dir, "copies", f"{filesystem.scheme(feature_dir)}-{digest}")
+    names = [entry["file"] for entry in index["shards"] if entry is not None]
+    copied = filesystem.mirror(feature_dir, local, names)
+    write_index(local, index)
+    logging.info(
+        "features: %s copied to %s (%d of %d shards new)", feature_dir, local, copied, len(names)
+    )
+    return local
 
 
 def drop_skipped(records, feature_dir: str) -> list:

@@ -6,6 +6,10 @@ import os
 
 # Admission: the most pixels (width x height) an image may declare in its header.
 MAX_IMAGE_PIXELS = 50_000_000
+# The most bytes a photo file may have where its size is listed before it is read (the
+# Beam pipelines): more than a photo of MAX_IMAGE_PIXELS takes as a JPEG (~25 MB) or a
+# PNG (~100 MB).
+MAX_IMAGE_BYTES = 128 << 20
 
 
 def path_problem(path):

@@ -3,16 +3,18 @@
 Tokenization is the paper's "basic tokenization": Unicode case folding, punctuation,
 symbols and Unicode separators replaced by spaces, split on whitespace. It runs as
 tensorflow-text ops so that the input pipeline and vocabulary building share one
-definition.
+definition. TensorFlow and tensorflow-text load when a caption is tokenized or encoded:
+reading a vocabulary file, its ids and words need neither (a process that captions with
+LiteRT, `sat_tf.serving.litert`, never loads them).
 """
 
 import collections
+import functools
 import hashlib
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import tensorflow as tf
-import tensorflow_text as tf_text
 
 from sat_tf.data.tokens import (  # noqa: F401 (the vocabulary's names for them)
     END,
@@ -28,10 +30,18 @@ from sat_tf.data.tokens import (  # noqa: F401 (the vocabulary's names for them)
 )
 from sat_tf.utils import files
 
-_TOKENIZER = tf_text.WhitespaceTokenizer()
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
-def tokenize(texts: tf.Tensor) -> tf.RaggedTensor:
+@functools.cache
+def _tokenizer():
+    import tensorflow_text as tf_text
+
+    return tf_text.WhitespaceTokenizer()
+
+
+def tokenize(texts: "tf.Tensor") -> "tf.RaggedTensor":
     """Splits captions into words.
 
     Args:
@@ -40,15 +50,20 @@ def tokenize(texts: tf.Tensor) -> tf.RaggedTensor:
     Returns:
       Ragged string tensor of shape (N, None): lowercase words without punctuation.
     """
+    import tensorflow as tf
+    import tensorflow_text as tf_text
+
     folded = tf_text.case_fold_utf8(texts)
     cleaned = tf.strings.regex_replace(folded, r"[\pP\pS\pZ\x{85}]", " ")
-    return _TOKENIZER.tokenize(cleaned)
+    return _tokenizer().tokenize(cleaned)
 
 
 def tokenize_py(texts: Sequence[str]) -> list[list[str]]:
     """`tokenize` for Python strings; returns lists of Python words."""
     if not texts:
         return []
+    import tensorflow as tf
+
     words = tokenize(tf.constant(list(texts), tf.string)).to_list()
     return [[w.decode("utf-8") for w in ws] for ws in words]
 
@@ -140,16 +155,18 @@ class Vocab:
         files.write_text(path, "\n".join(self.words) + "\n")
 
     @property
-    def table(self) -> tf.lookup.StaticHashTable:
+    def table(self) -> "tf.lookup.StaticHashTable":
         """word -> id lookup table; unknown words map to `<unk>`."""
         if self._table is None:
+            import tensorflow as tf
+
             init = tf.lookup.KeyValueTensorInitializer(
                 tf.constant(self.words), tf.range(len(self.words), dtype=tf.int64)
             )
             self._table = tf.lookup.StaticHashTable(init, default_value=UNK_ID)
         return self._table
 
-    def encode(self, texts: tf.Tensor, max_words: int | None = None) -> tf.RaggedTensor:
+    def encode(self, texts: "tf.Tensor", max_words: int | None = None) -> "tf.RaggedTensor":
         """Captions -> ids framed as `<start> w1 .. wn <end>`.
 
         Args:
@@ -161,8 +178,12 @@ class Vocab:
         """
         return self.encode_words(tokenize(texts), max_words)
 
-    def encode_words(self, words: tf.RaggedTensor, max_words: int | None = None) -> tf.RaggedTensor:
+    def encode_words(
+        self, words: "tf.RaggedTensor", max_words: int | None = None
+    ) -> "tf.RaggedTensor":
         """`encode` for captions already split by `tokenize`: ragged string (N, None)."""
+        import tensorflow as tf
+
         if max_words is not None:
             words = words[:, :max_words]
         ids = tf.ragged.map_flat_values(self.table.lookup, words)

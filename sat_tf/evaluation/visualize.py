@@ -4,19 +4,22 @@ For each generated word, its attention map alpha_t (L = H * W weights over the a
 grid, §4.2) is upsampled to the image (x16 for 14 x 14 on 224 pixels), smoothed with a
 Gaussian and shown as a white light over the darkened image; hard attention (§4.1) can
 also mark the location it sampled. Rendering uses matplotlib's Agg canvas directly, so
-no display and no global pyplot state are involved.
+no display and no global pyplot state are involved. matplotlib and SciPy load when a
+picture is drawn: the text summary that `sat-caption` prints for every caption needs
+neither (its first caption is timed, bench/first_caption.py).
 """
+
+from __future__ import annotations
 
 import math
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.ndimage
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
-from PIL import Image
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 from sat_tf.data.tokens import END
 from sat_tf.utils import files
@@ -61,6 +64,8 @@ def upsample_attention(
     if sigma is None:
         sigma = _SIGMA_PER_UPSCALE * max(h / rows, w / cols)
     if sigma > 0:  # edges mirrored (d c b a | a b c d), taps out to 4 sigma
+        import scipy.ndimage
+
         heat = scipy.ndimage.gaussian_filter(heat, sigma, mode="reflect", truncate=4.0)
     low, high = heat.min(), heat.max()
     if high - low > 1e-12 * max(abs(high), 1e-300):
@@ -128,6 +133,10 @@ def build_attention_figure(
     Returns:
       A Figure with an Agg canvas and 1 + len(words) axes, in reading order.
     """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
     image = _as_rgb(image)
     alphas = _check_alphas(words, alphas, grid)
     if hard_points is not None and len(hard_points) != len(words):
@@ -184,6 +193,8 @@ def caption_panels(
 
 def render(fig: Figure) -> np.ndarray:
     """Draws a Figure with an Agg canvas into an (h, w, 3) uint8 RGB array."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
@@ -213,6 +224,8 @@ def attention_figure(
     )
     if path is not None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        from PIL import Image
+
         with files.atomic_path(path) as tmp:
             Image.fromarray(picture).save(tmp, format="PNG")
     return picture

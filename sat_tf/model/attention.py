@@ -60,7 +60,7 @@ class AdditiveScore(keras.layers.Layer):
         del hidden  # the additive score sees h only through U_a h
         if len(score_in.shape) == 3:
             projected = projected[:, None]  # (B, 1, L, A)
-        pre = tf.tanh(projected + score_in[..., None, :])  # (B, L, A)
+        pre = tf.tanh(projected + tf.expand_dims(score_in, -2))  # (B, L, A)
         return tf.squeeze(tf.tensordot(pre, v, [[-1], [0]]), -1), pre  # (B, L)
 
     def score(self, projected, hidden):

@@ -15,7 +15,8 @@ beam states (k hypotheses of an image) that still have a live one. The decoders
 run it inside one `tf.while_loop` over time, eagerly or under `tf.function`; greedy keeps
 buffers of a fixed length `max_length` (no `TensorArray`), so that it converts to
 TFLite with builtin ops only. The rules captioning adds (blocked repeats and endings, a
-constraint on the words) are `sat_tf.model.decoding_rules`, called at one place a step.
+constraint on the words) are `sat_tf.model.decoding_rules`, called at one place a step;
+greedy decoding draws its words instead with `sat_tf.model.sampling`.
 """
 
 import functools
@@ -25,7 +26,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from sat_tf.data.tokens import PAD_ID
-from sat_tf.model import decoding_rules, per_image
+from sat_tf.model import decoding_rules, per_image, sampling
 
 StepFn = Callable[..., tuple[tf.Tensor, Any, tf.Tensor]]
 
@@ -34,7 +35,9 @@ class DecodeResult(NamedTuple):
     """Captions decoded for a batch of images.
 
     T is the `max_length` the decoder was given. With `beam_search(num_return=n)`, n > 1,
-    every field gains an axis of size n after the batch axis, best hypothesis first.
+    every field gains an axis of size n after the batch axis, best hypothesis first, the
+    n distinct; log_prob is -inf at the places of an image that has fewer than n
+    hypotheses to return (its tokens are then meaningless).
 
     Attributes:
         tokens: int32 (B, T). Generated word ids, then `<end>` if it was emitted, then
@@ -105,10 +108,11 @@ def greedy_decode(
     num_locations: int,
     block_repeats: bool = False,
     bad_ending_ids: Sequence[int] = (),
-    sample_seed: tf.Tensor | None = None,
+    drawing: sampling.Drawing | None = None,
 ) -> DecodeResult:
-    """Decodes by taking the most likely word at every step, or with `sample_seed` by
-    drawing it from the step's distribution (the samples of self-critical training).
+    """Decodes by taking the most likely word at every step, or with a `drawing` by
+    drawing it from the step's distribution (`sampling.draw`: the samples of
+    self-critical training, and captions drawn for variety).
 
     Starts from `<start>`, feeds each chosen word back, and stops once every caption has
     emitted `<end>` or after `max_length` tokens. A finished caption is fed `<pad>` and
@@ -126,8 +130,8 @@ def greedy_decode(
         block_repeats: Never emit a word a third time in a row, nor a trigram twice
             (`decoding_rules.block`).
         bad_ending_ids: Words a caption may not end on (`<end>` is banned after them).
-        sample_seed: None for greedy; an int32 (2,) stateless seed to sample each word
-            (step t draws with the seed folded with t; rows draw independently).
+        drawing: None for greedy; a `sampling.Drawing` (seed, temperature, nucleus) to
+            draw each word. The log-probability returned is the step's own all the same.
 
     Returns:
         A `DecodeResult` with tokens (B, T), length (B,), log_prob (B,) and attention
@@ -145,11 +149,10 @@ def greedy_decode(
         log_probs, state, alpha = _step(step_fn, num_locations, tokens, state)
         log_probs = decoding_rules.block(log_probs, tokens, token_buf, t, **blocking)
         alive = tf.logical_not(finished)
-        if sample_seed is None:
+        if drawing is None:
             chosen = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
         else:
-            seed = tf.random.experimental.stateless_fold_in(sample_seed, t)
-            chosen = tf.random.stateless_categorical(log_probs, 1, seed, dtype=tf.int32)[:, 0]
+            chosen = sampling.draw(log_probs, drawing, t)
         next_tokens = tf.where(alive, chosen, PAD_ID)
         chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)  # (B,)
         log_prob += tf.where(alive, chosen_log_prob, 0.0)
@@ -205,6 +208,7 @@ def beam_search(
     constraint: tf.Tensor | None = None,
     constants: Any = None,
     compact: bool = True,
+    drawing: sampling.Drawing | None = None,
 ) -> DecodeResult:
     """Batched beam search keeping `beam_size` hypotheses per image, optionally
     constrained to captions that hold one of some given words.
@@ -248,7 +252,8 @@ def beam_search(
         num_locations: L, the number of attention locations.
         length_penalty: Exponent of the GNMT length penalty; 0 turns it off.
         num_return: n, how many hypotheses to return per image, best first;
-            1 <= n <= k.
+            1 <= n <= k. The first is the caption of `num_return=1`; an image is settled
+            only once its n best are.
         block_repeats: Never emit a word a third time in a row, nor a trigram twice.
         bad_ending_ids: Words a caption may not end on (`<end>` is banned after them).
         constraint: None, or bool (B, V): the words of which each image's caption must
@@ -264,6 +269,9 @@ def beam_search(
             hypothesis and are not settled (`per_image.settled`), in tensors whose size is known
             only when the graph runs; False keeps every tensor at B rows and steps every
             live hypothesis, as XLA needs (`jit_compile`). The captions are the same.
+        drawing: None, or a `sampling.Drawing` to rank the extensions perturbed
+            (`sampling.perturb`): a beam of one (per state) draws its caption; the
+            log-probabilities are the step's own all the same.
 
     Returns:
         A `DecodeResult`. For n = 1: tokens (B, T), length (B,), log_prob (B,),
@@ -301,6 +309,7 @@ def beam_search(
         constants,
         dict(k=k, slots=slots, max_length=max_length, num_locations=num_locations),
         dict(length_penalty=length_penalty, end_id=end_id, blocking=blocking),
+        drawing,
     )
 
     def body(t, tokens, state, finished, token_buf, alphas, parents, length, log_prob):
@@ -322,14 +331,16 @@ def beam_search(
     if constraint is not None:
         first = decoding_rules.constrained_start(constraint, k)
     initial_log_prob = tf.where(tf.range(slots)[None] == first[:, None], 0.0, neg_inf)
+    rows = tf.nest.flatten(initial_state)[0].shape[0]  # B where the state knows it, else None
     loop_vars = (
         tf.constant(0),
         tf.fill([batch_size * slots], tf.constant(start_id, tf.int32)),
         tf.nest.map_structure(lambda x: tf.repeat(x, slots, axis=0), initial_state),
         tf.zeros([batch_size, slots], tf.bool),
         tf.zeros([batch_size, slots, max_length], tf.int32),
-        tf.TensorArray(tf.float32, max_length, element_shape=[None, slots, num_locations]),
-        tf.TensorArray(tf.int32, max_length, clear_after_read=False, element_shape=[None, slots]),
+        # Static where the batch is (TFLite lowers a TensorArray of static elements only).
+        tf.TensorArray(tf.float32, max_length, element_shape=[rows, slots, num_locations]),
+        tf.TensorArray(tf.int32, max_length, clear_after_read=False, element_shape=[rows, slots]),
         tf.zeros([batch_size, slots], tf.int32),
         initial_log_prob,  # (B, S)
     )
@@ -348,12 +359,12 @@ def _gather_beams(x, parent):
     return tf.gather(x, parent, batch_dims=1)
 
 
-def _advance(step, constants, sizes, rules, t, images, per_row, books, constraint):
+def _advance(step, constants, sizes, rules, drawing, t, images, per_row, books, constraint):
     """One step of `beam_search` for B' images (`images`, (B',), their index among the
     B; None: all B), their rows gathered: per_row (tokens, state), books (finished,
     token_buf, length, log_prob) -> (per_row, books, alpha (B', S, L), parent (B', S)).
     `sizes`: k, slots (S), max_length, num_locations; `rules`: length_penalty, end_id
-    and the `decoding_rules.block` arguments."""
+    and the `decoding_rules.block` arguments; `drawing`: None, or a `sampling.Drawing`."""
     (tokens, state), (finished, token_buf, length, log_prob) = per_row, books
     k, slots, max_length, num_locations = (sizes[key] for key in _SIZES)
     neg_inf = tf.constant(float("-inf"), tf.float32)
@@ -370,7 +381,10 @@ def _advance(step, constants, sizes, rules, t, images, per_row, books, constrain
     pad_only = tf.where(tf.range(vocab_size) == PAD_ID, 0.0, neg_inf)
     step_log_probs = tf.where(finished[..., None], pad_only, log_probs)  # (B', S, V)
     candidates = log_prob[..., None] + step_log_probs  # (B', S, V)
-    scores = candidates / _length_penalty(length + 1, rules["length_penalty"])[..., None]
+    ranked = candidates
+    if drawing is not None:
+        ranked = sampling.perturb(candidates, step_log_probs, drawing, t)
+    scores = ranked / _length_penalty(length + 1, rules["length_penalty"])[..., None]
     kept, best = _top_k(scores, k, constraint)
     parent = best // vocab_size
     next_tokens = best % vocab_size
@@ -407,13 +421,15 @@ def _gather_hypotheses(state, parent):
 def _best(hypotheses, finished, k, length_penalty, num_return, constrained):
     """The `num_return` best of the (B, S) final hypotheses, best first; with a
     constraint, from the second state (those that hold a constraint word) where any is
-    there. One drops the hypothesis axis."""
+    there. A place no such hypothesis fills has log_prob -inf. One drops the hypothesis
+    axis."""
     num_tokens = hypotheses.length + tf.cast(finished, tf.int32)
     final = hypotheses.log_prob / _length_penalty(num_tokens, length_penalty)  # (B, S)
     if constrained:
         final = decoding_rules.constrained_best(final, k)
-    _, order = tf.math.top_k(final, k=num_return)
+    kept, order = tf.math.top_k(final, k=num_return)
     result = DecodeResult(*(tf.gather(x, order, batch_dims=1) for x in hypotheses))
+    result = result._replace(log_prob=tf.where(kept > float("-inf"), result.log_prob, kept))
     if num_return == 1:
         result = DecodeResult(*(tf.squeeze(x, axis=1) for x in result))
     return result

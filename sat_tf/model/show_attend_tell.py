@@ -14,7 +14,7 @@ import tensorflow as tf
 from sat_tf import config as config_lib
 from sat_tf.config import Config
 from sat_tf.data import vocab as vocab_lib
-from sat_tf.model import decoding_rules, per_image, search
+from sat_tf.model import decoding_rules, per_image, sampling, search
 from sat_tf.model import losses as losses_lib
 from sat_tf.model import self_critical as scst
 from sat_tf.model.decoder import AttentionDecoder
@@ -280,10 +280,12 @@ class ShowAttendTell(ResumableModel):
           batch: dict with "image" or "features" (`encode`).
           tag_threshold: the probability a tag needs; None turns tags off.
           **decoding: `decode`'s arguments after the state (max_length, beam_size,
-            length_penalty, block_repeats, bad_ending_ids, hard_decoding).
+            length_penalty, block_repeats, bad_ending_ids, hard_decoding, num_return,
+            and to draw captions sample_seed, temperature, top_p).
 
         Returns:
-          `Generated`: `decode`'s `search.DecodeResult` with each photo's tag.
+          `Generated`: `decode`'s `search.DecodeResult` with each photo's tag; with
+          num_return n > 1 its fields are (B, n, ...), the tag's (B,).
         """
         features = self.encode(batch)
         if self.tagger is not None and tag_threshold is not None:
@@ -306,15 +308,21 @@ class ShowAttendTell(ResumableModel):
         sample_seed=None,
         hard_decoding=None,
         compact=True,
+        num_return=1,
+        temperature=None,
+        top_p=None,
     ):
         """Captions from the decoder's state: greedy for beam_size 1, else beam search.
 
         `block_repeats` and `bad_ending_ids` (`decoding_rules.block`): no word a third
         time in a row, no trigram twice; no caption ending on one of those word ids.
         `constraint`, bool (B, V), makes each caption hold one of its row's words
-        (`search.beam_search`; with beam_size 1, a beam of one per state). `sample_seed`
-        draws each word instead of taking the most likely (greedy only). `hard_decoding`
-        ("argmax", "expected"; None: the decoder's own) is hard attention's context.
+        (`search.beam_search`; with beam_size 1, a beam of one per state). `num_return`
+        n: the n best of the beam (n <= beam_size). `sample_seed` draws each word instead
+        of taking the most likely (beam_size 1; with a constraint, a beam of one per
+        state draws), at `temperature` from the `top_p` nucleus (`sampling`): n captions
+        drawn per image, ranked by log-probability. `hard_decoding` ("argmax",
+        "expected"; None: the decoder's own) is hard attention's context.
         `compact=False` keeps beam search's tensors at B rows, as XLA needs
         (`search.beam_search`).
 
@@ -323,11 +331,12 @@ class ShowAttendTell(ResumableModel):
 
         Returns:
           `search.DecodeResult` with tokens (B, T), length (B,), log_prob (B,) and
-          attention (B, T, L).
+          attention (B, T, L); for n > 1 each with an axis of n after B, best first.
         """
+        draws = 1 if sample_seed is None else num_return
         features = state["features"]
         common = dict(
-            batch_size=tf.shape(features)[0],
+            batch_size=tf.shape(features)[0] * draws,
             start_id=vocab_lib.START_ID,
             end_id=vocab_lib.END_ID,
             max_length=max_length,
@@ -336,21 +345,27 @@ class ShowAttendTell(ResumableModel):
             bad_ending_ids=tuple(bad_ending_ids),
         )
         step_fn = self.decoding_step(hard_decoding)
-        if beam_size == 1 and constraint is None:
-            return search.greedy_decode(step_fn, state, sample_seed=sample_seed, **common)
         if sample_seed is not None:
-            raise ValueError("sample_seed samples greedy captions; beam search takes none")
+            if beam_size != 1:
+                raise ValueError(f"sample_seed draws with no beam; beam_size={beam_size}")
+            common["drawing"] = sampling.Drawing(sample_seed, temperature, top_p)
+            (state, constraint), num_return = sampling.repeat((state, constraint), draws), 1
+        if beam_size == 1 and constraint is None and num_return == 1:
+            found = search.greedy_decode(step_fn, state, **common)
+            return found if draws == 1 else sampling.ranked(found, draws)
         state, constants = per_image.constants_apart(state)
-        return search.beam_search(
+        found = search.beam_search(
             step_fn,
             state,
             beam_size=beam_size,
+            num_return=num_return,
             length_penalty=length_penalty,
             constraint=constraint,
             constants=constants,
             compact=compact,
             **common,
         )
+        return found if draws == 1 else sampling.ranked(found, draws)
 
     def decoding_step(self, hard_decoding=None):
         """The decoder's step as captioning runs it (`search.StepFn`): the words of

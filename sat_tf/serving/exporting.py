@@ -1,52 +1,64 @@
 """Exports a trained captioner as a SavedModel (TF Serving, other TF code) and TFLite.
 
-The SavedModel (written with `keras.export.ExportArchive`) has three signatures,
+The SavedModel (written with `keras.export.ExportArchive`) has three signatures, and an
+export of a beam (beam size K > 1) a fourth,
 
-  serving_default   image_bytes string (N,)        JPEG / PNG / GIF / BMP / WebP bytes
-  caption_images    images uint8 (N, H, W, 3)      pixels of any size
-  caption_features  features float32 (N, L, D)     encoder output (annotation vectors)
+  serving_default       image_bytes string (N,)        JPEG / PNG / GIF / BMP / WebP bytes
+  caption_images        images uint8 (N, H, W, 3)      pixels of any size
+  caption_features      features float32 (N, L, D)     encoder output (annotation vectors)
+  caption_alternatives  image_bytes string (N,)        as serving_default
 
 each returning caption string (N,), tokens int32 (N, T), length int32 (N,),
 log_prob float32 (N,) and attention float32 (N, T, H, W) on the encoder's grid: the
-fields of `search.DecodeResult`, T the export's max_length; and tag string (N,), the
+fields of `search.DecodeResult`, T the export's max_length; captions string (N, K) and
+log_probs float32 (N, K), the beam's K best captions (K the export's beam size, 1 for
+greedy) best first, their first column `caption` and `log_prob`, "" and -inf where a
+photo has fewer (a tag constraint keeps only the hypotheses that say the tag);
+caption_alternatives adds attentions float32 (N, K, T, H, W), the attention of each
+of them (a page that shows where the model looked for each); and tag string (N,), the
 ImageNet tag the caption was made to say ("" for none), with tag_prob float32 (N,), the
 photo's most probable tag's probability (0 for a model without a tag table;
 `sat_tf.serving.tags`, exported with the model's --tags and --tag_threshold); for a model
-with off-world statistics (`sat_tf.serving.off_world`) also off_world_score float32 (N,) and
-off_world bool (N,), how unlike its training photos each photo is. `serving_default` also
-returns status int32 (N,) and error string (N,) per image: 0 and '' for a caption, else
-1 empty, 2 not an image, 3 truncated or corrupt, 4 more pixels than the export's
+with off-world statistics (`sat_tf.serving.off_world`) also off_world_score float32 (N,)
+and off_world bool (N,), how unlike its training photos each photo is. The two signatures
+of image bytes also return status int32 (N,) and error string (N,) per image: 0 and ''
+for a caption, else 1 empty, 2 not an image, 3 truncated or corrupt, 4 more pixels than the export's
 max_image_pixels (read from the header, so nothing is allocated), with a one-line reason
 and blank outputs (caption '', zeros); one bad image never fails the request. Decoding
 (repeats blocked as the config says), resizing
 (`input_pipeline`, paper §5.4), the encoder, greedy or beam search (paper §4) and the
 id -> word lookup all run in the graph as core TensorFlow ops, so the export loads with
 `tf.saved_model.load` alone; the vocabulary is a constant of the graph. The TFLite file
-captions one resized image with builtin ops: greedy tokens and words out, joining them
-is left to the app; `--quantize=dynamic` adds a copy with int8 weights.
+(`sat_tf.serving.tflite`) captions one resized image with builtin ops, decoding as the
+export does; `--quantize=dynamic` adds a copy with int8 weights.
 """
 
 import dataclasses
 import os
 
 import keras
-import numpy as np
 import tensorflow as tf
-from tensorflow.lite.tools import flatbuffer_utils
 
-from sat_tf.config import QUANTIZATIONS
 from sat_tf.data import graph_admission, image_io
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.serving import inference
 from sat_tf.serving import off_world as off_world_lib
+from sat_tf.serving import tflite as tflite_lib
 from sat_tf.serving.inference import feature_encoder
+from sat_tf.serving.tflite import (  # noqa: F401 (the export's TFLite files, named here too)
+    TFLITE_FILE,
+    TFLITE_INT8_FILE,
+    float_depthwise_filters,
+)
 from sat_tf.utils import files
 
 EXPORT_INFO = "sat_tf_export.json"
 VOCAB_FILE = "vocab.txt"
-TFLITE_FILE = "caption.tflite"
-TFLITE_INT8_FILE = "caption_int8.tflite"
 SIGNATURES = ("serving_default", "caption_images", "caption_features")
+# The signature an export of a beam (K > 1) adds: serving_default's outputs and attentions.
+ALTERNATIVES = "caption_alternatives"
+# The fields of `search.DecodeResult` that hold one caption's; the others are the photo's.
+_PER_CAPTION = ("tokens", "length", "log_prob", "attention")
 FORMATS = image_io.FORMATS_TEXT
 
 
@@ -157,7 +169,7 @@ def join_words(words, tokens, length):
     return tf.strings.reduce_join(ragged, axis=1, separator=" ")
 
 
-def _decode(model, features, spec):
+def _decode(model, features, spec, num_return=1):
     return model.generate(
         {"features": features},
         spec.tag_threshold,
@@ -167,20 +179,34 @@ def _decode(model, features, spec):
         block_repeats=spec.block_repeats,
         bad_ending_ids=spec.bad_ending_ids,
         hard_decoding=spec.hard_decoding,
+        num_return=num_return,
     )
 
 
-def _serving_outputs(result, words, spec, features):
-    attention = tf.reshape(result.attention, [-1, spec.max_length, *spec.grid])  # (N, T, H, W)
+def _serving_outputs(result, words, spec, features, alternatives=False):
+    """The outputs of `_decode`'s K = beam_size best captions (fields (N, K, ...), or
+    (N, ...) for K = 1); `alternatives` adds the attention of each."""
+    if spec.beam_size == 1:
+        result = result._replace(**{k: getattr(result, k)[:, None] for k in _PER_CAPTION})
+    tokens = tf.reshape(result.tokens, [-1, spec.max_length])  # (N K, T)
+    found = result.log_prob > float("-inf")  # (N, K)
+    joined = tf.reshape(
+        join_words(words, tokens, tf.reshape(result.length, [-1])), [-1, spec.beam_size]
+    )
+    attention = tf.reshape(result.attention, [-1, spec.beam_size, spec.max_length, *spec.grid])
     outputs = {
-        "caption": join_words(words, result.tokens, result.length),
-        "tokens": result.tokens,
-        "length": result.length,
-        "log_prob": result.log_prob,
-        "attention": attention,
+        "caption": joined[:, 0],
+        "tokens": result.tokens[:, 0],
+        "length": result.length[:, 0],
+        "log_prob": result.log_prob[:, 0],
+        "attention": attention[:, 0],  # (N, T, H, W)
         "tag": tf.where(result.tag >= 0, tf.gather(words, tf.maximum(result.tag, 0)), ""),
         "tag_prob": result.tag_prob,
+        "captions": tf.where(found, joined, ""),  # (N, K)
+        "log_probs": result.log_prob,  # (N, K)
     }
+    if alternatives:
+        outputs["attentions"] = attention  # (N, K, T, H, W)
     if spec.off_world is not None:
         outputs["off_world_score"], outputs["off_world"] = off_world_lib.score(
             features, spec.off_world
@@ -189,7 +215,8 @@ def _serving_outputs(result, words, spec, features):
 
 
 def serving_functions(model, encoder, vocab, spec):
-    """The three signatures as Python functions with their input signatures.
+    """The signatures as Python functions with their input signatures: `SIGNATURES`, and
+    for a beam (spec.beam_size > 1) `ALTERNATIVES`.
 
     Args:
       model: a built `ShowAttendTell`.
@@ -199,13 +226,15 @@ def serving_functions(model, encoder, vocab, spec):
       spec: `ExportSpec`.
 
     Returns:
-      {signature name: (function, [tf.TensorSpec])}, in `SIGNATURES` order.
+      {signature name: (function, [tf.TensorSpec])}, in `SIGNATURES` order, then
+      `ALTERNATIVES`.
     """
     size, crop = spec.image_size, spec.crop_fraction
 
-    def caption(features):
+    def caption(features, alternatives=False):
         words = tf.constant(vocab.words, tf.string)
-        return _serving_outputs(_decode(model, features, spec), words, spec, features)
+        result = _decode(model, features, spec, spec.beam_size)
+        return _serving_outputs(result, words, spec, features, alternatives)
 
     def caption_features(features):
         return caption(_require_batch(features, "features"))
@@ -214,18 +243,23 @@ def serving_functions(model, encoder, vocab, spec):
         images = resize_images(_require_batch(images, "images"), size, crop)
         return caption(encoder(images, training=False))
 
-    def serving_default(image_bytes):
+    def caption_bytes(image_bytes, alternatives):
         image_bytes = _require_batch(image_bytes, "image_bytes")
         images, status, error = decode_images(image_bytes, size, crop, spec.max_image_pixels)
-        outputs = blank_refused(caption(encoder(images, training=False)), status)
-        return {**outputs, "status": status, "error": error}
+        outputs = caption(encoder(images, training=False), alternatives)
+        return {**blank_refused(outputs, status), "status": status, "error": error}
+
+    def serving_default(image_bytes):
+        return caption_bytes(image_bytes, alternatives=False)
+
+    def caption_alternatives(image_bytes):
+        return caption_bytes(image_bytes, alternatives=True)
 
     shape = [None, spec.num_locations, spec.feature_dim]
+    image_bytes = [tf.TensorSpec([None], tf.string, name="image_bytes")]
+    alternatives = {ALTERNATIVES: (caption_alternatives, image_bytes)} if spec.beam_size > 1 else {}
     return {
-        "serving_default": (
-            serving_default,
-            [tf.TensorSpec([None], tf.string, name="image_bytes")],
-        ),
+        "serving_default": (serving_default, image_bytes),
         "caption_images": (
             caption_images,
             [tf.TensorSpec([None, None, None, 3], tf.uint8, name="images")],
@@ -234,113 +268,8 @@ def serving_functions(model, encoder, vocab, spec):
             caption_features,
             [tf.TensorSpec(shape, tf.float32, name="features")],
         ),
+        **alternatives,
     }
-
-
-def tflite_function(model, encoder, vocab, spec):
-    """A `tf.function` captioning one resized image greedily, for the TFLite converter.
-
-    The weights enter the graph as constants (a `keras.StatelessScope`): TFLite does not
-    freeze variables read inside the decoding loop.
-
-    Input: image float32 (1, S, S, 3), pixels in [0, 255] already resized and cropped.
-    Outputs: tokens int32 (1, T), words string (1, T), length int32 (1,), log_prob
-    float32 (1,), attention float32 (1, T, H, W).
-    """
-    size = spec.image_size
-    greedy = dataclasses.replace(spec, beam_size=1, tag_threshold=None)
-    weights = {id(v): v for v in model.weights + encoder.weights}.values()
-    values = [(v, v.numpy()) for v in weights]
-
-    @tf.function(
-        input_signature=[tf.TensorSpec([1, size, size, 3], tf.float32, name="image")],
-        autograph=False,
-    )
-    def caption(image):
-        constants = [(v, tf.constant(value)) for v, value in values]
-        with keras.StatelessScope(state_mapping=constants):
-            result = _decode(model, encoder(image, training=False), greedy)
-        words = tf.constant(vocab.words, tf.string)
-        attention = tf.reshape(result.attention, [1, spec.max_length, *spec.grid])  # (1, T, H, W)
-        return {
-            "tokens": result.tokens,
-            "words": tf.gather(words, result.tokens),
-            "length": result.length,
-            "log_prob": result.log_prob,
-            "attention": attention,
-        }
-
-    return caption
-
-
-def _tflite_holder(model, encoder, vocab, spec):
-    holder = tf.Module()
-    holder.caption = tflite_function(model, encoder, vocab, spec)
-    return holder
-
-
-def float_depthwise_filters(flatbuffer: bytes) -> bytes:
-    """A dynamic-range TFLite model with its depthwise convolutions' int8 filters turned
-    back into float32 (the int8 values times their scales).
-
-    LiteRT's XNNPACK delegate has no depthwise convolution with int8 filters and float
-    inputs: each such op runs on a slow reference kernel outside the delegate and splits
-    the delegated graph around it. Depthwise filters hold few of a CNN's weights, so the
-    file hardly grows (BUILD_NOTES.md has the sizes and times).
-    """
-    schema = flatbuffer_utils.schema_fb
-    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer))
-    depthwise = schema.BuiltinOperator.DEPTHWISE_CONV_2D
-    for subgraph in model.subgraphs:
-        for op in subgraph.operators:
-            code = model.operatorCodes[op.opcodeIndex]
-            if flatbuffer_utils.schema_util.get_builtin_code_from_operator_code(code) != depthwise:
-                continue
-            tensor = subgraph.tensors[op.inputs[1]]
-            if tensor.type != schema.TensorType.INT8:
-                continue
-            buffer = model.buffers[tensor.buffer]
-            values = np.frombuffer(bytes(buffer.data), np.int8).reshape(tensor.shape)
-            scale_shape = [1] * values.ndim
-            scale_shape[tensor.quantization.quantizedDimension] = -1
-            scale = np.asarray(tensor.quantization.scale, np.float32)
-            if scale.size > 1:
-                scale = scale.reshape(scale_shape)
-            filters = values.astype(np.float32) * scale
-            buffer.data = np.frombuffer(filters.tobytes(), np.uint8)
-            tensor.type, tensor.quantization = schema.TensorType.FLOAT32, None
-    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
-
-
-def _convert(holder, quantize):
-    concrete = holder.caption.get_concrete_function()
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], holder)
-    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    if quantize != "dynamic":
-        return converter.convert()
-    # Without a representative dataset, `Optimize.DEFAULT` is dynamic-range
-    # quantization: int8 weights, float inputs, outputs and activations.
-    converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    return float_depthwise_filters(converter.convert())
-
-
-def _check_quantize(quantize):
-    if quantize is not None and quantize not in QUANTIZATIONS:
-        raise ValueError(
-            f"--quantize={quantize!r} is not one of {', '.join(map(repr, QUANTIZATIONS))}"
-        )
-
-
-def convert_tflite(model, encoder, vocab, spec, quantize=None) -> bytes:
-    """A TFLite flatbuffer of `tflite_function` with builtin ops only (no Flex ops).
-
-    Args:
-      model, encoder, vocab, spec: as for `tflite_function`.
-      quantize: None for float32 weights, or one of `QUANTIZATIONS`; "dynamic" keeps
-        depthwise convolution filters float (`float_depthwise_filters`).
-    """
-    _check_quantize(quantize)
-    return _convert(_tflite_holder(model, encoder, vocab, spec), quantize)
 
 
 def export_spec(
@@ -363,6 +292,7 @@ def export_spec(
             f"gives {depth}"
         )
     decoding = inference.decoding_arguments(config, vocab, beam_size)
+    del decoding["num_return"]  # the signatures return the beam's beam_size best
     if model.tagger is None:
         decoding["tag_threshold"] = None
     spec = ExportSpec(
@@ -397,26 +327,6 @@ def _is_export(path):
     return any(os.path.exists(os.path.join(path, f)) for f in (EXPORT_INFO, "saved_model.pb"))
 
 
-def _write_tflite(folder, name, flatbuffer, spec, quantize=None):
-    """Writes a TFLite file into `folder`; returns its entry of `sat_tf_export.json`."""
-    files.write_bytes(os.path.join(folder, name), flatbuffer)
-    size = spec.image_size
-    info = {
-        "file": name,
-        "bytes": len(flatbuffer),
-        "input": {"image": [1, size, size, 3], "dtype": "float32", "range": [0, 255]},
-        "decoding": "greedy",
-    }
-    if quantize:
-        info.update(
-            quantization=quantize,
-            weights="int8",
-            float_weights="depthwise convolution filters (float_depthwise_filters)",
-            activations="float32",
-        )
-    return info
-
-
 def export(
     model,
     vocab,
@@ -427,6 +337,7 @@ def export(
     max_length=None,
     tflite=False,
     quantize=None,
+    tflite_greedy=False,
     overwrite=False,
     max_image_pixels=image_io.MAX_IMAGE_PIXELS,
     off_world=None,
@@ -445,9 +356,12 @@ def export(
       output: the export directory, e.g. `exports/sat/1` for TF Serving.
       beam_size, max_length: decoding settings fixed in the graph; None takes
         `config.beam_size` / `config.max_decode_length`.
-      tflite: also write the TFLite file (greedy decoding).
+      tflite: also write the TFLite file (`sat_tf.serving.tflite`): the export's own
+        decoding (beam size, tags, off-world score), its K hypotheses too.
       quantize: with `tflite`, one of `QUANTIZATIONS`: also write the TFLite model with
-        quantized weights (`convert_tflite`).
+        quantized weights (`tflite.convert`).
+      tflite_greedy: with `tflite`, decode greedily without tags in the TFLite files
+        (the SavedModel keeps the export's decoding).
       overwrite: replace an earlier export at `output`.
       max_image_pixels: `serving_default` gives status 4 (and no caption) for images
         over it, read from their headers before anything is decoded.
@@ -462,9 +376,11 @@ def export(
     """
     if len(vocab) != model.vocab_size:
         raise ValueError(f"the vocabulary has {len(vocab)} words but the model {model.vocab_size}")
-    _check_quantize(quantize)
+    tflite_lib.check_quantize(quantize)
     if quantize and not tflite:
         raise ValueError(f"--quantize={quantize} quantizes the TFLite model: add --tflite")
+    if tflite_greedy and not tflite:
+        raise ValueError("--tflite_greedy sets the TFLite model's decoding: add --tflite")
     output = os.path.abspath(output)
     if os.path.exists(output):
         if not overwrite:
@@ -486,7 +402,7 @@ def export(
         export_archive(model, encoder, vocab, spec).write_out(tmp, verbose=False)
         vocab.save(os.path.join(tmp, VOCAB_FILE))
         info = {
-            "signatures": list(SIGNATURES),
+            "signatures": [*SIGNATURES, *([ALTERNATIVES] if spec.beam_size > 1 else [])],
             "vocab_size": len(vocab),
             "vocab_fingerprint": vocab.fingerprint,
             "vocab_file": VOCAB_FILE,
@@ -509,16 +425,11 @@ def export(
             "config": dataclasses.asdict(config),
         }
         if tflite:
-            holder = _tflite_holder(model, encoder, vocab, spec)
-            info["tflite"] = _write_tflite(tmp, TFLITE_FILE, _convert(holder, None), spec)
-            if quantize:
-                info["tflite_int8"] = _write_tflite(
-                    tmp, TFLITE_INT8_FILE, _convert(holder, quantize), spec, quantize
-                )
+            info.update(tflite_lib.write(tmp, model, encoder, vocab, spec, quantize, tflite_greedy))
         try:
-            from sat_tf.serving import model_server
+            from sat_tf.serving import warmup
 
-            info["warmup_requests"] = os.path.relpath(model_server.write_warmup(tmp), tmp)
+            info["warmup_requests"] = os.path.relpath(warmup.write_warmup(tmp), tmp)
         except ImportError:  # tensorflow-serving-api (the export extra) is not installed
             info["warmup_requests"] = None
         files.write_json(os.path.join(tmp, EXPORT_INFO), info, indent=2, sort_keys=True)

@@ -173,27 +173,48 @@ def _read_workdir(workdir: str):
     raise ValueError(f"{workdir} holds no trained weights ({BEST_WEIGHTS} or backup/)")
 
 
-def decoding_arguments(config: Config, vocab=None, beam_size=None) -> dict:
+def decoding_arguments(
+    config: Config, vocab=None, beam_size=None, num_captions=1, sample=False
+) -> dict:
     """`ShowAttendTell.generate`'s arguments from a config's decoding settings, read here
     once for the API, evaluation, the demo and the export: max_length, beam_size (None:
     `config.beam_size`), length_penalty, block_repeats, bad_ending_ids (the vocabulary's
     `tokens.BAD_ENDINGS` with `config.block_bad_endings`, which needs the `vocab`),
-    hard_decoding (hard attention's context; None for the other models) and
-    tag_threshold (None with `config.tags` off)."""
+    hard_decoding (hard attention's context; None for the other models), tag_threshold
+    (None with `config.tags` off) and num_return (`num_captions`).
+
+    A beam keeps at least the `num_captions` hypotheses it returns: a beam narrower than
+    that is widened to it. With `sample` the captions are drawn word by word (the
+    generate call adds the seed, temperature and nucleus): beam_size 1 (a beam of one
+    per state where a tag is to be said).
+
+    Raises:
+      ValueError: for a bad `num_captions`, or a beam size given with `sample`.
+    """
     if config.block_bad_endings and vocab is None:
         raise ValueError("--block_bad_endings needs the vocabulary to find the bad endings")
+    if isinstance(num_captions, bool) or not isinstance(num_captions, int) or num_captions < 1:
+        raise ValueError(f"num_captions={num_captions!r} must be a positive integer")
+    if sample and beam_size not in (None, 1):
+        raise ValueError(f"beam_size={beam_size} and sampling: a drawn caption has no beam")
+    beam_size = beam_size or config.beam_size
+    if sample or num_captions > 1:
+        beam_size = 1 if sample else max(beam_size, num_captions)
     return {
         "max_length": config.max_decode_length,
-        "beam_size": beam_size or config.beam_size,
+        "beam_size": beam_size,
         "length_penalty": config.length_penalty,
         "block_repeats": config.block_repeats,
         "bad_ending_ids": vocab.ids_present(BAD_ENDINGS) if config.block_bad_endings else (),
         "hard_decoding": config.hard_decoding if config.attention == "hard" else None,
         "tag_threshold": config.tag_threshold if config.tags else None,
+        "num_return": num_captions,
     }
 
 
-def make_caption_fn(model, config: Config, beam_size=None, encoder=None, vocab=None):
+def make_caption_fn(
+    model, config: Config, beam_size=None, encoder=None, vocab=None, num_captions=1, sample=False
+):
     """A `tf.function` that captions a batch dict with the config's decoding
     (`decoding_arguments`): `ShowAttendTell.generate`, which with `config.tags` and a
     model that has a tagger (a preset's tag table) makes each caption say its photo's
@@ -209,17 +230,26 @@ def make_caption_fn(model, config: Config, beam_size=None, encoder=None, vocab=N
       encoder: an encoder to run on batch["image"] first, for a model trained on cached
         features (`feature_encoder`); None feeds the batch to the model as it is.
       vocab: the model's `Vocab`; needed with `config.block_bad_endings`.
+      num_captions: n, captions per image: the beam's n best (the beam widened to n
+        where it is narrower), or with `sample` n drawn ones.
+      sample: draw the captions (`decoding_arguments`); each call then gives the draw
+        as `sampling`.
 
     Returns:
-      the function, batch -> `show_attend_tell.Generated`.
+      the function, (batch, sampling) -> `show_attend_tell.Generated`, its fields
+      (B, n, ...) for n > 1. `sampling` is None, or to draw (only with `sample`) a dict
+      of tensors: sample_seed int32 (2,), temperature float32 () and, to cut each
+      draw to its nucleus, top_p float32 () (`sampling.draw`).
     """
-    decoding = decoding_arguments(config, vocab, beam_size)
+    decoding = decoding_arguments(config, vocab, beam_size, num_captions, sample)
 
     @tf.function(reduce_retracing=True, jit_compile=config.jit_compile, autograph=False)
-    def caption(batch):
+    def caption(batch, sampling=None):
+        if (sampling is not None) != sample:
+            raise ValueError("sampling is given to a caption function made with sample=True")
         if encoder is not None:
             batch = {"features": encoder(batch["image"], training=False)}
-        return model.generate(batch, **decoding, compact=not config.jit_compile)
+        return model.generate(batch, **decoding, **(sampling or {}), compact=not config.jit_compile)
 
     return caption
 

@@ -25,7 +25,6 @@ import numpy as np
 
 import sat_tf
 from sat_tf.config import MODEL_FIELDS, Config, with_added_fields
-from sat_tf.serving import download
 from sat_tf.utils import files
 from sat_tf.utils.files import sha256_of
 from sat_tf.utils.messages import preview
@@ -79,6 +78,8 @@ def resolve(source: str, cache_dir: str | None = None) -> str:
     if not isinstance(source, str) or not source:
         raise ValueError(f"a preset is a shipped name, a folder or an https:// URL, not {source!r}")
     if "://" in source:
+        from sat_tf.serving import download  # HTTPS and archives: not for a shipped preset
+
         root = os.path.join(cache_dir or download.default_cache_dir(), "presets")
         return download.cached_folder(source, root, METADATA_FILE, check=_check)
     shipped = names()

@@ -2,14 +2,15 @@
 annotation vectors written into the feature cache (`sat_tf/data/feature_cache.py` holds
 the cache's format and reads it back; this module is where the images meet the model).
 
-Each shard is written under a temporary name and renamed when complete, and the index
-is rewritten (atomically) after each shard, so a run that is killed loses at most the
-shard it was writing: the same command again skips the finished shards. The per-shard
-step (`ShardEncoder`) is also the one of `sat-extract-features-beam`'s pipeline
-(`extract_pipeline`).
+Each shard is written under a temporary name and renamed when complete (in a folder
+elsewhere, `s3://` or `gs://`, uploaded whole once complete: `filesystem.atomic_path`),
+and the index is rewritten (atomically) after each shard, so a run that is killed loses
+at most the shard it was writing: the same command again skips the finished shards. The
+per-shard step (`ShardEncoder`) is also the one of `sat-extract-features-beam`'s
+pipeline (`sat_tf.pipelines.extract_pipeline`), which reads the photos through a reader
+of its own (Beam's `FileSystems`, sizes first).
 """
 
-import os
 import re
 import sys
 import time
@@ -23,22 +24,50 @@ from absl import logging
 from sat_tf import config as config_lib
 from sat_tf.data import datasets, feature_cache, graph_admission, image_io
 from sat_tf.model.encoder import ImageEncoder
-from sat_tf.utils import files
+from sat_tf.utils import files, filesystem
 from sat_tf.utils.messages import preview
 
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
-def _why_bad(path: str, image_size: int, crop_fraction: float) -> str:
+def _why_bad(path: str, image_size: int, crop_fraction: float, read=None) -> str:
+    """Why an image cannot be encoded (read by `read`, a function of the path that
+    returns its bytes or raises naming it; None: a local file)."""
     try:
-        image_io.load_image_file(path, image_size, crop_fraction)
-    except ValueError as e:
+        if read is None:
+            image_io.load_image_file(path, image_size, crop_fraction)
+        else:
+            image_io.decode_admitted(read(path), path, image_size, crop_fraction)
+    except (OSError, ValueError) as e:
         return str(e)
     return f"image {path!r} could not be read"
 
 
-def _write_shard(path, records, encode, image_size, crop_fraction, batch_size, skip_bad, progbar):
-    """Encodes `records` into the TFRecord file `path` (temp file, then rename).
+def _image_bytes(records, read):
+    """(position, bytes) of each record's image: read by TensorFlow from a local file
+    (`read` None), else by `read` (an image it cannot read is left out)."""
+    positions = np.arange(len(records), dtype=np.int64)
+    if read is None:
+        paths = [r.image_path for r in records]
+        ds = tf.data.Dataset.from_tensor_slices((positions, paths))
+        return ds.map(lambda i, p: (i, tf.io.read_file(p)))
+
+    def images():
+        for position, record in zip(positions, records, strict=True):
+            try:
+                yield position, read(record.image_path)
+            except (OSError, ValueError):  # named by `_why_bad`
+                continue
+
+    spec = (tf.TensorSpec((), tf.int64), tf.TensorSpec((), tf.string))
+    return tf.data.Dataset.from_generator(images, output_signature=spec)
+
+
+def _write_shard(
+    path, records, encode, image_size, crop_fraction, batch_size, skip_bad, progbar, read=None
+):
+    """Encodes `records` into the TFRecord file `path` (written whole:
+    `filesystem.atomic_path`), the images read by `read` (`_image_bytes`).
 
     Images that cannot be read or decoded are left out; unless `skip_bad`, the shard is
     then not written at all and `Undecodable` names them.
@@ -47,9 +76,7 @@ def _write_shard(path, records, encode, image_size, crop_fraction, batch_size, s
       (image ids written, [(record, reason)] of the images left out, number of values
       beyond the float16 range that were clipped).
     """
-    paths = [r.image_path for r in records]
-    ds = tf.data.Dataset.from_tensor_slices((np.arange(len(records), dtype=np.int64), paths))
-    ds = ds.map(lambda i, p: (i, tf.io.read_file(p))).filter(
+    ds = _image_bytes(records, read).filter(
         lambda i, data: graph_admission.admits(data)  # a refused image is never decoded
     )
     ds = ds.map(
@@ -59,7 +86,7 @@ def _write_shard(path, records, encode, image_size, crop_fraction, batch_size, s
     )
     ds = ds.ignore_errors().batch(batch_size).prefetch(1)
     written, overflow = [], 0
-    with files.atomic_path(path) as tmp:
+    with filesystem.atomic_path(path) as tmp:
         with tf.io.TFRecordWriter(tmp) as writer:
             for positions, images in ds:
                 features = encode(images).numpy()  # (B, L, D)
@@ -71,7 +98,7 @@ def _write_shard(path, records, encode, image_size, crop_fraction, batch_size, s
                 progbar.add(len(features))
         kept = set(written)
         bad = [
-            (r, _why_bad(r.image_path, image_size, crop_fraction))
+            (r, _why_bad(r.image_path, image_size, crop_fraction, read))
             for i, r in enumerate(records)
             if i not in kept
         ]
@@ -139,14 +166,15 @@ def start(records, encoder_name, encoder_weights, image_size, out_dir, shard_siz
         "image_size": image_size,
         "shard_size": shard_size,
     }
-    os.makedirs(out_dir, exist_ok=True)
+    filesystem.make_folder(out_dir)
     index = feature_cache.start_index(out_dir, settings, records)
-    for name in os.listdir(out_dir):
+    present = filesystem.files_in(out_dir)
+    for name in list(present):
         # Temporary files of a killed run; `<name>.tmp<pid>` is how earlier versions named them.
         if files.is_temporary(name) or re.fullmatch(r".*\.tmp\d+", name):
-            os.remove(os.path.join(out_dir, name))
-    todo = [i for i in range(index["num_shards"]) if not feature_cache.is_done(out_dir, index, i)]
-    return index, todo
+            filesystem.delete(filesystem.join(out_dir, name))
+            del present[name]
+    return index, feature_cache.unfinished(index, present)
 
 
 def set_geometry(index, out_dir, geometry) -> None:
@@ -170,9 +198,13 @@ class ShardEncoder:
       encoder_name, encoder_weights, image_size, crop_fraction: as for `extract_features`
         (crop_fraction resolved: not 0).
       batch_size: images per encoder call.
+      read: a function of an image's path that returns its bytes, or raises naming the
+        path (OSError, ValueError); None reads local files with TensorFlow.
     """
 
-    def __init__(self, encoder_name, encoder_weights, image_size, crop_fraction, batch_size):
+    def __init__(
+        self, encoder_name, encoder_weights, image_size, crop_fraction, batch_size, read=None
+    ):
         encoder = ImageEncoder(encoder_name, image_size, encoder_weights or None)
         height, width, depth = encoder.feature_grid()
         self.geometry = {
@@ -184,6 +216,7 @@ class ShardEncoder:
         self.encode = tf.function(lambda x: encoder(x, training=False), reduce_retracing=True)
         self._image = (image_size, crop_fraction)
         self._batch_size = batch_size
+        self._read = read
 
     def write(self, out_dir, shard, num_shards, records, skip_bad, progbar) -> dict:
         """Writes shard `shard` of `num_shards` (its `records`) into `out_dir` (`_write_shard`).
@@ -196,9 +229,16 @@ class ShardEncoder:
         """
         started = time.time()
         name = feature_cache.shard_name(shard, num_shards)
-        path = os.path.join(out_dir, name)
+        path = filesystem.join(out_dir, name)
         ids, bad, overflow = _write_shard(
-            path, records, self.encode, *self._image, self._batch_size, skip_bad, progbar
+            path,
+            records,
+            self.encode,
+            *self._image,
+            self._batch_size,
+            skip_bad,
+            progbar,
+            self._read,
         )
         if bad:
             logging.warning(
@@ -223,15 +263,17 @@ class ShardEncoder:
         ids read back, its other records skipped, each with the reason. None when there is
         no such file, or it holds ids that are not `records`' in their order."""
         name = feature_cache.shard_name(shard, num_shards)
-        path = os.path.join(out_dir, name)
-        if not os.path.exists(path):
+        path = filesystem.join(out_dir, name)
+        if not filesystem.exists(path):
             return None
         ids = feature_cache.shard_image_ids(path)
         written = set(ids)
         if ids != [r.image_id for r in records if r.image_id in written]:
             return None
         bad = [
-            (r, _why_bad(r.image_path, *self._image)) for r in records if r.image_id not in written
+            (r, _why_bad(r.image_path, *self._image, self._read))
+            for r in records
+            if r.image_id not in written
         ]
         return _entry(name, ids, bad)
 

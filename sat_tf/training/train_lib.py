@@ -3,6 +3,7 @@ says, keeps the best by validation BLEU-4 (paper §4.3; or CIDEr, `--selection_m
 and returns its test metrics.
 """
 
+import dataclasses
 import math
 import os
 import sys
@@ -14,7 +15,7 @@ import tensorflow as tf
 from absl import logging
 
 import sat_tf
-from sat_tf.config import Config, absolute_paths, derived_dir
+from sat_tf.config import Config, derived_dir
 from sat_tf.data import feature_cache, image_io, input_pipeline
 from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import cider
@@ -25,7 +26,7 @@ from sat_tf.training import decoding_choice, extract, optimizers
 from sat_tf.training import workdir as workdir_lib
 from sat_tf.training.prepare import cached_features, prepare_data, read_records
 from sat_tf.training.scoring import evaluate
-from sat_tf.utils import files
+from sat_tf.utils import files, filesystem
 
 
 def _strategy(config: Config):
@@ -231,12 +232,18 @@ def train_and_evaluate(config: Config, workdir: str, given: Collection[str] = ()
     explicitly), and returns its test-split metrics with that decoding.
 
     The workdir's config records its folders as absolute paths, so that every command
-    finds the data and the cache from any working directory. A run refused before
+    finds the data and the cache from any working directory; a feature cache elsewhere
+    (`s3://`, `gs://`) is read from its local copy (`feature_cache.local_copy`), which
+    the config names. A run refused before
     training starts (bad data, a source of another model, ...) leaves the workdir as it
     found it. Re-running the same command after an interruption resumes from
     `workdir/backup`.
     """
-    config = workdir_lib.run_config(absolute_paths(config), given)
+    config = workdir_lib.resolved_config(config, given)
+    feature_dir = feature_cache.feature_dir_of(config)
+    if config.use_feature_cache and filesystem.is_remote(feature_dir):  # read from a copy
+        local = feature_cache.local_copy(feature_dir, config.cache_dir)
+        config = dataclasses.replace(config, feature_dir=local)
     with files.undone_on_failure(workdir):
         data, steps, train_ds, model, done = _set_up(config, workdir)
     train = data.splits["train"]

@@ -25,6 +25,7 @@ from sat_tf.config import (
     MODEL_FIELDS,
     SELECTION_METRICS,
     Config,
+    absolute_paths,
     check_given_settings,
     encoder_crop_fraction,
 )
@@ -437,6 +438,17 @@ TRAINING_FIELDS = (
     "eval_images",
 )
 FOLDER_SETTINGS = {"selection_metric": "cider", "epochs": 20, "early_stopping_patience": 4}
+
+
+def resolved_config(config: Config, given: Collection[str]) -> Config:
+    """The settings of a run as sat-train resolves them, and sat-extract-features and its
+    Beam twin with it, so that a feature cache is written with the settings training
+    reads it with: the folders absolute (`absolute_paths`), then `run_config`.
+
+    Raises:
+      ValueError: as `run_config`.
+    """
+    return run_config(absolute_paths(config), given)
 
 
 def run_config(config: Config, given: Collection[str]) -> Config:

@@ -5,35 +5,65 @@
     sat-extract-features) -> every shard's outcome -> index.json, written here at the end
 
 The cache is the one `extract.extract_features` writes, shard for shard (the same file
-names, records, index), so `sat-train --use_feature_cache` reads it unchanged. A shard
-file is renamed into place when complete; a rerun after a run that did not finish (the
-index then lacks its shards) reads the image ids back from each complete file rather
-than encoding it again. An image that cannot be decoded is skipped and listed in the
-index with --skip_bad_images; without it its shard is not written, the others are, and
-`run` raises the error sat-extract-features raises, naming every such image. The folder
-is a local path, which the workers must share (a local runner, or a shared mount).
+names, records, index), so `sat-train --use_feature_cache` reads it unchanged. The
+feature folder and the photos may be on any filesystem Beam reads (`s3://`, `gs://`,
+`hdfs://` or local): a worker reads each photo through `FileSystems`, its size first
+(`ImageReader`: a photo over `max_image_bytes` is refused unread, as an undecodable one),
+and writes each shard whole (`filesystem.atomic_path`). A rerun after a run that did not
+finish (the index then lacks its shards) reads the image ids back from each complete
+file rather than encoding it again. An image that cannot be decoded is skipped and listed
+in the index with --skip_bad_images; without it its shard is not written, the others
+are, and `run` raises the error sat-extract-features raises, naming every such image.
+The outcomes reach the launcher through a temporary file in the feature folder, removed
+when read.
 """
 
 import json
-import os
+import uuid
 
 import apache_beam as beam
 import keras
 from absl import logging
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
-from apache_beam.metrics.metric import MetricsFilter
 
 from sat_tf import config as config_lib
 from sat_tf.data import feature_cache
+from sat_tf.data.image_files import MAX_IMAGE_BYTES
+from sat_tf.pipelines import launch
 from sat_tf.training import extract
-from sat_tf.utils import files
+from sat_tf.utils import filesystem
 
 NAMESPACE = "sat_extract_features"
 _ENCODED = Metrics.counter(NAMESPACE, "encoded")
 _FOUND = Metrics.counter(NAMESPACE, "found")
 _REFUSED = Metrics.counter(NAMESPACE, "refused")
-# Where the outcomes go for `run` to read: a temporary name, removed by the next start.
-_OUTCOMES = ".tmp-beam-outcomes.json"
+# Where the outcomes go for `run` to read: a temporary name, which the next start removes
+# if a run leaves it.
+_OUTCOMES = ".tmp-beam-outcomes-{}.json"
+
+
+class ImageReader:
+    """A photo's bytes through `filesystem` (Beam's `FileSystems`), its size read from
+    the listing first.
+
+    Raises (when called):
+      ValueError: naming the photo and its size, when it has more than `max_bytes`
+        (never read).
+      OSError: when it cannot be read.
+    """
+
+    def __init__(self, max_bytes=MAX_IMAGE_BYTES):
+        self._max_bytes = max_bytes
+
+    def __call__(self, path):
+        size = filesystem.size(path)
+        if size > self._max_bytes:
+            raise ValueError(
+                f"{path} is {size:,} bytes, more than the {self._max_bytes:,} a photo may "
+                "have (--max_image_bytes); it was not read"
+            )
+        return filesystem.read_bytes(path)
 
 
 class ExtractShards(beam.DoFn):
@@ -44,21 +74,29 @@ class ExtractShards(beam.DoFn):
     Args:
       out_dir: the feature folder.
       num_shards: the shards of the whole extraction.
-      encoder_args: `extract.ShardEncoder`'s arguments.
+      encoder_args: `extract.ShardEncoder`'s arguments (but `read`).
       skip_bad: leave out images that cannot be decoded.
       reuse: whether a shard file already there is complete work of this extraction
         (its index was there at the start).
+      max_image_bytes: a larger photo is refused unread.
+      worker_options: `launch.worker_options`, set in the worker; None for none.
     """
 
-    def __init__(self, out_dir, num_shards, encoder_args, skip_bad, reuse):
+    def __init__(
+        self, out_dir, num_shards, encoder_args, skip_bad, reuse, max_image_bytes, worker_options
+    ):
         self._out_dir = out_dir
         self._num_shards = num_shards
         self._encoder_args = encoder_args
         self._skip_bad = skip_bad
         self._reuse = reuse
+        self._max_bytes = max_image_bytes
+        self._worker_options = worker_options
 
     def setup(self):
-        self._encoder = extract.ShardEncoder(*self._encoder_args)
+        launch.use_worker_options(self._worker_options)
+        read = ImageReader(self._max_bytes)
+        self._encoder = extract.ShardEncoder(*self._encoder_args, read=read)
 
     def process(self, element):
         shard, records = element
@@ -80,33 +118,40 @@ class ExtractShards(beam.DoFn):
         yield shard, {"entry": entry, "geometry": geometry}
 
 
-def _save(outcomes, path):
-    files.write_json(path, sorted(outcomes))
+class _Save(beam.DoFn):
+    """Writes the list of outcomes to `path` (through `filesystem`)."""
+
+    def __init__(self, path, worker_options):
+        self._path = path
+        self._worker_options = worker_options
+
+    def setup(self):
+        launch.use_worker_options(self._worker_options)
+
+    def process(self, outcomes):
+        filesystem.write_bytes(self._path, json.dumps(sorted(outcomes)).encode())
 
 
-def extract_shards(pipeline, records, index, todo, out_dir, encoder_args, skip_bad, reuse):
-    """Adds the writing of the shards `todo` of `records` into `out_dir` to `pipeline`;
-    the outcomes (`ExtractShards`) go to `<out_dir>/_OUTCOMES` as one JSON list."""
+def extract_shards(pipeline, records, index, todo, shard_fn, outcomes_path, worker_options=None):
+    """Adds the writing of the shards `todo` of `records` by `shard_fn` (an
+    `ExtractShards`) to `pipeline`; the outcomes go to `outcomes_path` as one JSON list
+    (written by a worker, with `worker_options`)."""
     size = index["shard_size"]
     elements = [(shard, records[shard * size : (shard + 1) * size]) for shard in todo]
-    fn = ExtractShards(out_dir, index["num_shards"], encoder_args, skip_bad, reuse)
     return (
         pipeline
         | "Shards" >> beam.Create(elements, reshuffle=False)
         | "Spread" >> beam.Reshuffle()
-        | "Extract" >> beam.ParDo(fn)
+        | "Extract" >> beam.ParDo(shard_fn)
         | "Gather" >> beam.combiners.ToList()
-        | "Save" >> beam.Map(_save, os.path.join(out_dir, _OUTCOMES))
+        | "Save" >> beam.ParDo(_Save(outcomes_path, worker_options))
     )
 
 
 def counts(result) -> dict:
     """{"encoded": n, "found": n, "refused": n} shards of a finished run (Beam metrics):
     written, found complete from an earlier run, left unwritten for undecodable images."""
-    found = {"encoded": 0, "found": 0, "refused": 0}
-    for counter in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
-        found[counter.key.metric.name] += counter.committed or 0
-    return found
+    return launch.counters(result, NAMESPACE, ("encoded", "found", "refused"))
 
 
 def run(
@@ -121,9 +166,11 @@ def run(
     shard_size=1000,
     batch_size=32,
     skip_bad_images=False,
+    max_image_bytes=MAX_IMAGE_BYTES,
 ):
     """`extract.extract_features` as a Beam pipeline run with `options` (`PipelineOptions`):
-    the same arguments (but `progress`) and the same cache.
+    the same arguments (but `progress`) and the same cache; `max_image_bytes`: a larger
+    photo is refused unread, as one that cannot be decoded.
 
     Returns:
       (the index, `counts` of the run; None when every shard was already in the index).
@@ -136,8 +183,9 @@ def run(
     records = list(records)
     if shard_size < 1 or batch_size < 1:
         raise ValueError(f"shard_size={shard_size} and batch_size={batch_size} must be >= 1")
+    FileSystems.set_options(options)
     crop_fraction = crop_fraction or config_lib.encoder_crop_fraction(encoder_name)
-    reuse = os.path.exists(os.path.join(out_dir, feature_cache.INDEX_FILE))
+    reuse = filesystem.exists(filesystem.join(out_dir, feature_cache.INDEX_FILE))
     index, todo = extract.start(
         records, encoder_name, encoder_weights, image_size, out_dir, shard_size
     )
@@ -149,14 +197,28 @@ def run(
         logging.warning("features: the %s encoder has random weights", encoder_name)
     feature_cache.write_index(out_dir, index)  # the settings, before any shard is written
     encoder_args = (encoder_name, encoder_weights, image_size, crop_fraction, batch_size)
-    pipeline = beam.Pipeline(options=options)
-    extract_shards(pipeline, records, index, todo, out_dir, encoder_args, skip_bad_images, reuse)
-    result = pipeline.run()
-    result.wait_until_finish()
-    path = os.path.join(out_dir, _OUTCOMES)
-    with open(path, encoding="utf-8") as f:
-        outcomes = json.load(f)
-    os.remove(path)
+    carried = launch.worker_options(options)
+    shard_fn = ExtractShards(
+        out_dir, index["num_shards"], encoder_args, skip_bad_images, reuse, max_image_bytes, carried
+    )
+    path = filesystem.join(out_dir, _OUTCOMES.format(uuid.uuid4().hex))
+    pipeline = beam.Pipeline(runner=launch.runner(options), options=options)
+    extract_shards(pipeline, records, index, todo, shard_fn, path, carried)
+    try:
+        result = launch.run(pipeline)
+        outcomes = json.loads(filesystem.read_bytes(path).decode("utf-8"))
+    finally:
+        if filesystem.exists(path):
+            filesystem.delete(path)
+    return _finish(index, out_dir, outcomes), counts(result)
+
+
+def _finish(index, out_dir, outcomes) -> dict:
+    """The index with the shards of `outcomes` in it, written.
+
+    Raises:
+      ValueError: naming the images of the shards left unwritten (`extract.Undecodable`).
+    """
     refused = {}
     for shard, outcome in outcomes:
         if "refused" in outcome:
@@ -170,4 +232,4 @@ def run(
     if refused:
         done = sum(entry is not None for entry in index["shards"])
         raise extract.undecodable_error(refused, out_dir, done)
-    return index, counts(result)
+    return index

@@ -1,10 +1,12 @@
 // The demo page: sends a photo to POST /api/caption and shows the caption, its
 // log-probability and one attention picture per word (computed by the server from the
-// SavedModel's serving_default outputs). No library, no network beyond this server.
+// SavedModel's outputs), and for a beam the beam's other captions with their
+// probabilities: a click on one shows its words and pictures. No library, no network
+// beyond this server.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { info: null, result: null, pinned: null, file: null, request: 0 };
+const state = { info: null, page: null, result: null, pinned: null, file: null, request: 0 };
 
 function megabytes(bytes) {
   return (bytes / 2 ** 20).toFixed(1) + " MB";
@@ -129,7 +131,41 @@ function wordSpan(word, index) {
   return span;
 }
 
-function render(result) {
+function probability(p) {
+  return p >= 0.001 ? p.toFixed(3) : p.toExponential(1);
+}
+
+// The answer of /api/caption: the list of the beam's captions, then the first shown.
+function render(page) {
+  state.page = page;
+  const list = $("alternatives");
+  list.replaceChildren();
+  page.alternatives.forEach((alternative, i) => {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "alternative";
+    button.dataset.alternative = String(i);
+    const odds = document.createElement("small");
+    odds.textContent = ` p = ${probability(alternative.probability)} (log p ${alternative.log_prob.toFixed(3)})`;
+    button.append(alternative.caption || "(no words)", odds);
+    button.addEventListener("click", () => choose(i));
+    const item = document.createElement("li");
+    item.append(button);
+    list.append(item);
+  });
+  $("alternatives-box").hidden = page.alternatives.length < 2;
+  choose(0);
+}
+
+// Shows the page's caption `index` (0: the best) with its words and pictures.
+function choose(index) {
+  document.querySelectorAll(".alternative").forEach((button) => {
+    button.classList.toggle("chosen", button.dataset.alternative === String(index));
+  });
+  showCaption({ ...state.page, ...state.page.alternatives[index] });
+}
+
+function showCaption(result) {
   state.result = result;
   state.pinned = null;
   const words = result.words;

@@ -13,10 +13,13 @@ for a signature of one input, or a dict {input name: value}. Beam stacks none of
 the handler does, so a batch of N elements is one call with inputs of N rows, and each
 element gets back row i of every output. The model is read from any path that Beam's
 `FileSystems` reads (local, `gs://`, `s3://` with their extras): a folder elsewhere is
-copied to a local temporary folder first, since `tf.saved_model.load` reads local files
-(and `gs://` only where TensorFlow was built with it).
+copied to a local temporary folder of a unique name first, since `tf.saved_model.load`
+reads local files (and `gs://` only where TensorFlow was built with it), and the copy is
+removed as soon as the model is loaded (the loaded model holds its variables and
+constants in memory), so a worker leaves no file behind even when it is killed later.
 """
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -25,35 +28,61 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+
+from sat_tf.pipelines import launch
 
 
 def _is_local_folder(path: str) -> bool:
     return os.path.isdir(path)
 
 
-def local_copy(path: str) -> str:
-    """`path` itself when it is a local folder, else a local temporary folder holding a
-    copy of every file under it (read through Beam's `FileSystems`).
+def _copy_into(path: str, target: str) -> None:
+    """Copies every file under `path` (through `FileSystems`) into the folder `target`.
 
     Raises:
-      ValueError: when nothing is found under `path`.
+      ValueError: when nothing is found under `path`, or a file's name leads outside
+        `target` (a `..` in an object key).
     """
-    if _is_local_folder(path):
-        return path
     root = path.rstrip("/")
     matches = FileSystems.match([FileSystems.join(root, "**")])[0].metadata_list
     if not matches:
         raise ValueError(f"no SavedModel at {path}: no file found under it")
-    target = tempfile.mkdtemp(prefix="saved_model_")
     for metadata in matches:
         relative = metadata.path[len(root) :].lstrip("/")
-        local = os.path.join(target, *relative.split("/"))
+        local = os.path.normpath(os.path.join(target, *relative.split("/")))
+        if not local.startswith(os.path.join(target, "")):
+            raise ValueError(
+                f"{metadata.path}: its name leads outside {path} ('..'), so it is not copied"
+            )
         os.makedirs(os.path.dirname(local), exist_ok=True)
-        with FileSystems.open(metadata.path) as source, open(local, "wb") as sink:
-            shutil.copyfileobj(source, sink)
-    return target
+        with (
+            FileSystems.open(metadata.path, compression_type=CompressionTypes.UNCOMPRESSED) as f,
+            open(local, "wb") as sink,
+        ):
+            shutil.copyfileobj(f, sink)
+
+
+@contextlib.contextmanager
+def local_copy(path: str):
+    """`path` itself when it is a local folder, else a local temporary folder of a unique
+    name holding a copy of every file under it (read through Beam's `FileSystems`),
+    removed when the block ends, also on an error.
+
+    Raises:
+      ValueError: as `_copy_into`.
+    """
+    if _is_local_folder(path):
+        yield path
+        return
+    target = tempfile.mkdtemp(prefix="sat_saved_model_")
+    try:
+        _copy_into(path, target)
+        yield target
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
 
 
 def _stack(values, spec):
@@ -82,6 +111,8 @@ class SavedModelHandler(ModelHandler):
       large_model: share one loaded model among the processes of a worker (Beam's
         `multi_process_shared`) instead of one per process.
       model_copies: how many copies a worker holds when shared (implies sharing).
+      worker_options: the pipeline options `FileSystems` needs to read `model_uri`
+        (`launch.worker_options`), for workers started without them; None for none.
       **kwargs: Beam's other `ModelHandler` arguments (`max_batch_duration_secs`,
         `env_vars`, ...).
     """
@@ -96,6 +127,7 @@ class SavedModelHandler(ModelHandler):
         max_batch_size: int | None = None,
         large_model: bool = False,
         model_copies: int | None = None,
+        worker_options: dict | None = None,
         **kwargs,
     ):
         super().__init__(
@@ -108,6 +140,7 @@ class SavedModelHandler(ModelHandler):
         self._model_uri = model_uri
         self._signature = signature
         self._tags = list(saved_model_tags) if saved_model_tags else None
+        self._worker_options = worker_options
 
     def load_model(self):
         """The loaded SavedModel (its signature checked, so a wrong name fails at once).
@@ -115,7 +148,9 @@ class SavedModelHandler(ModelHandler):
         Raises:
           ValueError: naming the signatures the model has, when `signature` is not one.
         """
-        loaded = tf.saved_model.load(local_copy(self._model_uri), tags=self._tags)
+        launch.use_worker_options(self._worker_options)
+        with local_copy(self._model_uri) as folder:
+            loaded = tf.saved_model.load(folder, tags=self._tags)
         if self._signature not in loaded.signatures:
             raise ValueError(
                 f"{self._model_uri} has no signature {self._signature!r}; it has "

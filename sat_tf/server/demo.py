@@ -4,14 +4,16 @@ where the model looked for every word (paper Fig. 3).
 The page is driven by exported SavedModels (`exporting`), each loaded once with
 `tf.saved_model.load`: a caption comes from the `serving_default` signature — the
 outputs TF Serving would return — and never from a second path through the Python
-model. Beam size is fixed in a SavedModel when it is exported, so the page offers one
-decoding per export (`export_decodings` writes a greedy and a beam-3 export of a
-trained model). Each export is a `model_server.Servable`, as sat-serve loads it:
-concurrent requests for one decoding run as one call of the signature
-(`batching.Batcher`, sat-serve's `batching.SERVE_DEFAULTS`), and the export's warm-up
-requests run before the page is served. Per-word pictures are `visualize.upsample_attention` and
-`visualize.overlay_attention` of the signature's `attention` over the centre crop the
-model saw (`image_io.decode_image`).
+model; a beam export's page shows the beam's other captions under it with their
+probabilities, from `caption_alternatives` (serving_default's outputs and the attention
+of each), and the attention of the one clicked. Beam size is fixed in a SavedModel when
+it is exported, so the page offers one decoding per export (`export_decodings` writes a
+greedy and a beam-3 export of a trained model). Each export is a
+`model_server.Servable`, as sat-serve loads it: concurrent requests for one decoding run
+as one call of the signature (`batching.Batcher`, sat-serve's `batching.SERVE_DEFAULTS`),
+and the export's warm-up requests run before the page is served. Per-word pictures are
+`visualize.upsample_attention` and `visualize.overlay_attention` of the signature's
+`attention` over the centre crop the model saw (`image_io.decode_image`).
 
 `create_app` returns a Flask app; `serve` runs it on 127.0.0.1 with Werkzeug's
 threaded server. Nothing here reads flags or writes files.
@@ -22,6 +24,7 @@ import dataclasses
 import io
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -36,7 +39,9 @@ from werkzeug import exceptions, serving
 
 from sat_tf.data import image_io
 from sat_tf.evaluation import visualize
-from sat_tf.serving import batching, exporting, model_server
+from sat_tf.server import batching
+from sat_tf.server import servable as model_server
+from sat_tf.serving import exporting
 
 HOST = "127.0.0.1"
 ASSETS = {"index.html": "text/html", "demo.js": "text/javascript", "demo.css": "text/css"}
@@ -99,6 +104,8 @@ class ExportedCaptioner:
       warmup_requests: how many of the export's warm-up requests ran at load (0 for an
         export without them: it captions a 1 x 1 PNG instead).
       servable: the `model_server.Servable` (its `batchers` count the signature's calls).
+      signature: the signature the page calls: `caption_alternatives` for an export of
+        a beam (its K > 1 captions), else `serving_default`.
     """
 
     def __init__(
@@ -127,11 +134,15 @@ class ExportedCaptioner:
         self.beam_size = int(self.info["beam_size"])
         self.name = decoding_name(self.beam_size)
         self.servable = model_server.Servable(self.path, 1, parameters)
+        self.signature = model_server.DEFAULT_SIGNATURE
+        if exporting.ALTERNATIVES in self.servable.signature_defs:
+            self.signature = exporting.ALTERNATIVES
         try:
             self.warmup_requests = self.servable.warm_up()
         except ImportError:  # the file is read with tensorflow-serving-api (the export extra)
             self.warmup_requests = 0
-        if not self.warmup_requests:
+        # The warm-up requests are serving_default's.
+        if not self.warmup_requests or self.signature != model_server.DEFAULT_SIGNATURE:
             self(_WARM_UP_IMAGE, "the warm-up image")
 
     @property
@@ -157,8 +168,11 @@ class ExportedCaptioner:
         Returns:
           {caption: str, tokens: int32 (T,), length: int, log_prob: float,
           attention: float32 (T, H, W), tag: the ImageNet tag the caption was made to say
-          ("" for none, or an export without tags)}, and off_world_score: float and
-          off_world: bool for an export with off-world statistics.
+          ("" for none, or an export without tags), alternatives: the beam's captions,
+          best first (the caption first; only it for a greedy export or one without
+          `caption_alternatives`), each {caption, length, log_prob, attention}}, and
+          off_world_score: float and off_world: bool for an export with off-world
+          statistics.
 
         Raises:
           ImageError: naming `name` when the signature gives no caption (its `status`
@@ -167,7 +181,7 @@ class ExportedCaptioner:
         """
         try:
             out = self.servable.predict(
-                model_server.DEFAULT_SIGNATURE, {"image_bytes": np.array([data], dtype=object)}
+                self.signature, {"image_bytes": np.array([data], dtype=object)}
             )
         except model_server.ServingError as e:
             if e.code != "INVALID_ARGUMENT":
@@ -176,7 +190,7 @@ class ExportedCaptioner:
         if "status" in out and int(out["status"][0]) != 0:  # exports since the status output
             reason = out["error"][0].decode("utf-8")
             raise ImageError(reason.replace("image_bytes[0]", name, 1))
-        return {
+        result = {
             "caption": out["caption"][0].decode("utf-8"),
             "tokens": out["tokens"][0],
             "length": int(out["length"][0]),
@@ -185,6 +199,21 @@ class ExportedCaptioner:
             "tag": out["tag"][0].decode("utf-8") if "tag" in out else "",
             **{k: out[k][0].item() for k in ("off_world_score", "off_world") if k in out},
         }
+        first = {k: result[k] for k in ("caption", "length", "log_prob", "attention")}
+        result["alternatives"] = [first]
+        if "attentions" in out:
+            pairs = zip(out["captions"][0], out["log_probs"][0], out["attentions"][0], strict=True)
+            result["alternatives"] += [
+                {
+                    "caption": text.decode("utf-8"),
+                    "length": len(text.split()),
+                    "log_prob": float(log_prob),
+                    "attention": attention,
+                }
+                for text, log_prob, attention in list(pairs)[1:]
+                if log_prob > -np.inf
+            ]
+        return result
 
     def close(self) -> None:
         """Stops the batch threads (after what is queued)."""
@@ -362,6 +391,8 @@ def caption_page(captioner: ExportedCaptioner, data: bytes, name: str, limits: L
       off_world_score, off_world and off_world_threshold (None for an export without
       off-world statistics), image (the
       crop as a data URL), grid, words, attention, cells (see `attention_panels`),
+      alternatives (the beam's captions, best first, the caption first: each caption,
+      log_prob, probability (e to the log_prob), length, words, attention and cells),
       model_ms (the signature call, with its wait for a batch) and total_ms.
 
     Raises:
@@ -373,6 +404,16 @@ def caption_page(captioner: ExportedCaptioner, data: bytes, name: str, limits: L
     result = captioner(data, name)
     model_ms = 1e3 * (time.perf_counter() - model_start)
     pixels = display_pixels(data, captioner)
+    alternatives = [
+        {
+            "caption": each["caption"],
+            "log_prob": each["log_prob"],
+            "probability": math.exp(each["log_prob"]),
+            "length": each["length"],
+            **attention_panels(pixels, each, captioner.hard),
+        }
+        for each in result["alternatives"]
+    ]
     page = {
         "file": name,
         "decoding": captioner.name,
@@ -386,7 +427,8 @@ def caption_page(captioner: ExportedCaptioner, data: bytes, name: str, limits: L
         "off_world_threshold": (captioner.info.get("off_world") or {}).get("threshold"),
         "image": _data_url(pixels),
         "grid": list(captioner.grid),
-        **attention_panels(pixels, result, captioner.hard),
+        **{k: alternatives[0][k] for k in ("words", "attention", "cells")},
+        "alternatives": alternatives,
         "model_ms": round(model_ms, 2),
     }
     page["total_ms"] = round(1e3 * (time.perf_counter() - start), 2)
@@ -399,7 +441,7 @@ def _upload_name(filename: str | None) -> str:
 
 
 def _asset(name: str) -> bytes:
-    return (resources.files("sat_tf.serving") / "demo_assets" / name).read_bytes()
+    return (resources.files("sat_tf.server") / "demo_assets" / name).read_bytes()
 
 
 def _error(message, status):
