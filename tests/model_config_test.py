@@ -299,6 +299,6 @@ def test_labels_follow_tf_servings_rule(version, available, before, allow, allow
         model_config.assign_labels("a", labels, available, current, allow)
     assert str(caught.value) == (
         f"Request to assign label to version {version} of model a, which is not currently "
-        "available for inference"
+        'available for inference (version_labels["canary"])'
     )
     assert caught.value.code == "FAILED_PRECONDITION"

@@ -14,6 +14,7 @@ import re
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
+from sat_tf.server.errors import ServingError
 from sat_tf.server.protos import monitoring_config_pb2, ssl_config_pb2
 
 # Where TF Serving serves the metrics page when prometheus_config.path is empty
@@ -25,13 +26,15 @@ TENSORFLOW_MODEL_TYPE = model_server_config_pb2.TENSORFLOW  # the deprecated mod
 _ABSOLUTE = re.compile(r"^(/|[A-Za-z][A-Za-z0-9+.-]*://)")
 
 
-class ConfigError(ValueError):
+class ConfigError(ServingError, ValueError):
     """A file or message that cannot be served, with one line naming it and the field;
     `code` is the canonical error code TF Serving answers it with."""
 
     def __init__(self, message: str, code: str = "INVALID_ARGUMENT"):
-        super().__init__(message)
-        self.code = code
+        super().__init__(code, message)
+
+    def __str__(self):
+        return self.message
 
 
 def read_text(path: str) -> str:
@@ -164,6 +167,21 @@ def _check_model(model, where: str) -> None:
             )
 
 
+def check_base_paths(config, source: str) -> None:
+    """Raises a ConfigError (NOT_FOUND) naming `source` and the field for the first model
+    whose base_path is not a folder `tf.io.gfile` finds (TF Serving's source refuses the
+    config for it)."""
+    import tensorflow as tf
+
+    for i, model in enumerate(config.model_config_list.config):
+        if not tf.io.gfile.isdir(model.base_path):
+            raise ConfigError(
+                f'{source}: model_config_list.config[{i}] (model "{model.name}").base_path: '
+                f"{model.base_path} is not a folder",
+                "NOT_FOUND",
+            )
+
+
 def assign_labels(
     model: str,
     labels: dict,
@@ -188,7 +206,7 @@ def assign_labels(
         if version not in available and not (allow_unavailable and keeps_or_new):
             raise ConfigError(
                 f"Request to assign label to version {version} of model {model}, which is "
-                "not currently available for inference",
+                f'not currently available for inference (version_labels["{label}"])',
                 "FAILED_PRECONDITION",
             )
     return dict(labels)
