@@ -13,9 +13,11 @@ change:
   version and the server is not draining. A probe that must wait for one model asks for
   that model's name.
 
-The state comes from a `ServingState`; whoever changes it calls
-`HealthService.refresh()`. The service also listens as the manager's listeners do: its
-`version_changed(status)` and `draining()` refresh it.
+The state comes from a `ServingState` (`ManagerState` reads it from the manager);
+whoever changes it calls `HealthService.refresh()`. The service is one of the manager's
+listeners: a version's change, a new config and the drain refresh it. At the end of a
+drain, `close()` ends every Watch stream (they would hold the gRPC server's stop for its
+whole grace period).
 """
 
 import threading
@@ -23,6 +25,9 @@ from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from sat_tf.server import observer
+from sat_tf.server.errors import ServingError
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -48,6 +53,25 @@ class ServingState(Protocol):
         """Whether the server has stopped taking requests (a SIGTERM's drain)."""
 
 
+class ManagerState:
+    """The `ServingState` of a `manager.Manager`: its config's models and its drain."""
+
+    def __init__(self, manager):
+        self._manager = manager
+
+    def available(self) -> dict[str, bool]:
+        return {m.name: self._serves(m.name) for m in self._manager.config.model_config_list.config}
+
+    def _serves(self, name):
+        try:
+            return any(s.state == "AVAILABLE" for s in self._manager.status(name))
+        except ServingError:  # no version yet
+            return False
+
+    def draining(self) -> bool:
+        return self._manager.draining.is_set()
+
+
 def statuses(available: dict[str, bool], draining: bool) -> dict[str, int]:
     """{service name: HealthCheckResponse status} for the server's names and each model's."""
     serving = {name: ok and not draining for name, ok in available.items()}
@@ -57,7 +81,7 @@ def statuses(available: dict[str, bool], draining: bool) -> dict[str, int]:
     return answers
 
 
-class HealthService(health.HealthServicer):
+class HealthService(health.HealthServicer, observer.Listener):
     """grpc-health-checking's servicer, its statuses set from `state` at each `refresh`.
 
     Add it to a server with `add_to_server`. Watch streams are non-blocking (they hold no
@@ -69,6 +93,7 @@ class HealthService(health.HealthServicer):
         self._state = state
         self._shown: dict[str, int] = {health.OVERALL_HEALTH: SERVING}
         self._refresh_lock = threading.Lock()
+        self._streams, self._streams_lock, self._closed = set(), threading.Lock(), False
         self.refresh()
 
     def refresh(self):
@@ -86,9 +111,42 @@ class HealthService(health.HealthServicer):
         """A version changed its state: the statuses are read again."""
         self.refresh()
 
+    def config_changed(self, config):
+        """Models may have come or gone: the statuses are read again."""
+        self.refresh()
+
     def draining(self):
         """The drain started: the statuses are read again."""
         self.refresh()
+
+    def Watch(self, request, context, send_response_callback=None):  # noqa: N802
+        """grpc-health-checking's Watch, each stream kept so that `close` can end it."""
+        if send_response_callback is None:  # a server without non-blocking streams
+            return super().Watch(request, context)
+        ended = threading.Event()
+
+        def send(response):
+            with self._streams_lock:
+                if ended.is_set():
+                    return
+                if response is None:
+                    ended.set()
+                    self._streams.discard(send)
+            send_response_callback(response)
+
+        with self._streams_lock:
+            if self._closed:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
+            self._streams.add(send)
+        return super().Watch(request, context, send)
+
+    def close(self):
+        """Ends every Watch stream (its last status sent) and every one that comes."""
+        with self._streams_lock:
+            self._closed = True
+            streams = list(self._streams)
+        for send in streams:
+            send(None)
 
     def Check(self, request, context):  # noqa: N802 - the proto's name
         answer = super().Check(request, context)

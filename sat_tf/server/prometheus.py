@@ -10,12 +10,14 @@ prometheus-client collectors held in a registry of their own, so the series an
 operator's dashboards and alerts query are the ones TF Serving exposes.
 
 `ServerMetrics` is told of the server's work through three methods, `request`, `batch`
-and `warmup`, and records as TF Serving does:
+and `warmup`, in TF Serving's terms (`MetricsObserver` tells it as the server's
+`observer.Observer`), and records as TF Serving does:
 - a request: request_count {model_name, status} for every request, status its canonical
   code ("OK", "NOT_FOUND", ...); request_latency {model_name, API, entrypoint} in
   microseconds only for a request answered OK. API is "Predict" and entrypoint "GRPC"
-  over gRPC (prediction_service_impl.cc); over REST, API is the verb of the path
-  ("predict"; empty for a GET) and entrypoint "REST" (http_server.cc);
+  over gRPC (prediction_service_impl.cc; TF Serving records no other gRPC method); over
+  REST, API is the verb of the path ("predict"; empty for a GET) and entrypoint "REST"
+  (http_server.cc);
 - the examples of a request: request_example_counts and request_example_count_total
   {model}. TF Serving counts the tf.Examples of Classify, Regress and MultiInference;
   sat-serve, which has Predict only, counts a predict's instances (images);
@@ -34,6 +36,8 @@ import math
 import re
 
 import prometheus_client
+
+from sat_tf.server import observer
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 BATCH_THREADS = "batch_threads"  # TF's thread_pool_name when BatchingParameters names none
@@ -102,6 +106,16 @@ class ServerMetrics:
             )
             self._exposed[collector] = exposed_name(name)
             setattr(self, attribute, collector)
+        # Each label set's child, kept: a request costs dictionary look-ups, not
+        # prometheus-client's lock around its own.
+        self._children = {}
+
+    def _child(self, collector, *labels):
+        key = (collector, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children.setdefault(key, collector.labels(*labels))
+        return child
 
     def request(
         self,
@@ -115,12 +129,12 @@ class ServerMetrics:
         """A request answered with canonical `code` ("OK", ...) `seconds` after it
         arrived, holding `examples` instances (0: none, as a GET); its latency counts
         only when `code` is "OK"."""
-        self.request_count.labels(model, code).inc()
+        self._child(self.request_count, model, code).inc()
         if code == "OK":
-            self.request_latency.labels(model, api, entrypoint).observe(seconds * 1e6)
+            self._child(self.request_latency, model, api, entrypoint).observe(seconds * 1e6)
         if examples > 0:
-            self.example_counts.labels(model).observe(examples)
-            self.example_count_total.labels(model).inc(examples)
+            self._child(self.example_counts, model).observe(examples)
+            self._child(self.example_count_total, model).inc(examples)
 
     def batch(
         self,
@@ -138,8 +152,8 @@ class ServerMetrics:
         for size in sizes:
             self.input_batch_size.observe(size)
         self.processed_batch_size.observe(processed)
-        self.padding_size.labels(str(processed)).observe(padding)
-        queuing = self.queuing_latency.labels(thread_pool_name)
+        self._child(self.padding_size, str(processed)).observe(padding)
+        queuing = self._child(self.queuing_latency, thread_pool_name)
         for wait in queued_seconds:
             queuing.observe(wait * 1e6)
 
@@ -150,6 +164,14 @@ class ServerMetrics:
         folder = path.rsplit("/" + WARMUP_FOLDER + "/", 1)[0]
         self.warmup_latency.labels(folder, code).observe(seconds * 1e6)
         self.warmup_records.labels(folder, code).inc(records)
+
+    def page_app(self, environ, start_response):
+        """The page as a WSGI app (TF Serving answers any method on its path)."""
+        page = self.page()
+        start_response(
+            "200 OK", [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(page)))]
+        )
+        return [page]
 
     def page(self) -> bytes:
         """The metrics in Prometheus's text format, as TF Serving's page shows them."""
@@ -165,6 +187,31 @@ class ServerMetrics:
                     shown = name if family.type == "counter" else name + suffix
                     lines.append(f"{shown}{_labels(sample.labels)} {_number(sample.value)}")
         return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+class MetricsObserver(observer.Observer):
+    """The server's `observer.Observer` telling `metrics` (a `ServerMetrics`) of its work
+    in TF Serving's terms: a gRPC Predict as API "Predict", a REST predict as "predict",
+    a REST GET as "" (no verb), other gRPC methods not at all; batches under the batch
+    threads' `thread_pool_name`."""
+
+    def __init__(self, metrics: ServerMetrics, thread_pool_name: str = BATCH_THREADS):
+        self.metrics, self.thread_pool_name = metrics, thread_pool_name
+
+    def request(self, model, api, entrypoint, code, seconds, examples):
+        if entrypoint == "GRPC":
+            if api != "predict":
+                return
+            api = "Predict"
+        elif api != "predict":
+            api = ""
+        self.metrics.request(model, api, entrypoint, code, seconds, examples)
+
+    def batch(self, model, signature, sizes, padding, queued_seconds):
+        self.metrics.batch(model, signature, sizes, padding, queued_seconds, self.thread_pool_name)
+
+    def warmup(self, model, version, path, code, seconds, records):
+        self.metrics.warmup(model, version, path, code, seconds, records)
 
 
 def _labels(labels: dict) -> str:
