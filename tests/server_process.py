@@ -111,7 +111,7 @@ class SatServe:
             env=ENV,
         )
         line = self.read_line(START_SECONDS)
-        found = re.search(r"REST on 127.0.0.1:(\d+), gRPC on 127.0.0.1:(\d+)", line)
+        found = re.search(r"REST on \S+:(\d+), gRPC on \S+:(\d+)", line)
         if not found:
             self.process.kill()
             raise AssertionError(f"sat-serve did not start: {line!r}, {self.errors()[-3000:]}")
