@@ -1,13 +1,16 @@
 """gRPC health that follows the models' state: Check and Watch through a real gRPC
-server on 127.0.0.1, across a version becoming AVAILABLE, a drain and a model leaving."""
+server on 127.0.0.1, across a version becoming AVAILABLE, a drain and a model leaving;
+the end of the drain ends the Watch streams; the state as a manager gives it."""
 
+import threading
 from concurrent import futures
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sat_tf.server import health
+from sat_tf.server import health, observer
+from sat_tf.server.errors import ServingError
 from sat_tf.server.health import NOT_SERVING, SERVICE_UNKNOWN, SERVING, HealthService
 
 DEADLINE = 10  # seconds any call or stream read may take
@@ -125,3 +128,43 @@ def test_a_model_that_leaves_the_config_becomes_unknown(served):
     finally:
         watch.cancel()
         later.cancel()
+
+
+def test_close_ends_every_watch_and_refuses_new_ones(served):
+    state, service, stub = served
+    watch = stub.Watch(health_pb2.HealthCheckRequest(service="a"), timeout=DEADLINE)
+    assert next(watch).status == NOT_SERVING
+    service.config_changed(None)  # a new config: read again, nothing changed
+    service.close()
+    assert list(watch) == []  # the stream ended
+    later = stub.Watch(health_pb2.HealthCheckRequest(service="a"), timeout=DEADLINE)
+    with pytest.raises(grpc.RpcError) as caught:
+        next(later)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert _check(stub, "a") == NOT_SERVING  # Check still answers
+
+
+class Manager:
+    """What ManagerState reads of a manager: its config, versions' states and drain."""
+
+    def __init__(self, states):
+        from tensorflow_serving.config import model_server_config_pb2
+
+        self.config = model_server_config_pb2.ModelServerConfig()
+        for name in states:
+            self.config.model_config_list.config.add(name=name)
+        self.states, self.draining = states, threading.Event()
+
+    def status(self, name):
+        if not self.states[name]:
+            raise ServingError("NOT_FOUND", f"Could not find any versions of model {name}")
+        return [observer.VersionStatus(name, v, s, "OK", "") for v, s in self.states[name]]
+
+
+def test_the_managers_state():
+    manager = Manager({"a": [(2, "LOADING"), (1, "AVAILABLE")], "b": [(1, "END")], "c": []})
+    state = health.ManagerState(manager)
+    assert state.available() == {"a": True, "b": False, "c": False}
+    assert not state.draining()
+    manager.draining.set()
+    assert state.draining()

@@ -181,3 +181,28 @@ def test_the_example_scrape_reads_the_page_the_example_config_serves():
     with open(os.path.join(examples, "prometheus.yml"), encoding="utf-8") as f:
         (scraped,) = re.findall(r"^\s*metrics_path:\s*(\S+)\s*$", f.read(), re.M)
     assert scraped == model_config.prometheus_path(config) == "/monitoring/prometheus/metrics"
+
+
+def test_the_servers_observer_speaks_tf_servings_terms():
+    metrics = ServerMetrics()
+    watcher = prometheus.MetricsObserver(metrics, "pool")
+    watcher.request("a", "predict", "GRPC", "OK", 0.001, 2)
+    watcher.request("a", "get_model_metadata", "GRPC", "OK", 0.001, 0)  # not recorded
+    watcher.request("a", "predict", "REST", "NOT_FOUND", 0.001, 0)
+    watcher.request("a", "get_model_status", "REST", "OK", 0.001, 0)
+    watcher.batch("a", "serving_default", [3], 1, [0.002])
+    watcher.warmup("a", 1, "/m/a/1/assets.extra/tf_serving_warmup_requests", "OK", 0.5, 2)
+    families = _families(metrics)
+    count = families[":tensorflow:serving:request_count"]
+    assert _value(count, count.name + "_total", status="OK") == 2
+    assert _value(count, count.name + "_total", status="NOT_FOUND") == 1
+    latency = families[":tensorflow:serving:request_latency"]
+    apis = {
+        (s.labels["API"], s.labels["entrypoint"]): s.value
+        for s in _samples(latency, latency.name + "_count")
+    }
+    assert apis == {("Predict", "GRPC"): 1, ("", "REST"): 1}
+    queuing = families[":tensorflow:serving:batching_session:queuing_latency"]
+    assert _value(queuing, queuing.name + "_count", thread_pool_name="pool") == 1
+    warmup = families[":tensorflow:serving:model_warmup_latency"]
+    assert _value(warmup, warmup.name + "_count", model_path="/m/a/1", status="OK") == 1
