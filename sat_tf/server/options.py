@@ -69,7 +69,7 @@ class ServerOptions:
         True, "Run a version's assets.extra/tf_serving_warmup_requests before it serves."
     )
     num_request_iterations_for_warmup: int = _setting(
-        1, "Times each warm-up request runs; used only if > 0 (else once)."
+        0, "Times each warm-up request runs; used only if > 0 (else once)."
     )
     monitoring_config_file: str = _setting(
         "",
