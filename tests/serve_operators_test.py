@@ -8,7 +8,8 @@ stub (Check and Watch across a SIGTERM drain), mutual TLS with certificates made
 The default run holds the starts that must end with one line naming the file and the
 field, and --version. The live servers are slow tests (`-m slow`): the example
 models.config (two models, a specific policy, labels stable and canary) with the example
-monitoring.config, TLS, health and CORS; and a server on :: with mutual TLS.
+monitoring.config, TLS, health and CORS; and a server on :: with mutual TLS, per-model
+batching parameters and the rest of TF Serving's flags.
 """
 
 import concurrent.futures
@@ -354,14 +355,19 @@ class OperatorsTest(tf.test.TestCase):
 @pytest.mark.slow
 class MutualTlsTest(tf.test.TestCase):
     """One model on :: (IPv6 and IPv4) with client_verify: only a client with a
-    certificate the CA signed is answered."""
+    certificate the CA signed is answered; its version folder's batching_params.pbtxt
+    batches it, without a warm-up."""
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
         cls.root = tempfile.mkdtemp()
         cls.addClassCleanup(shutil.rmtree, cls.root, ignore_errors=True)
-        add_version(os.path.join(cls.root, "sat"), 1)
+        version = add_version(os.path.join(cls.root, "sat"), 1)
+        write(
+            os.path.join(version, "batching_params.pbtxt"),
+            "max_batch_size { value: 2 }\nbatch_timeout_micros { value: 0 }\n",
+        )
         cls.authority, other = Authority("test CA"), Authority("another CA")
         cls.client, cls.stranger = cls.authority.issue("a client"), other.issue("a stranger")
         ssl = ssl_config(
@@ -370,7 +376,15 @@ class MutualTlsTest(tf.test.TestCase):
             cls.authority.pem,
         )
         cls.server = SatServe(
-            os.path.join(cls.root, "sat"), "--host=::", f"--ssl_config_file={ssl}"
+            os.path.join(cls.root, "sat"),
+            "--host=::",
+            f"--ssl_config_file={ssl}",
+            # The rest of TF Serving's flags, each taken.
+            "--enable_per_model_batching_parameters",
+            "--enable_model_warmup=false",
+            "--num_request_iterations_for_warmup=2",
+            "--grpc_max_threads=4",
+            "--allow_version_labels_for_unavailable_models",
         )
         cls.addClassCleanup(cls.server.kill)
         cls.png = encode(scenes(0, 1)[0], "PNG")
@@ -394,9 +408,15 @@ class MutualTlsTest(tf.test.TestCase):
             self.assertEqual(raised.exception.code(), grpc.StatusCode.UNAVAILABLE)
 
     def test_rest_on_ipv6(self):
-        answer = requests.get(f"http://[::1]:{self.server.rest}/v1/models/sat", timeout=60)
+        url = f"http://[::1]:{self.server.rest}/v1/models/sat"
+        answer = requests.get(url, timeout=60)
         self.assertEqual(answer.status_code, 200)
         self.assertEqual(answer.json()["model_version_status"][0]["state"], "AVAILABLE")
+        # Three images in batches of at most 2 (the folder's file) come back whole.
+        images = [encode(x, "PNG") for x in scenes(0, 3)]
+        answer = requests.post(url + ":predict", data=predict_body(images), timeout=60)
+        self.assertEqual(answer.status_code, 200, answer.text[:300])
+        self.assertEqual([p["status"] for p in answer.json()["predictions"]], [0, 0, 0])
         self.assertEqual(self.server.stop(), 0)
 
 
