@@ -61,6 +61,9 @@ setup(
             "waitress>=3.0,<4",
             "orjson>=3.10,<4",
             "grpcio>=1.60",
+            "grpcio-health-checking>=1.60",
+            "prometheus-client>=0.20,<1",
+            "cryptography>=42",
             "tensorflow-serving-api>=2.21,<2.22",
             # The runtime sat_tf/server/protos/*_pb2.py were generated for (protos_test.py).
             "protobuf>=6.33.5,<7",

@@ -2,7 +2,9 @@
 gRPC client of export/serving/ captions through an in-process server over the tiny
 export; a version by number or label, output_filter, status and metadata answer as TF
 Serving does; errors carry their canonical codes and never an exception's text; a 1 ms
-deadline gets DEADLINE_EXCEEDED and the next call is answered."""
+deadline gets DEADLINE_EXCEEDED and the next call is answered; a predict while the server
+drains is refused with UNAVAILABLE; HandleReloadConfigRequest refuses what it cannot
+serve, naming the field."""
 
 import importlib.util
 import os
@@ -15,6 +17,7 @@ from server_process import serve_in_process
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
+    model_management_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
@@ -122,6 +125,36 @@ class GrpcApiTest(tf.test.TestCase):
         self.assertCode(
             self.predictions.GetModelMetadata, request, grpc.StatusCode.INVALID_ARGUMENT, "exactly"
         )
+
+    def test_a_predict_while_draining_and_reloads_it_refuses(self):
+        request = grpc_client().predict_request(self.images[:1])
+        self.manager.draining.set()
+        try:
+            self.assertCode(
+                self.predictions.Predict, request, grpc.StatusCode.UNAVAILABLE, "draining"
+            )
+        finally:
+            self.manager.draining.clear()
+        self.assertEqual(self.predictions.Predict(request, 60).model_spec.version.value, 3)
+        reload = model_management_pb2.ReloadConfigRequest()
+        reload.config.custom_model_config.Pack(reload)
+        self.assertCode(
+            self.models.HandleReloadConfigRequest,
+            reload,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "Only ModelConfigList is currently supported",
+        )
+        reload = model_management_pb2.ReloadConfigRequest()
+        reload.config.model_config_list.config.add(
+            name="sat", base_path=os.path.join(self.base, "nowhere"), model_platform="tensorflow"
+        )
+        self.assertCode(
+            self.models.HandleReloadConfigRequest,
+            reload,
+            grpc.StatusCode.NOT_FOUND,
+            'HandleReloadConfigRequest: model_config_list.config[0] (model "sat").base_path: ',
+        )
+        self.assertEqual(self.predictions.Predict(request, 60).model_spec.version.value, 3)
 
     def test_a_bug_is_internal_without_its_text(self):
         request = grpc_client().predict_request(self.images[:1])

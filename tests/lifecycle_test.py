@@ -2,7 +2,7 @@
 start with one line naming its flag and leaves the other port free; `run` over the tiny
 export announces its ports, answers (with another page and gRPC service added, its
 listeners hearing the versions and the drain), drains on SIGTERM and returns 0; a model that never
-loads ends `run` with the reason; `manager_of` reads the batching flags."""
+loads ends `run` with the reason; `manager_of` reads the batching, warm-up and label flags."""
 
 import os
 import shutil
@@ -149,6 +149,23 @@ class LifecycleTest(tf.test.TestCase):
         self.assertEqual(read.options.parameters.max_batch_size, 4)
         (model,) = read.config.model_config_list.config
         self.assertEqual((model.name, model.base_path), ("sat", self.base))
+        self.assertEqual(read.options.warmup_iterations, 1)
+        self.assertFalse(read.options.per_model_batching_parameters)
+        self.assertFalse(read.options.allow_version_labels_for_unavailable_models)
+        flags = lifecycle.manager_of(
+            self.settings(
+                num_request_iterations_for_warmup=3,
+                enable_per_model_batching_parameters=True,
+                allow_version_labels_for_unavailable_models=True,
+            )
+        )
+        self.assertEqual(flags.options.warmup_iterations, 3)
+        self.assertTrue(flags.options.per_model_batching_parameters)
+        self.assertTrue(flags.options.allow_version_labels_for_unavailable_models)
+        off = lifecycle.manager_of(self.settings(enable_model_warmup=False))
+        self.assertEqual(off.options.warmup_iterations, 0)
+        zero = lifecycle.manager_of(self.settings(num_request_iterations_for_warmup=0))
+        self.assertEqual(zero.options.warmup_iterations, 1)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from google.protobuf import text_format
 from server_process import add_version
 from tensorflow_serving.config import model_server_config_pb2
 
-from sat_tf.server import batching, manager, observer
+from sat_tf.server import batching, manager, model_config, observer
 from sat_tf.server.errors import ServingError
 
 PARAMETERS = batching.BatchingParameters(
@@ -61,7 +61,7 @@ class ManagerTest(tf.test.TestCase):
         # No warm-up unless a test asks: it runs 17 images at each load.
         options = {"parameters": PARAMETERS, "poll_wait_seconds": 0.05, "warmup_iterations": 0}
         options.update(overrides)
-        config = config or manager.one_model_config("sat", self.base)
+        config = config or model_config.single_model_config("sat", self.base)
         served = manager.Manager(config, manager.ManagerOptions(**options), self.heard)
         served.add_listener(self.heard)
         self.addCleanup(served.stop)
@@ -128,7 +128,7 @@ class ManagerTest(tf.test.TestCase):
     def test_a_start_whose_model_never_loads(self):
         add_version(self.base, 4, "model")
         served = manager.Manager(
-            manager.one_model_config("sat", self.base),
+            model_config.single_model_config("sat", self.base),
             manager.ManagerOptions(PARAMETERS, 0.05, 1, 0.01),
         )
         self.addCleanup(served.stop)
@@ -184,8 +184,9 @@ class ManagerTest(tf.test.TestCase):
             self.predict(served, label="beta")
         served.reload_config(
             config_of(
-                f'model_config_list {{ config {{ name: "sat" base_path: "{self.base}" }} '
-                f'config {{ name: "other" base_path: "{other}" }} }}'
+                f'model_config_list {{ config {{ name: "sat" base_path: "{self.base}" '
+                f'model_platform: "tensorflow" }} config {{ name: "other" base_path: "{other}" '
+                'model_platform: "tensorflow" } }'
             )
         )
         self.assertEqual(self.states(served), [(2, "AVAILABLE", "OK"), (1, "END", "OK")])
@@ -194,7 +195,7 @@ class ManagerTest(tf.test.TestCase):
             self.predict(served, label="stable")
         bad = config_of(
             f'model_config_list {{ config {{ name: "other" base_path: "{other}" '
-            'version_labels { key: "old" value: 6 } } }'
+            'model_platform: "tensorflow" version_labels { key: "old" value: 6 } } }'
         )
         with self.assertRaises(ServingError) as raised:
             served.reload_config(bad)
@@ -208,7 +209,7 @@ class ManagerTest(tf.test.TestCase):
         add_version(self.base, 1)
         config = config_of(
             f'model_config_list {{ config {{ name: "sat" base_path: "{self.base}" '
-            'version_labels { key: "next" value: 2 } } }'
+            'model_platform: "tensorflow" version_labels { key: "next" value: 2 } } }'
         )
         served = self.start(config, allow_version_labels_for_unavailable_models=True)
         self.assertEqual(served.resolve("sat", "next"), 2)
@@ -233,20 +234,25 @@ class ManagerTest(tf.test.TestCase):
 
     def test_configs_it_cannot_serve(self):
         for text, message in (
-            ('model_config_list { config { name: "a" } }', "needs a name and base_path"),
             (
-                'model_config_list { config { name: "a" base_path: "/a" } '
-                'config { name: "a" base_path: "/b" } }',
-                "model a is configured twice",
+                'model_config_list { config { name: "a" model_platform: "tensorflow" } }',
+                r'the model config: model_config_list.config\[0\] \(model "a"\).base_path: empty',
+            ),
+            (
+                'model_config_list { config { name: "a" base_path: "/a" '
+                'model_platform: "tensorflow" } config { name: "a" base_path: "/b" '
+                'model_platform: "tensorflow" } }',
+                r"config\[1\] \(model \"a\"\).name: the model is listed twice",
             ),
             (
                 'model_config_list { config { name: "a" base_path: "/a" '
                 'model_platform: "pytorch" } }',
-                "platform 'pytorch'",
+                "model_platform: 'pytorch'",
             ),
         ):
-            with self.assertRaisesRegex(ServingError, message):
+            with self.assertRaisesRegex(ServingError, message) as raised:
                 manager.Manager(config_of(text))
+            self.assertEqual(raised.exception.code, "INVALID_ARGUMENT")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 tiny export answers row and columnar predictions as the signature answers, the REST
 client of export/serving/ captions through it, status and metadata are TF Serving's JSON
 (a broken version listed with its error), every error is JSON with the HTTP status of
-its canonical code; and over a gated fake, a predict past --rest_api_timeout_in_ms gets
-504 (running) or 429 (queued) naming the deadline, the next request answered."""
+its canonical code, CORS headers and preflights as TF Serving answers them; and over a
+gated fake, a predict past --rest_api_timeout_in_ms gets 504 (running) or 429 (queued)
+naming the deadline, the next request answered."""
 
 import base64
 import importlib.util
@@ -11,6 +12,7 @@ import json
 import os
 import shutil
 import threading
+import wsgiref.util
 
 import numpy as np
 import requests
@@ -20,7 +22,7 @@ from server_process import serve_in_process
 
 from sat_tf.server import batching, observer
 from sat_tf.server.http_server import RestServer
-from sat_tf.server.rest_app import rest_app
+from sat_tf.server.rest_app import CORS_HEADERS, rest_app
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -140,6 +142,32 @@ class RestAppTest(tf.test.TestCase):
         only = requests.get(self.url + "/versions/2", timeout=10).json()["model_version_status"]
         self.assertEqual(only, [two])
         self.assertEqual(self.post({"instances": [{"image_bytes": ""}]}).status_code, 200)
+
+    def call(self, app, method, path, **headers):
+        environ = {"REQUEST_METHOD": method, "PATH_INFO": path, **headers}
+        wsgiref.util.setup_testing_defaults(environ)
+        started = []
+        body = b"".join(app(environ, lambda status, h: started.append((status, dict(h)))))
+        return started[0][0], started[0][1], body
+
+    def test_cors(self):
+        plain, cors = rest_app(self.manager), rest_app(self.manager, cors=True)
+        status, headers, _ = self.call(plain, "GET", "/v1/models/sat")
+        self.assertEqual(status, "200 OK")
+        self.assertNotIn("Access-Control-Allow-Origin", headers)
+        status, headers, _ = self.call(cors, "GET", "/v1/models/sat")
+        self.assertEqual(status, "200 OK")
+        self.assertEqual(
+            {k: v for k, v in headers.items() if k.startswith("Access-Control")},
+            dict(CORS_HEADERS),
+        )
+        origin = {"HTTP_ORIGIN": "https://example.com"}
+        status, headers, body = self.call(cors, "OPTIONS", "/v1/models/sat:predict", **origin)
+        self.assertEqual((status, body), ("200 OK", b""))
+        self.assertEqual(headers["Access-Control-Allow-Methods"], "POST, GET")
+        status, _, body = self.call(cors, "OPTIONS", "/v1/models/sat:predict")
+        self.assertEqual(status, "400 Bad Request")
+        self.assertIn(b"Origin header is missing", body)
 
     def test_errors_are_json_with_their_codes(self):
         b64 = [{"image_bytes": {"b64": base64.b64encode(self.images[0]).decode()}}]

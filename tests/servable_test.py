@@ -152,6 +152,35 @@ class BrokenVersionTest(tf.test.TestCase):
         self.assertIn(os.path.join(self.path, "variables"), error.message)
 
 
+class PerModelBatchingTest(tf.test.TestCase):
+    """--enable_per_model_batching_parameters: the version folder's batching_params.pbtxt."""
+
+    def test_the_folders_file_batches_it(self):
+        root = self.get_temp_dir()
+        path = copy_export(root, "own")
+        common = batching.BatchingParameters(max_batch_size=8, num_batch_threads=3)
+        unbatched = servable.Servable(path, 1, common, "sat", per_model=True)
+        self.assertEqual(unbatched.batchers, {})
+        unbatched.close()
+        file = os.path.join(path, batching.VERSION_FILE)
+        with open(file, "w") as f:
+            f.write("max_batch_size { value: 2 } num_batch_threads { value: 9 }")
+        own = servable.Servable(path, 1, common, "sat", per_model=True)
+        try:
+            parameters = {b.parameters for b in own.batchers.values()}
+            self.assertEqual(
+                [(p.max_batch_size, p.num_batch_threads) for p in parameters], [(2, 3)]
+            )
+        finally:
+            own.close()
+        with open(file, "w") as f:
+            f.write("max_batch_size { value: 2 } nonsense: 1")
+        with self.assertRaises(ServingError) as raised:
+            servable.Servable(path, 1, common, "sat", per_model=True)
+        self.assertEqual(raised.exception.code, "INVALID_ARGUMENT")
+        self.assertStartsWith(raised.exception.message, file)
+
+
 class RenameErrorsTest(tf.test.TestCase):
     def test_indices_move_by_the_shift(self):
         rows = {

@@ -60,7 +60,7 @@ def serve_in_process(test_class, version=1):
     started manager and server on free ports of 127.0.0.1 (batches of up to 8 waiting 0.3
     s, a failed load not tried again), stopped and removed when `test_class`'s tests end:
     (base path, manager, server)."""
-    from sat_tf.server import batching, lifecycle, manager, options
+    from sat_tf.server import batching, lifecycle, manager, model_config, options
 
     root = tempfile.mkdtemp()
     test_class.addClassCleanup(shutil.rmtree, root, ignore_errors=True)
@@ -70,7 +70,7 @@ def serve_in_process(test_class, version=1):
         max_batch_size=8, batch_timeout_micros=300_000, num_batch_threads=1
     )
     served = manager.Manager(
-        manager.one_model_config("sat", base),
+        model_config.single_model_config("sat", base),
         manager.ManagerOptions(parameters, poll_wait_seconds=0.05, max_num_load_retries=0),
     )
     served.start()
@@ -111,7 +111,7 @@ class SatServe:
             env=ENV,
         )
         line = self.read_line(START_SECONDS)
-        found = re.search(r"REST on 127.0.0.1:(\d+), gRPC on 127.0.0.1:(\d+)", line)
+        found = re.search(r"REST on \S+:(\d+), gRPC on \S+:(\d+)", line)
         if not found:
             self.process.kill()
             raise AssertionError(f"sat-serve did not start: {line!r}, {self.errors()[-3000:]}")

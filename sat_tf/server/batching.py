@@ -109,6 +109,8 @@ class BatchingParameters:
 SERVE_DEFAULTS = BatchingParameters(
     max_batch_size=16, batch_timeout_micros=20_000, max_enqueued_batches=16, num_batch_threads=1
 )
+# A version folder's own batching parameters (--enable_per_model_batching_parameters).
+VERSION_FILE = "batching_params.pbtxt"
 _WRAPPED = (
     "max_batch_size",
     "batch_timeout_micros",
@@ -157,6 +159,27 @@ def read_parameters(path: str) -> BatchingParameters:
         reason = getattr(e, "message", None) or str(e)
         raise ValueError(f"cannot read batching parameters {path!r}: {reason}") from None
     return parse_parameters(text, path)
+
+
+def version_parameters(path: str, common: BatchingParameters | None):
+    """The parameters of the version folder `path` under
+    --enable_per_model_batching_parameters (TF Serving's `GetPerModelBatchingParams`):
+    its `VERSION_FILE` with the batch threads of `common` (num_batch_threads and
+    thread_pool_name: TF Serving's models share one pool); None, no batching, for a
+    version without the file or when batching is off (`common` None).
+
+    Raises:
+      ValueError: naming the file when it cannot be read or parsed.
+    """
+    import tensorflow as tf
+
+    file = os.path.join(path, VERSION_FILE)
+    if common is None or not tf.io.gfile.exists(file):
+        return None
+    own = read_parameters(file)
+    return dataclasses.replace(
+        own, num_batch_threads=common.num_batch_threads, thread_pool_name=common.thread_pool_name
+    )
 
 
 @dataclasses.dataclass(frozen=True)

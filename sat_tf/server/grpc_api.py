@@ -1,20 +1,25 @@
 """TF Serving's gRPC API over the `Manager` (model_servers/prediction_service_impl.cc,
 model_service_impl.cc); it only translates: `PredictionService.Predict` and
-`GetModelMetadata`, `ModelService.GetModelStatus` (`HandleReloadConfigRequest` answers
-UNIMPLEMENTED until a config file is served).
+`GetModelMetadata`, `ModelService.GetModelStatus` and `HandleReloadConfigRequest` (the
+request's `ModelServerConfig` checked as a config file is, then served as
+`Manager.reload_config` serves it: the answer comes once new models are loaded).
 
 A request's `model_spec` names a version by number or by `version_label`; without either
 it gets the newest AVAILABLE one. Its gRPC deadline is the predict's deadline (past it,
 DEADLINE_EXCEEDED, a request still queued leaving the queue); every error aborts the
-call with its canonical code.
+call with its canonical code. Once the server drains, a new Predict is refused with
+UNAVAILABLE (as a stopped gRPC server refuses it, while the port stays open for health
+checks); the calls under way finish.
 """
 
 import time
 
 import grpc
 
-from sat_tf.server import batching, errors, observer, reports, servable
+from sat_tf.server import batching, errors, model_config, observer, reports, servable
 from sat_tf.server.errors import ServingError
+
+RELOAD = "HandleReloadConfigRequest"  # names the request in a refused config's message
 
 
 def _version(spec):
@@ -55,6 +60,8 @@ def _predict(manager, request, context, examples):
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2
 
+    if manager.draining.is_set():
+        raise ServingError("UNAVAILABLE", "the server is draining: it takes no new request")
     spec = request.model_spec
     version, label = _version(spec)
     try:
@@ -103,6 +110,24 @@ def _status(manager, request):
     return reports.status_response(manager.status(spec.name, version))
 
 
+def _reload(manager, request):
+    from tensorflow_serving.apis import model_management_pb2
+
+    config = request.config
+    if config.WhichOneof("config") != "model_config_list":
+        raise ServingError(
+            "INVALID_ARGUMENT",
+            "ServerModelConfig type not supported by HandleReloadConfigRequest. Only "
+            "ModelConfigList is currently supported",
+        )
+    model_config.check_model_server_config(config, RELOAD)
+    model_config.check_base_paths(config, RELOAD)
+    manager.reload_config(config)
+    response = model_management_pb2.ReloadConfigResponse()
+    response.status.SetInParent()  # error_code OK
+    return response
+
+
 def servicers(manager):
     """(PredictionService servicer, ModelService servicer) over `manager`; add them to a
     `grpc.server` with `add_PredictionServiceServicer_to_server` and
@@ -136,6 +161,11 @@ def servicers(manager):
                 request.model_spec.name,
                 "get_model_status",
                 lambda _: _status(manager, request),
+            )
+
+        def HandleReloadConfigRequest(self, request, context):  # noqa: N802
+            return _served(
+                manager, context, "", "handle_reload_config", lambda _: _reload(manager, request)
             )
 
     return PredictionService(), ModelService()

@@ -30,7 +30,7 @@ import math
 import threading
 import time
 
-from sat_tf.server import availability, batching, observer, versions
+from sat_tf.server import availability, batching, model_config, observer, versions
 from sat_tf.server.errors import ServingError, from_exception
 from sat_tf.server.servable import Servable
 
@@ -49,6 +49,8 @@ class ManagerOptions:
       warmup_iterations: times each warm-up request runs; 0 skips the warm-up.
       allow_version_labels_for_unavailable_models: a label may name a version that is
         not AVAILABLE (else the config is refused).
+      per_model_batching_parameters: a version's batching_params.pbtxt batches it
+        (`batching.version_parameters`).
     """
 
     parameters: batching.BatchingParameters | None = batching.SERVE_DEFAULTS
@@ -57,39 +59,13 @@ class ManagerOptions:
     load_retry_interval_seconds: float = 60.0
     warmup_iterations: int = 1
     allow_version_labels_for_unavailable_models: bool = False
-
-
-def one_model_config(name: str, base_path: str):
-    """The `ModelServerConfig` of `--model_name` and `--model_base_path`."""
-    from tensorflow_serving.config import model_server_config_pb2
-
-    config = model_server_config_pb2.ModelServerConfig()
-    model = config.model_config_list.config.add(name=name, base_path=base_path)
-    model.model_platform = "tensorflow"
-    return config
+    per_model_batching_parameters: bool = False
 
 
 def check_config(config) -> None:
-    """Raises ServingError(INVALID_ARGUMENT) for a `ModelServerConfig` sat-serve cannot
-    serve: not a model_config_list, a model without a name or base path, a name twice, a
-    platform other than tensorflow."""
-    if config.WhichOneof("config") not in (None, "model_config_list"):
-        raise ServingError("INVALID_ARGUMENT", "the config must be a model_config_list")
-    names = set()
-    for model in config.model_config_list.config:
-        if not model.name or not model.base_path:
-            raise ServingError(
-                "INVALID_ARGUMENT", f"model {model.name!r} needs a name and base_path"
-            )
-        if model.name in names:
-            raise ServingError("INVALID_ARGUMENT", f"model {model.name} is configured twice")
-        if model.model_platform not in ("", "tensorflow"):
-            raise ServingError(
-                "INVALID_ARGUMENT",
-                f"model {model.name}: platform {model.model_platform!r}; sat-serve serves "
-                "tensorflow SavedModels",
-            )
-        names.add(model.name)
+    """Raises `model_config.ConfigError` (a ServingError, INVALID_ARGUMENT) for a
+    `ModelServerConfig` sat-serve cannot serve (`model_config.check_model_server_config`)."""
+    model_config.check_model_server_config(config, "the model config")
 
 
 class _Version:
@@ -146,7 +122,7 @@ class Manager:
     """Serves the models of a `ModelServerConfig`.
 
     Args:
-      config: a `ModelServerConfig` (`one_model_config` for one model).
+      config: a `ModelServerConfig` (`model_config.single_model_config` for one model).
       options: `ManagerOptions`.
       watcher: an `observer.Observer` told of warm-ups and batches (None: nobody).
 
@@ -162,6 +138,7 @@ class Manager:
         self._models = {m.name: _Model(m) for m in config.model_config_list.config}
         self._listeners, self._events = [], []
         self._cond = threading.Condition()
+        self._reloading = threading.Lock()  # one config change at a time
         self._stopping = False
         # Config changes asked for, and the last one whose versions have all settled
         # (AVAILABLE or END): `start` and `reload_config` wait for theirs.
@@ -204,7 +181,8 @@ class Manager:
 
     def reload_config(self, config) -> None:
         """Serves `config` from now on: new models are loaded (this waits for them), models
-        left out are unloaded, policies, base paths and labels change.
+        left out are unloaded, policies, base paths and labels change. One change at a
+        time; the listeners hear it (`config_changed`) whether the labels were taken or not.
 
         Raises:
           ServingError: INVALID_ARGUMENT for a config it cannot serve, FAILED_PRECONDITION
@@ -213,37 +191,35 @@ class Manager:
         """
         check_config(config)
         wanted = {m.name: m for m in config.model_config_list.config}
-        with self._cond:
-            for name, model in self._models.items():
-                if name in wanted:
-                    model.config, model.removed = wanted[name], False
-                else:
-                    model.removed = True
-            for name, model_config in wanted.items():
-                self._models.setdefault(name, _Model(model_config))
-            self._config = config
-            self._asked += 1
-            self._poll_now = True
-            self._cond.notify_all()
-        self._wait_settled()
-        self._install_labels(config)
+        with self._reloading:
+            with self._cond:
+                for name, model in self._models.items():
+                    model.config, model.removed = wanted.get(name, model.config), name not in wanted
+                for name, given in wanted.items():
+                    self._models.setdefault(name, _Model(given))
+                self._config = config
+                self._asked += 1
+                self._poll_now = True
+                self._cond.notify_all()
+            try:
+                self._wait_settled()
+                self._install_labels(config)
+            finally:
+                for listener in self._listening():
+                    observer.tell("a listener", listener.config_changed, config)
 
     def _install_labels(self, config):
-        labels = {}
         with self._cond:
-            for model_config in config.model_config_list.config:
-                model = self._models[model_config.name]
-                for version in model_config.version_labels.values():
-                    record = model.versions.get(version)
-                    if not self.options.allow_version_labels_for_unavailable_models and (
-                        record is None or record.state != "AVAILABLE"
-                    ):
-                        raise ServingError(
-                            "FAILED_PRECONDITION",
-                            f"Request to assign label to version {version} of model "
-                            f"{model_config.name}, which is not currently available for inference",
-                        )
-                labels[model_config.name] = dict(model_config.version_labels)
+            labels = {
+                m.name: model_config.assign_labels(
+                    m.name,
+                    dict(m.version_labels),
+                    {v.version for v in self._models[m.name].available()},
+                    self._models[m.name].labels,
+                    self.options.allow_version_labels_for_unavailable_models,
+                )
+                for m in config.model_config_list.config
+            }
             for name, model in self._models.items():
                 model.labels = labels.get(name, {})
 
@@ -270,10 +246,12 @@ class Manager:
     def drain(self) -> None:
         """Marks the server draining and tells the listeners (it serves on)."""
         self.draining.set()
-        with self._cond:
-            listeners = list(self._listeners)
-        for listener in listeners:
+        for listener in self._listening():
             observer.tell("a listener", listener.draining)
+
+    def _listening(self):
+        with self._cond:
+            return list(self._listeners)
 
     # Requests.
 
@@ -432,7 +410,12 @@ class Manager:
         servable = error = None
         try:
             servable = Servable(
-                record.path, record.version, self.options.parameters, name, self.observer
+                record.path,
+                record.version,
+                self.options.parameters,
+                name,
+                self.observer,
+                self.options.per_model_batching_parameters,
             )
             self._warm_up(name, servable)
         except Exception as e:  # noqa: BLE001 - the load failed; its error is kept

@@ -1,9 +1,9 @@
 """What the server tells those who watch it, as two interfaces whose methods do nothing
-here: a `Listener` follows the state of every model version and the start of a drain (a
-health service answers from them), an `Observer` is told of every request, batch and
-warm-up as it happens (a metrics exporter counts them). Both are called from the
-server's own threads and must return at once; an exception they raise is logged and
-goes no further.
+here: a `Listener` follows the state of every model version, each new config and the
+start of a drain (a health service answers from them), an `Observer` is told of every
+request, batch and warm-up as it happens (a metrics exporter counts them). Both are
+called from the server's own threads and must return at once; an exception they raise
+is logged and goes no further.
 
 `VersionStatus` is one version's state as TF Serving's `GetModelStatusResponse` gives it
 (ModelVersionStatus: START, LOADING, AVAILABLE, UNLOADING, END, with the status of its
@@ -38,10 +38,14 @@ class VersionStatus:
 
 
 class Listener:
-    """Follows the manager's versions and the drain (`Manager.add_listener`)."""
+    """Follows the manager's versions, its config and the drain (`Manager.add_listener`)."""
 
     def version_changed(self, status: VersionStatus) -> None:
         """A version entered a state (`status.state`), or its status changed."""
+
+    def config_changed(self, config) -> None:
+        """A new `ModelServerConfig` is served (`Manager.reload_config` ended, its labels
+        taken or not); models may have come or gone without a version changing."""
 
     def draining(self) -> None:
         """The server stopped taking new connections and finishes what it accepted."""

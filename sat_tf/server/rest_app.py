@@ -6,7 +6,10 @@ http_rest_api_handler.cc); it only translates.
     GET  /v1/models/<name>[/versions/<v> | /labels/<label>]/metadata  the signatures
 
 Every answer is JSON; an error is `{"error": "..."}` with the HTTP status of its
-canonical code (`errors.HTTP_STATUS`). A predict runs under a deadline of
+canonical code (`errors.HTTP_STATUS`). An OPTIONS request (a browser's CORS preflight)
+under /v1/ answers 200 with no body when it carries an http(s) Origin, else 400, as TF
+Serving's does; with `cors` (--rest_api_enable_cors_support) every answer of the API
+carries TF Serving's CORS headers. A predict runs under a deadline of
 `timeout_seconds` (--rest_api_timeout_in_ms): past it the answer is 429 if the request
 was still queued, 504 if its batch was running. Other paths under /v1/ are malformed
 (400), paths elsewhere unknown (404), unless `routes` serves them.
@@ -26,6 +29,13 @@ _PATH = re.compile(
     r"(?P<metadata>/metadata)?(?::(?P<verb>[A-Za-z]+))?"
 )
 _JSON = [("Content-Type", "application/json")]
+# TF Serving's CORS headers (http_rest_api_util.cc `AddCORSHeaders`).
+CORS_HEADERS = [
+    ("Access-Control-Allow-Origin", "*"),
+    ("Access-Control-Allow-Methods", "POST, GET"),
+    ("Access-Control-Allow-Headers", "Content-Type"),
+]
+_ORIGIN = re.compile(r"https?://")
 
 
 def reason(status: int) -> str:
@@ -49,15 +59,17 @@ class _Call:
         self.name, self.version, self.label, self.api, self.examples = "", None, None, "", 0
 
 
-def rest_app(manager, timeout_seconds: float = 30.0, routes: dict | None = None):
+def rest_app(manager, timeout_seconds: float = 30.0, routes: dict | None = None, cors=False):
     """TF Serving's REST API over `manager` as a WSGI app.
 
     Args:
       manager: the `manager.Manager`.
       timeout_seconds: the deadline of a predict (0 or less: none).
       routes: {path: WSGI app} of other pages served on the same port (e.g. metrics).
+      cors: whether the API's answers carry `CORS_HEADERS`.
     """
     routes = dict(routes or {})
+    headers = _JSON + CORS_HEADERS if cors else _JSON
     limit = f"the deadline of --rest_api_timeout_in_ms ({round(timeout_seconds * 1000)} ms)"
 
     def app(environ, start_response):
@@ -82,7 +94,9 @@ def rest_app(manager, timeout_seconds: float = 30.0, routes: dict | None = None)
             time.perf_counter() - start,
             call.examples,
         )
-        start_response(f"{status} {reason(status)}", [*_JSON, ("Content-Length", str(len(answer)))])
+        start_response(
+            f"{status} {reason(status)}", [*headers, ("Content-Length", str(len(answer)))]
+        )
         return [answer]
 
     return app
@@ -93,6 +107,10 @@ def _route(manager, call, environ, timeout_seconds, limit) -> bytes:
     found = _PATH.fullmatch(call.path)
     if not call.path.startswith("/v1/"):
         raise ServingError("NOT_FOUND", f"no page at {call.path}")
+    if call.method == "OPTIONS":
+        if not _ORIGIN.search(environ.get("HTTP_ORIGIN", "")):
+            raise ServingError("FAILED_PRECONDITION", "Origin header is missing in CORS preflight")
+        return b""
     if found is None or call.method not in ("GET", "POST"):
         raise ServingError("INVALID_ARGUMENT", f"Malformed request: {call.method} {call.path}")
     call.name, call.label = found["name"], found["label"]

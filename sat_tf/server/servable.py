@@ -131,15 +131,23 @@ class Servable:
       parameters: `batching.BatchingParameters`, or None to run each request alone.
       model: the model's name (for the observer).
       observer: an `observer.Observer` told of each batch, or None.
+      per_model: batched as the folder's batching_params.pbtxt says, not `parameters`
+        (`batching.version_parameters`; without the file, not batched).
 
     Raises:
       ServingError: with the canonical code of what failed (DATA_LOSS for a corrupt
-        saved_model.pb or warm-up file, the TensorFlow error's code for the load).
+        saved_model.pb or warm-up file, INVALID_ARGUMENT for its batching_params.pbtxt,
+        the TensorFlow error's code for the load).
     """
 
-    def __init__(self, path, version, parameters=None, model="", observer=None):
+    def __init__(self, path, version, parameters=None, model="", observer=None, per_model=False):
         self.path, self.version, self.model = path, version, model
         self.signature_defs = read_signature_defs(path)
+        if per_model:
+            try:
+                parameters = batching.version_parameters(path, parameters)
+            except ValueError as e:
+                raise ServingError("INVALID_ARGUMENT", str(e)) from None
         self.warmup_path = os.path.join(path, warmup.WARMUP_FILE)
         self.warmup_requests = self._read_warmup()
         try:
