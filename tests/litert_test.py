@@ -18,7 +18,7 @@ from litert_cache_test import tiny_preset
 
 import sat_tf
 from sat_tf.data import image_io
-from sat_tf.serving import inference, litert, litert_cache, preset
+from sat_tf.serving import api, inference, litert, litert_cache, preset
 from sat_tf.serving import off_world as off_world_lib
 from sat_tf.serving.captions import Caption
 
@@ -75,9 +75,7 @@ class TinyPresetTest(tf.test.TestCase):
         off_world_lib.save(stats, os.path.join(cls.folder, off_world_lib.FILE))
         cls.source = litert.read_source("preset", cls.folder)
         built = litert_cache.build("preset", cls.folder, cls.source.config, cls.cache)
-        cls.captioner = litert.LiteRTCaptioner(
-            built, tensorflow=litert.tensorflow_captioner(cls.source)
-        )
+        cls.captioner = litert.LiteRTCaptioner(built, tensorflow=api.tensorflow_loader(cls.source))
         cls.tensorflow = sat_tf.Captioner.from_preset(cls.folder, runtime="tensorflow")
 
     def test_the_same_captions_as_tensorflow(self):

@@ -362,9 +362,13 @@ def _litert_captioner():
     if folder is None:  # its first use: built with TensorFlow (loaded by `run`), once
         folder = litert_cache.build(source.kind, source.directory, source.config)
     sizes = dict(batch_size=FLAGS.batch_size, max_image_pixels=FLAGS.max_image_pixels)
-    return litert.LiteRTCaptioner(
-        folder, tensorflow=litert.tensorflow_captioner(source, **sizes), **sizes
-    )
+
+    def tensorflow():  # TensorFlow loads only if LiteRT cannot caption
+        from sat_tf.serving import api
+
+        return api.tensorflow_loader(source, **sizes)()
+
+    return litert.LiteRTCaptioner(folder, tensorflow=tensorflow, **sizes)
 
 
 def _main(argv):

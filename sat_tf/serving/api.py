@@ -18,6 +18,7 @@ tag, where the model looked for every word and, for a model with off-world stati
 `Captioner.score` gives the log-probability of any caption of a photo, for re-ranking.
 """
 
+import dataclasses
 import numbers
 from collections.abc import Sequence
 from typing import Any
@@ -30,7 +31,7 @@ from sat_tf.data import vocab as vocab_lib
 from sat_tf.evaluation import visualize
 from sat_tf.model import losses
 from sat_tf.serving import captions as captions_lib
-from sat_tf.serving import inference
+from sat_tf.serving import inference, litert_cache
 from sat_tf.serving import off_world as off_world_lib
 from sat_tf.serving.captions import Caption
 from sat_tf.serving.inference import feature_encoder
@@ -130,7 +131,9 @@ class Captioner:
         if runtime != "tensorflow":
             from sat_tf.serving import litert
 
-            captioner = litert.from_source("preset", source, runtime, cache_dir, **kwargs)
+            captioner = litert.from_source(
+                "preset", source, runtime, cache_dir, tensorflow=tensorflow_loader, **kwargs
+            )
             if captioner is not None:
                 return captioner
         return cls.from_trained(inference.load(source, cache_dir, kind="preset"), **kwargs)
@@ -143,7 +146,9 @@ class Captioner:
         if runtime != "tensorflow":
             from sat_tf.serving import litert
 
-            captioner = litert.from_source("workdir", workdir, runtime, **kwargs)
+            captioner = litert.from_source(
+                "workdir", workdir, runtime, tensorflow=tensorflow_loader, **kwargs
+            )
             if captioner is not None:
                 return captioner
         return cls.from_trained(inference.load(workdir, kind="workdir"), **kwargs)
@@ -482,3 +487,16 @@ class Captioner:
         alphas = caption.attention.reshape(len(caption.attention), -1)  # (M, L)
         shown, _ = visualize.caption_panels(caption.words, alphas, False)
         return visualize.attention_summary(shown, alphas, self.grid)
+
+
+def tensorflow_loader(source, **kwargs):
+    """A function that loads the TensorFlow `Captioner` of `source` (a
+    `litert.Source`; its config's decoding kept), for `LiteRTCaptioner(tensorflow=...)`:
+    what LiteRT cannot do (another decoding, sampling) goes to it."""
+
+    def load():
+        trained = inference.load(source.directory, kind=source.kind)
+        config = dataclasses.replace(trained.config, **litert_cache.decoding(source.config))
+        return Captioner.from_trained(trained._replace(config=config), **kwargs)
+
+    return load

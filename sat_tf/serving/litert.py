@@ -326,28 +326,13 @@ class LiteRTCaptioner:
         return visualize.attention_summary(shown, alphas, self.grid)
 
 
-def tensorflow_captioner(source: Source, **kwargs):
-    """A function that loads the TensorFlow `api.Captioner` of `source` (its config's
-    decoding kept), for `LiteRTCaptioner(tensorflow=...)`."""
-
-    def load():
-        import dataclasses
-
-        from sat_tf.serving import api, inference
-
-        trained = inference.load(source.directory, kind=source.kind)
-        config = dataclasses.replace(trained.config, **litert_cache.decoding(source.config))
-        return api.Captioner.from_trained(trained._replace(config=config), **kwargs)
-
-    return load
-
-
 def from_source(
     kind: str,
     source: str,
     runtime: str = "auto",
     cache_dir: str | None = None,
     build: bool = False,
+    tensorflow=None,
     **kwargs,
 ) -> LiteRTCaptioner | None:
     """The `LiteRTCaptioner` of a preset or workdir by `choose`'s rule (building its
@@ -358,6 +343,8 @@ def from_source(
       runtime: one of `RUNTIMES`.
       cache_dir: where downloads are kept; the files are built in `files.cache_dir()`.
       build: whether `auto` builds the file of a shipped or downloaded preset.
+      tensorflow: a function of the `Source` and **kwargs returning what
+        `LiteRTCaptioner(tensorflow=...)` takes (`api.tensorflow_loader`), or None.
       **kwargs: batch_size, max_image_pixels.
     """
     found = read_source(kind, source, cache_dir)
@@ -365,4 +352,5 @@ def from_source(
     if chosen == "tensorflow":
         return None
     folder = folder or litert_cache.build(found.kind, found.directory, found.config)
-    return LiteRTCaptioner(folder, tensorflow=tensorflow_captioner(found, **kwargs), **kwargs)
+    fallback = None if tensorflow is None else tensorflow(found, **kwargs)
+    return LiteRTCaptioner(folder, tensorflow=fallback, **kwargs)
