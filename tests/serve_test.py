@@ -339,10 +339,15 @@ class BrokenVersionsTest(tf.test.TestCase):
             return server.errors().count(" did not load (try ")
 
         def tried(step):
-            """Runs `step`, then waits for its version's three failed tries."""
+            """Runs `step`, then waits for its version's three failed tries (each loads a
+            SavedModel, slow beside the other slow tests on two cores)."""
             before = failed_loads()
             step()
-            wait_until(lambda: failed_loads() >= before + 3, 60, "three failed tries")
+            try:
+                wait_until(lambda: failed_loads() >= before + 3, 180, "three failed tries")
+            except AssertionError as e:
+                tail = "\n".join(server.errors().splitlines()[-12:])
+                raise AssertionError(f"{e}; the server's log ends:\n{tail}") from e
 
         listed = [(1, "AVAILABLE", "OK")]
         for version, broken, code in (

@@ -94,7 +94,10 @@ class SatServe:
     """
 
     def __init__(self, base, *flags, stderr_path=None):
-        self.stderr = open(stderr_path or os.devnull, "w+")  # noqa: SIM115
+        # Appended to (O_APPEND) and read through a file of its own: the child's writes
+        # never land where a read moved a shared offset, over lines already written.
+        self.stderr_path = stderr_path
+        self.stderr = open(stderr_path or os.devnull, "a")  # noqa: SIM115
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -129,9 +132,11 @@ class SatServe:
         return self.process.stdout.readline()
 
     def errors(self):
-        self.stderr.flush()
-        self.stderr.seek(0)
-        return self.stderr.read()
+        """What it has written to standard error ("" without `stderr_path`)."""
+        if not self.stderr_path:
+            return ""
+        with open(self.stderr_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
 
     @property
     def pid(self):
