@@ -27,6 +27,7 @@ from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 from sat_tf.data.image_files import MAX_IMAGE_BYTES
 from sat_tf.pipelines import caption_rows, launch
 from sat_tf.pipelines.beam_handler import SavedModelHandler
+from sat_tf.utils import filesystem
 
 # The export's info file (`exporting.EXPORT_INFO`; that module imports TensorFlow).
 EXPORT_INFO = "sat_tf_export.json"
@@ -185,8 +186,7 @@ def check_export(export_dir, num_captions=1) -> None:
     if num_captions > 1:
         info_path = FileSystems.join(export_dir, EXPORT_INFO)
         try:
-            with FileSystems.open(info_path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-                beam_size = int(json.loads(f.read())["beam_size"])
+            beam_size = int(json.loads(filesystem.read_bytes(info_path))["beam_size"])
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(
                 f"--num_captions={num_captions}: cannot read the beam size from {info_path} "
