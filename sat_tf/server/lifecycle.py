@@ -144,11 +144,11 @@ def warmup_iterations(options) -> int:
     return max(1, options.num_request_iterations_for_warmup)
 
 
-def manager_of(options, watcher=None, config=None):
+def manager_of(options, watcher=None, config=None, parameters=None):
     """The `manager.Manager` of `options` (not started): the models of `config` (a
     `ModelServerConfig`; None: the one model of --model_name / --model_base_path),
-    batched as `batching_parameters` says, `watcher` (an `observer.Observer`) told of
-    its work.
+    batched with `parameters` (None: as `batching_parameters` reads them from the
+    flags), `watcher` (an `observer.Observer`) told of its work.
 
     Raises:
       ValueError: for a batching file that cannot be read or parsed.
@@ -156,7 +156,7 @@ def manager_of(options, watcher=None, config=None):
     from sat_tf.server import manager, model_config
 
     manager_options = manager.ManagerOptions(
-        parameters=batching_parameters(options),
+        parameters=parameters or batching_parameters(options),
         poll_wait_seconds=options.file_system_poll_wait_seconds,
         max_num_load_retries=options.max_num_load_retries,
         load_retry_interval_seconds=options.load_retry_interval_micros / 1e6,
@@ -187,12 +187,13 @@ def run(options, announce=print, *, listeners=(), **server) -> int:
       ValueError: for a batching file that cannot be read, or an operator's file that
         cannot be served (`model_config.ConfigError`, naming the file and the field).
     """
-    files = operator_files.read(options, batching_parameters(options))
+    parameters = batching_parameters(options)  # the batching file, read once
+    files = operator_files.read(options, parameters)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     poller = None
     try:
-        manager = manager_of(options, files.watcher, files.config)
+        manager = manager_of(options, files.watcher, files.config, parameters)
         server = _server_settings(options, manager, files, server)
         for listener in [*listeners, *filter(None, [server["health"]])]:
             manager.add_listener(listener)
